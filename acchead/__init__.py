@@ -1,0 +1,1 @@
+"""acchead: SpecDec++ acceptance-prediction heads."""

@@ -1,0 +1,39 @@
+"""One error type for bad input, and the CLI wrapper that turns it into a one-line message and exit code."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable[..., int])
+
+
+class AccheadError(Exception):
+    """Bad input or a mismatch the user can fix; CLIs print it as one line, without a traceback."""
+
+
+def cli_errors(main: F) -> F:
+    """Wrap a console-script `main` so that expected failures print `prog: error: ...` and exit non-zero.
+
+    `AccheadError` and the OS errors of missing or unreadable paths are user errors (exit 2); Ctrl-C exits
+    130. Anything else is a bug and keeps its traceback. Set ACCHEAD_DEBUG=1 to see tracebacks anyway.
+    """
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs) -> int:
+        prog = os.path.basename(sys.argv[0]) or "acchead"
+        try:
+            return main(*args, **kwargs)
+        except (AccheadError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+            if os.environ.get("ACCHEAD_DEBUG"):
+                raise
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+
+    return wrapper  # type: ignore[return-value]
