@@ -2,6 +2,90 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# A few lines of Python for the tiny BPE to learn merges from; content barely matters, determinism does.
+TOKENIZER_TEXT = [
+    "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n    return a + b\n",
+    "for i in range(10):\n    if i % 2 == 0:\n        print(i)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "import os\nimport sys\n\nwith open(path) as f:\n    data = f.read()\n",
+] * 4
+EOS = "<|endoftext|>"
+
+
+def make_tiny_tokenizer(vocab_size: int = 320, text: list[str] | None = None):
+    """A byte-level BPE `PreTrainedTokenizerFast` (256 byte tokens + merges + EOS), trained in ms, offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(text or TOKENIZER_TEXT, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=EOS)
+
+
+def make_tiny_llama(vocab_size: int, hidden_size: int, num_layers: int, seed: int, eos_token_id: int = 0):
+    """A random `LlamaForCausalLM` in eval mode, tied embeddings like the demo pair; global RNG untouched."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """Byte-level BPE with 320 tokens; EOS `<|endoftext|>` is id 0."""
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_llama_pair(tiny_tokenizer):
+    """(target, draft): seeded random Llamas sharing `tiny_tokenizer`'s vocab; target 2x64, draft 2x32.
+
+    Function-scoped (building them takes milliseconds) so a test may move or modify them freely.
+    """
+    vocab, eos = len(tiny_tokenizer), tiny_tokenizer.eos_token_id
+    target = make_tiny_llama(vocab, hidden_size=64, num_layers=2, seed=1, eos_token_id=eos)
+    draft = make_tiny_llama(vocab, hidden_size=32, num_layers=2, seed=2, eos_token_id=eos)
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dirs(tmp_path_factory, tiny_tokenizer) -> tuple[Path, Path]:
+    """(target_dir, draft_dir): the `tiny_llama_pair` saved in Hugging Face format with the tokenizer."""
+    root = tmp_path_factory.mktemp("tiny_pair")
+    vocab, eos = len(tiny_tokenizer), tiny_tokenizer.eos_token_id
+    dirs = []
+    for name, hidden, seed in (("target", 64, 1), ("draft", 32, 2)):
+        model = make_tiny_llama(vocab, hidden_size=hidden, num_layers=2, seed=seed, eos_token_id=eos)
+        model.save_pretrained(root / name)
+        tiny_tokenizer.save_pretrained(root / name)
+        dirs.append(root / name)
+    return dirs[0], dirs[1]

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from acchead.errors import cli_errors
-from acchead.zoo import DRAFT_DIR, TARGET_DIR, ZOO_DIR
+from acchead.zoo import ZOO_DIR
 from acchead.zoo.corpus import read_source, split_files
 
 EOS = "<|endoftext|>"

@@ -39,7 +39,9 @@ def _rank(rel: str) -> str:
     return hashlib.sha1(rel.encode()).hexdigest()
 
 
-def split_files(root: Path | None = None, num_heldout: int = NUM_HELDOUT_FILES) -> tuple[list[Path], list[Path]]:
+def split_files(
+    root: Path | None = None, num_heldout: int = NUM_HELDOUT_FILES
+) -> tuple[list[Path], list[Path]]:
     """(train files, held-out files): the `num_heldout` files with the smallest path hash are held out."""
     root = root or stdlib_dir()
     files = stdlib_files(root)

@@ -1,0 +1,217 @@
+"""Loading the draft/target LMs and tokenizers, checking that they fit together, and naming a draft.
+
+Everything that reads a model from disk goes through `load_causal_lm` / `load_tokenizer`, so a missing path
+or a directory that holds no model is one `AccheadError` line, not a transformers traceback.
+`model_identity` is what a head records about the draft it was trained on; `final_hidden` is the one
+place that decides which hidden state the head reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from acchead.errors import AccheadError
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+# Elements of the input embedding sampled for the fingerprint: enough that two independently trained or
+# initialised models collide with probability ~2^-8192, few enough that a 7B model's sample is instant.
+_FINGERPRINT_SAMPLES = 8192
+# Config fields that fix the shape of a causal LM; absent ones hash as null.
+_SHAPE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "tie_word_embeddings",
+)
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`"float32" | "fp16" | "bf16" | ...` or a torch dtype -> torch dtype (AccheadError if unknown)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype.lower()]
+    except KeyError:
+        raise AccheadError(f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}") from None
+
+
+def _looks_local(path_or_id: str | Path) -> bool:
+    """True for anything that must be a local directory (not a hub id such as "org/name").
+
+    Decided on the text, not the type: CLIs parse paths with `type=Path`, and "org/name" must still work.
+    """
+    s = str(path_or_id)
+    if s.startswith((".", "/", "~")) or s.count("/") > 1:
+        return True
+    return Path(s).exists()
+
+
+def _check_model_dir(path_or_id: str | Path, needs: tuple[str, ...], what: str) -> None:
+    """One-line error for a local path that is missing or holds none of the files in `needs`."""
+    if not _looks_local(path_or_id):
+        return  # a hub id: transformers resolves it (and fails with OSError offline, handled by callers)
+    path = Path(path_or_id).expanduser()
+    if not path.exists():
+        raise AccheadError(f"{what} path does not exist: {path}")
+    if not path.is_dir():
+        raise AccheadError(f"{what} path is not a directory: {path}")
+    if not any((path / name).exists() for name in needs):
+        raise AccheadError(f"{path} is not a Hugging Face {what} directory (no {' or '.join(needs)})")
+
+
+def load_causal_lm(
+    path_or_id: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    device_map: str | None = None,
+) -> PreTrainedModel:
+    """A causal LM in eval mode, from a local Hugging Face directory or a hub id.
+
+    Args:
+        path_or_id: model directory (config.json + weights) or hub id.
+        dtype: parameter dtype; "float32" by default because the demo pair is stored in float16 but CPU
+            kernels are fastest and exact in float32.
+        device: where to put the model when `device_map` is None.
+        device_map: passed to `from_pretrained` (e.g. "auto" to shard a large target over GPUs with
+            accelerate); `device` is then ignored.
+    """
+    _check_model_dir(path_or_id, ("config.json",), "model")
+    kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype)}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    else:
+        _check_device(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(Path(path_or_id).expanduser()), **kwargs)
+    except (OSError, ValueError) as e:
+        raise AccheadError(f"cannot load a causal LM from {_describe(path_or_id)}: {_first_line(e)}") from e
+    if device_map is None:
+        model = model.to(device)
+    return model.eval()
+
+
+def load_tokenizer(path_or_id: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved beside a model (or a hub id's)."""
+    needs = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    _check_model_dir(path_or_id, needs, "tokenizer")
+    try:
+        return AutoTokenizer.from_pretrained(str(Path(path_or_id).expanduser()))
+    except (OSError, ValueError) as e:
+        raise AccheadError(f"cannot load a tokenizer from {_describe(path_or_id)}: {_first_line(e)}") from e
+
+
+def check_tokenizers_match(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase) -> None:
+    """Raise AccheadError unless draft and target can share token ids.
+
+    Speculative decoding feeds the same ids to both models, so what must agree is the meaning of every
+    id: the full token -> id mapping (`get_vocab()`, added/special tokens included) and the EOS id (both
+    models must stop on the same token). Normalizers and pre-tokenizers are deliberately not compared:
+    the prompt is encoded once, by the target's tokenizer, and only ids cross between the models.
+    """
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        if len(tv) != len(dv):
+            raise AccheadError(
+                f"tokenizers differ: target has {len(tv)} tokens, draft has {len(dv)}; "
+                "draft and target must share one vocabulary"
+            )
+        # Same size but unequal: some target token is missing from the draft or has another id there.
+        tok = min(t for t in tv if dv.get(t) != tv[t])
+        raise AccheadError(
+            f"tokenizers differ: token {tok!r} is id {tv[tok]} in the target, {dv.get(tok)} in the draft; "
+            "draft and target must share one vocabulary"
+        )
+    if target_tok.eos_token_id != draft_tok.eos_token_id:
+        raise AccheadError(
+            f"tokenizers differ: eos id is {target_tok.eos_token_id} in the target, "
+            f"{draft_tok.eos_token_id} in the draft"
+        )
+
+
+def model_identity(model: PreTrainedModel) -> dict[str, Any]:
+    """What a head records about its draft: `{"name", "hidden_size", "vocab_size", "fingerprint"}`.
+
+    `name` is informational (the model directory's name or the hub id) and never compared. `fingerprint`
+    is a sha256 (first 16 hex digits) of the config fields that fix the architecture plus the sign (-, 0,
+    +) of a strided sample of the input-embedding weights. Signs, not values rounded to bfloat16: a
+    float32 checkpoint loaded in float16 is rounded twice (fp32 -> fp16 -> bf16), and that differs from
+    rounding fp32 -> bf16 once in ~6% of elements (measured on N(0, 0.02) weights), so any hash of rounded
+    values would change with the load dtype. A sign changes only when float16 underflows |w| < 3e-8 to 0.
+    """
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    emb = model.get_input_embeddings().weight  # (vocab, hidden)
+    shape = {k: getattr(cfg, k, None) for k in _SHAPE_KEYS}
+    flat = emb.detach().reshape(-1)
+    stride = max(1, flat.numel() // _FINGERPRINT_SAMPLES)
+    sample = flat[::stride][:_FINGERPRINT_SAMPLES].float().cpu()
+    signs = torch.sign(sample).to(torch.int8).numpy().tobytes()
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode() + b"\0" + signs).hexdigest()
+    return {
+        "name": _model_name(model),
+        "hidden_size": int(emb.shape[1]),
+        "vocab_size": int(emb.shape[0]),
+        "fingerprint": digest[:16],
+    }
+
+
+def final_hidden(outputs: Any) -> torch.Tensor:
+    """The vector the LM head reads, (B, T, H), from a forward run with `output_hidden_states=True`.
+
+    In transformers' decoder-only models the last entry of `hidden_states` is taken after the final
+    norm, so `lm_head(final_hidden(out)) == out.logits` (pinned by a test for Llama).
+    """
+    hidden = getattr(outputs, "hidden_states", None)
+    if hidden is None:
+        raise ValueError("outputs carry no hidden_states; run the forward with output_hidden_states=True")
+    return hidden[-1]
+
+
+def _model_name(model: PreTrainedModel) -> str:
+    name = str(getattr(model, "name_or_path", "") or getattr(model.config, "name_or_path", ""))
+    if not name:
+        return str(model.config.model_type)
+    # A local directory is named by its last component: absolute paths differ between machines.
+    return Path(name).name if Path(name).exists() else name
+
+
+def _check_device(device: str) -> None:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise AccheadError(f"invalid device {device!r} (expected e.g. cpu, cuda, cuda:1, mps)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AccheadError(f"device {device!r} requested but this torch sees no CUDA device")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise AccheadError(f"device {device!r} requested but MPS is not available")
+
+
+def _describe(path_or_id: str | Path) -> str:
+    """How an error names what it tried: a missing relative path was taken for a hub id."""
+    if Path(path_or_id).expanduser().exists():
+        return str(path_or_id)
+    return f"{path_or_id!s} (no such local directory; tried it as a hub id)"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+

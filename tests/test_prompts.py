@@ -1,0 +1,80 @@
+"""Named prompt sets: the stdlib training headers and the HumanEval benchmark prompts."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from acchead.errors import AccheadError
+from acchead.zoo import prompts
+from acchead.zoo.prompts import MAX_PROMPT_CHARS, _function_headers, list_prompt_sets, load_prompt_set
+
+
+def test_function_headers_cut_after_the_docstring():
+    source = textwrap.dedent('''
+        import os
+
+        @decorator
+        def top(a, b=1):
+            """Top level.
+
+        Continuation at column 0.
+            """
+            return a
+
+        class C:
+            async def method(self):
+                """Indented."""
+                pass
+
+            def undocumented(self):
+                return 1
+
+            def one_liner(self): "doc"
+    ''')
+    assert _function_headers(source) == [
+        'def top(a, b=1):\n    """Top level.\n\nContinuation at column 0.\n    """\n',
+        'async def method(self):\n    """Indented."""\n',
+    ]
+    assert _function_headers("def broken(:\n") == []
+
+
+def test_stdlib_functions():
+    prompts = load_prompt_set("stdlib-functions")
+    assert len(prompts) > 3000  # ~6,000 on CPython 3.11
+    assert len(set(prompts)) == len(prompts)
+    assert all(p.endswith("\n") and len(p) <= MAX_PROMPT_CHARS for p in prompts)
+    assert all(p.startswith(("def ", "async def ")) for p in prompts)
+    # Each is a syntactically complete header + docstring: adding a body makes it parse.
+    for p in prompts[:200]:
+        ast.parse(p + "    pass\n")
+    # A prefix is a shuffled sample, not one module's functions in source order.
+    assert load_prompt_set("stdlib-functions", limit=50) == prompts[:50]
+    assert len({p.split("(")[0] for p in prompts[:50]}) > 40
+
+
+def test_stdlib_functions_come_from_lm_train_files_only(tmp_path, monkeypatch):
+    train, heldout = tmp_path / "train.py", tmp_path / "heldout.py"
+    train.write_text('def seen(x):\n    """In the LM-train split."""\n    return x\n')
+    heldout.write_text('def unseen(x):\n    """Held out from LM training."""\n    return x\n')
+    monkeypatch.setattr(prompts, "split_files", lambda: ([train], [heldout]))
+    assert load_prompt_set("stdlib-functions") == ['def seen(x):\n    """In the LM-train split."""\n']
+
+
+def test_humaneval():
+    prompts = load_prompt_set("humaneval")
+    assert len(prompts) == 164
+    assert "def has_close_elements(" in prompts[0]
+    assert all(p.endswith("\n") for p in prompts)
+    assert not set(prompts) & set(load_prompt_set("stdlib-functions"))
+    assert load_prompt_set("humaneval", limit=3) == prompts[:3]
+
+
+def test_unknown_name_and_bad_limit():
+    assert set(list_prompt_sets()) == {"stdlib-functions", "humaneval"}
+    with pytest.raises(AccheadError, match="known sets: stdlib-functions, humaneval"):
+        load_prompt_set("mbpp")
+    with pytest.raises(AccheadError, match="limit"):
+        load_prompt_set("humaneval", limit=-1)
