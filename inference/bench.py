@@ -1,0 +1,315 @@
+"""`acchead-bench`: every stop policy on one prompt set, counted, timed, fitted, plotted and reported.
+
+    acchead-bench --prompts humaneval --num-prompts 20 --out runs/bench
+    acchead-bench --prompts my.jsonl --methods autoregressive,specdec,hf-assisted --k-grid 2,4
+
+For each method and setting (autoregressive; SpecDec over a K grid; SpecDec++ over an h grid; the draft-
+confidence rule over a tau grid; the hindsight oracle; transformers' assisted generation; any extra policy
+specs from the config) the bench decodes the same prompts with the same per-prompt seeds and records the
+counts and wall time of every prompt. The unit costs t_draft, t_target are fitted over the per-prompt runs
+of our draft-model decoders (paper §4.2); `results.json`, `pareto.png` and `report.md` follow from them
+(see `inference.bench_report`). Each finished prompt is saved under `OUT/partial/` (atomic write), so a
+killed bench picks up where it stopped when re-run with the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from acchead.errors import AccheadError, cli_errors
+from acchead.sampling import SamplingConfig
+from inference.bench_config import FIT_FAMILIES, Setting, build_parser, build_settings, resolve_args
+from inference.bench_prompts import load_prompts
+from inference.costmodel import RunCounts, aggregate, fit_costs
+from inference.head_timing import time_head_overhead
+from inference.hf_assisted import METHOD as HF_METHOD
+from inference.hf_assisted import hf_assisted_generate, schedule_params
+
+
+@dataclass
+class PromptRun:
+    """One prompt under one setting: the counts plus a digest of the output (for the greedy check)."""
+
+    prompt: int
+    tokens: int
+    target_calls: int
+    draft_calls: int
+    discarded: int
+    wall_time: float
+    output_sha: str
+
+    def counts(self) -> RunCounts:
+        return RunCounts(self.tokens, self.target_calls, self.draft_calls, self.discarded, self.wall_time)
+
+
+def _digest(ids: torch.Tensor) -> str:
+    return hashlib.sha1(ids.to(torch.int64).cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def _atomic_json(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+class Bench:
+    """The loaded models and encoded prompts; builds a decoder per setting and runs one prompt at a time."""
+
+    def __init__(self, args: argparse.Namespace, target, draft, head_path, tokenizer, prompt_ids, eos):
+        self.args = args
+        self.tokenizer = tokenizer
+        self._bigram = None
+        self.target, self.draft, self.head_path = target, draft, head_path
+        self.prompt_ids = prompt_ids
+        self.eos = eos
+        self.sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+
+    def decoder(self, setting: Setting):
+        """A fresh decoder for `setting` (fresh policy state: bandit statistics start from zero)."""
+        from inference.decoder import SpeculativeDecoder
+
+        # The path, not a loaded module: the decoder then checks the head against the draft and warns when
+        # the head was trained under another sampling configuration than the bench decodes with.
+        head = self.head_path if setting.needs_head else None
+        drafter, policy = self.draft, setting.spec  # bandits (ucb:/exp3:) are policy specs too
+        if "+" in setting.spec:  # DRAFTER+POLICY: MaG or a cascade instead of the draft model alone
+            from inference.cascade import make_drafter
+
+            drafter_spec, policy = setting.spec.split("+", 1)
+            drafter = make_drafter(
+                drafter_spec, draft=self.draft, bigram=self.bigram(), vocab_size=self.target.config.vocab_size
+            )
+        return SpeculativeDecoder(self.target, drafter, policy=policy, head=head, verifier=setting.verifier)
+
+    def bigram(self):
+        """MaG's bigram table over the demo corpus under our tokenizer (built once, cached on disk)."""
+        if self._bigram is None:
+            from inference.mag import corpus_bigram_table
+
+            self._bigram = corpus_bigram_table(self.tokenizer)
+        return self._bigram
+
+    def run_one(self, setting: Setting, decoder, i: int, max_new_tokens: int | None = None) -> PromptRun:
+        """Decode prompt `i` under `setting` (`decoder` is None for transformers' assisted generation)."""
+        ids = self.prompt_ids[i]
+        max_new_tokens = max_new_tokens or self.args.max_new_tokens
+        seed = self.args.seed + i  # the same per-prompt seed for every method
+        s = self.sampling
+        if setting.family == HF_METHOD:
+            res = hf_assisted_generate(
+                self.target,
+                self.draft,
+                ids,
+                max_new_tokens=max_new_tokens,
+                sampling=s,
+                seed=seed,
+                eos_token_id=self.eos,
+            )
+        else:
+            res = decoder.generate(
+                ids,
+                max_new_tokens=max_new_tokens,
+                temperature=s.temperature,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                seed=seed,
+                eos_token_id=self.eos,
+            )
+        # Wall time as measured inside each generate call (ours and transformers'): generation only, and
+        # for the oracle without its hindsight reference run.
+        return PromptRun(
+            prompt=i,
+            tokens=int(res.tokens),
+            target_calls=int(res.target_calls),
+            draft_calls=int(res.draft_calls),
+            discarded=int(res.discarded),
+            wall_time=float(res.wall_time),
+            output_sha=_digest(res.new_ids),
+        )
+
+    def warm_up(self, settings: list[Setting], decoders: dict[str, Any]) -> None:
+        """One short untimed decode per method family, so first-call costs stay out of the timings."""
+        seen: set[str] = set()
+        for s in settings:
+            if s.family not in seen:
+                seen.add(s.family)
+                self.run_one(s, decoders.get(s.key), 0, max_new_tokens=min(8, self.args.max_new_tokens))
+
+
+def run_fingerprint(
+    args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_path
+) -> str:
+    """Hash of everything a partial result depends on; partials with another hash are recomputed."""
+    from acchead.models import model_identity
+
+    h = hashlib.sha256()
+    for ids in prompt_ids:
+        h.update(ids.cpu().numpy().tobytes())
+    head_sha = hashlib.sha256(Path(head_path).read_bytes()).hexdigest() if head_path else None
+    key = {
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": [args.temperature, args.top_k, args.top_p],
+        "seed": args.seed,
+        "target": model_identity(target)["fingerprint"],
+        "draft": model_identity(draft)["fingerprint"],
+        "head": head_sha,
+        "device": args.device,
+        "dtype": args.dtype,
+        "prompts": h.hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _load_partial(path: Path, fingerprint: str) -> dict[str, PromptRun]:
+    """Runs of one prompt saved by an earlier bench with the same fingerprint, by setting key."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if data.get("fingerprint") != fingerprint:
+        return {}
+    return {key: PromptRun(**r) for key, r in data.get("runs", {}).items()}
+
+
+def _encode_prompts(
+    prompts: list[str], tok, target, draft, max_new_tokens: int, device: str
+) -> list[torch.Tensor]:
+    """(1, T) ids per prompt, left-truncated so that prompt + generation fits both models' context."""
+    limit = min(getattr(m.config, "max_position_embeddings", 10**9) for m in (target, draft))
+    keep = limit - max_new_tokens - 1
+    if keep < 1:
+        raise AccheadError(f"--max-new-tokens {max_new_tokens} leaves no room in a {limit}-token context")
+    out = []
+    for p in prompts:
+        ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids[:, -keep:]
+        if ids.shape[1] == 0:
+            raise AccheadError("a prompt encodes to zero tokens")
+        out.append(ids.to(device))
+    return out
+
+
+def run_grid(
+    bench: Bench, settings: list[Setting], out: Path, fingerprint: str
+) -> dict[str, list[PromptRun]]:
+    """Every setting on every prompt, prompt-major, resuming from `out/partial/prompt-*.json`.
+
+    Prompt-major order (all settings on prompt 0, then prompt 1, ...), shuffled per prompt with a seeded
+    generator, spreads slow drifts of the machine's load evenly over the methods instead of penalising
+    whichever method runs while a neighbour is busy. Each prompt's runs are saved atomically as soon as
+    the prompt is done.
+    """
+    n = len(bench.prompt_ids)
+    decoders = {s.key: bench.decoder(s) for s in settings if s.family != HF_METHOD}  # bad specs fail here
+    done = [{} if bench.args.fresh else _load_partial(_partial_path(out, i), fingerprint) for i in range(n)]
+    todo = sum(s.key not in done[i] for i in range(n) for s in settings)
+    resumed = n * len(settings) - todo
+    if resumed:
+        print(f"resuming: {resumed} of {n * len(settings)} runs already done in {out / 'partial'}")
+    if todo:
+        bench.warm_up(settings, decoders)
+    with tqdm(total=todo, desc="bench", unit="run", dynamic_ncols=True) as bar:
+        for i in range(n):
+            order = [s for s in settings if s.key not in done[i]]
+            random.Random(bench.args.seed * 100_003 + i).shuffle(order)
+            for s in order:
+                bar.set_postfix_str(f"prompt {i} {s.label}")
+                done[i][s.key] = bench.run_one(s, decoders.get(s.key), i)
+                bar.update()
+            if order:
+                runs = {k: asdict(r) for k, r in done[i].items()}
+                _atomic_json({"fingerprint": fingerprint, "runs": runs}, _partial_path(out, i))
+    return {s.key: [done[i][s.key] for i in range(n)] for s in settings}
+
+
+def _partial_path(out: Path, i: int) -> Path:
+    return out / "partial" / f"prompt-{i:04d}.json"
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    """Load everything, run the grid (resuming from partials), fit, and write the three outputs."""
+    from acchead.head_io import load_head
+    from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+    from inference.bench_report import build_results, write_outputs
+
+    out = Path(args.out)
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    settings, notes = build_settings(args, sampling)
+    target = load_causal_lm(args.target, args.dtype, args.device)
+    draft = load_causal_lm(args.draft, args.dtype, args.device)
+    for s in settings:
+        if s.family == HF_METHOD:  # record the schedule transformers will use with this draft
+            s.params.update(schedule_params(draft))
+    tok = load_tokenizer(args.tokenizer or args.target)
+    check_tokenizers_match(tok, load_tokenizer(args.tokenizer or args.draft))
+    head = head_path = None
+    if any(s.needs_head for s in settings):
+        head_path = Path(args.head).expanduser()
+        if head_path.is_dir():
+            head_path = head_path / "head.safetensors"
+        head, _ = load_head(head_path, draft=draft)
+        head = head.to(args.device)
+
+    prompt_ids = _encode_prompts(prompts, tok, target, draft, args.max_new_tokens, args.device)
+    bench = Bench(args, target, draft, head_path, tok, prompt_ids, tok.eos_token_id)
+    fingerprint = run_fingerprint(args, prompt_ids, target, draft, head_path)
+    done = run_grid(bench, settings, out, fingerprint)
+
+    fit_runs = [r.counts() for s in settings if s.family in FIT_FAMILIES for r in done[s.key]]
+    if len(fit_runs) < 2:
+        raise AccheadError(f"the cost fit needs runs of at least one of {', '.join(FIT_FAMILIES)}")
+    fit = fit_costs(
+        [r.draft_calls for r in fit_runs], [r.target_calls for r in fit_runs], [r.wall_time for r in fit_runs]
+    )
+    overhead = None
+    if head is not None:
+        overhead = time_head_overhead(draft, head, prompt_ids[0], calls=args.overhead_calls)
+    rows = []
+    for s in settings:
+        m = aggregate([r.counts() for r in done[s.key]], fit)
+        rows.append(
+            {
+                "method": s.family,
+                "params": s.params,
+                "spec": s.spec,
+                **m.to_dict(),
+                "n_prompts": len(done[s.key]),
+                "outputs": [r.output_sha for r in done[s.key]],
+            }
+        )
+    results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids))
+    write_outputs(results, out)
+    return results
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    args = resolve_args(build_parser().parse_args(argv))
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    # transformers' per-call deprecation notes and weight-loading bars would drown the bench's own bar.
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    results = run_bench(args)
+    out = Path(args.out)
+    print(f"wrote {out / 'results.json'}, {out / 'pareto.png'}, {out / 'report.md'}")
+    for line in results["summary"]:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,283 @@
+"""Command line and config of `acchead-bench`, and the grid of (method, setting) pairs it expands to.
+
+Every flag has its default in `configs/bench.yaml` (or the file given by `--config`); a flag on the command
+line overrides the file. `null` model paths mean the demo pair and the shipped head in `acchead.zoo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from acchead.errors import AccheadError
+from acchead.sampling import SamplingConfig
+
+# Families whose per-prompt wall times enter the cost fit: the draft-model decoders that the model
+# T = t_draft·N_draft + t_target·N_target describes. The oracle peeks at the target's greedy continuation
+# and HF / extra drafters have other per-call costs, so they are measured but not fitted.
+FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence")
+FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "oracle", "hf-assisted", "extra")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the bench: a method family with its parameters and the policy spec that realises it.
+
+    `spec` is the string `inference.policies.parse_policy` takes (empty for hf-assisted); `key` names the
+    setting's partial-result file.
+    """
+
+    family: str
+    spec: str
+    params: dict[str, Any] = field(default_factory=dict)
+    verifier: str = "token"
+    needs_head: bool = False
+
+    @property
+    def key(self) -> str:
+        base = self.spec or self.family
+        return re.sub(r"[^A-Za-z0-9.=-]+", "_", f"{base}-{self.verifier}")
+
+    @property
+    def label(self) -> str:
+        return self.spec or self.family
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _str_list(text: str, sep: str = ",") -> list[str]:
+    return [x.strip() for x in str(text).split(sep) if x.strip()]
+
+
+def _spec_list(text: str) -> list[str]:
+    # Specs contain commas (specdecpp:h=0.7,max=20), so the list separator is ';'.
+    return _str_list(text, ";")
+
+
+def _shipped_defaults() -> dict[str, Any]:
+    from configs import config_path
+
+    try:
+        return yaml.safe_load(config_path("bench").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shipped = _shipped_defaults()
+    p = argparse.ArgumentParser(
+        prog="acchead-bench",
+        description="Benchmark autoregressive decoding, SpecDec (fixed K), SpecDec++ (head threshold h), the "
+        "draft-confidence rule, the hindsight oracle and Hugging Face assisted generation on one prompt set; "
+        "writes OUT/results.json, OUT/pareto.png and OUT/report.md.",
+        epilog="Every flag defaults to its key in the config file (shown as [config: ...] for the shipped "
+        "configs/bench.yaml); flags given on the command line override the file.",
+    )
+
+    def a(flag: str, **kw: Any) -> None:
+        key = flag.lstrip("-").replace("-", "_")
+        if key in shipped and "help" in kw:
+            v = shipped[key]
+            sep = ";" if key == "extra_specs" else ","
+            shown = sep.join(map(str, v)) if isinstance(v, list) else "null" if v is None else v
+            kw["help"] += f" [config: {shown}]"
+        p.add_argument(flag, **kw)
+
+    a("--config", default=None, help="YAML file with defaults for every flag (default: configs/bench.yaml)")
+    a(
+        "--prompts",
+        help="prompt set name (humaneval, stdlib-functions) or a .jsonl file with a 'prompt' field",
+    )
+    a("--num-prompts", type=int, help="use the first N prompts (0 = all)")
+    a("--max-new-tokens", type=int, help="tokens generated per prompt (EOS may end a prompt earlier)")
+    a("--temperature", type=float, help="sampling temperature; 0 = greedy (the oracle needs greedy)")
+    a("--top-k", type=int, help="keep the k most likely tokens when sampling (0 = off)")
+    a("--top-p", type=float, help="nucleus sampling mass (1.0 = off)")
+    a("--seed", type=int, help="base seed; prompt i is decoded with seed+i by every method")
+    a("--out", help="output directory (partial results, results.json, pareto.png, report.md)")
+    a("--target", help="target model directory (default: the demo target in acchead.zoo)")
+    a("--draft", help="draft model directory (default: the demo draft in acchead.zoo)")
+    a("--tokenizer", help="tokenizer directory (default: the target's)")
+    a("--head", help="SpecDec++ acceptance head file or directory (default: the shipped head)")
+    a("--methods", type=_str_list, help=f"comma-separated subset of {', '.join(FAMILIES)}")
+    a("--k-grid", type=_int_list, help="SpecDec candidate lengths K, comma-separated")
+    a("--h-grid", type=_float_list, help="SpecDec++ stop thresholds h in (0, 1), comma-separated")
+    a("--specdecpp-max", type=int, help="SpecDec++ cap on candidates per round")
+    a("--tau-grid", type=_float_list, help="confidence-rule thresholds tau in (0, 1), comma-separated")
+    a(
+        "--extra-specs",
+        type=_spec_list,
+        help="extra decoders run as method 'extra', ';'-separated: bandits "
+        "(ucb:arms=specdec:k=2|specdec:k=4), or DRAFTER+POLICY with a model-free or cascaded drafter "
+        "(mag+specdec:k=10, cascade:k=4.2/10+specdec:k=6)",
+    )
+    a("--verifier", choices=["token", "block"], help="verification rule of our decoders")
+    a("--device", help="torch device for both models (cpu, cuda)")
+    a("--dtype", help="model dtype (float32, bfloat16, float16)")
+    a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
+    a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
+    a("--fresh", action="store_true", default=None, help="ignore partial results in OUT and rerun everything")
+    return p
+
+
+def _read_config(path: Path, known: set[str]) -> dict[str, Any]:
+    if not path.is_file():
+        raise AccheadError(f"config file does not exist: {path}")
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise AccheadError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(cfg, dict):
+        raise AccheadError(f"{path} must hold a mapping of flag names to values")
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise AccheadError(f"{path}: unknown keys {', '.join(unknown)}")
+    return {k: _from_yaml(path, k, v) for k, v in cfg.items() if v is not None}
+
+
+def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill every flag left unset from `--config`, then the shipped config, then the zoo; validate.
+
+    A user config may set only some keys; the others keep the shipped defaults.
+    """
+    from configs import config_path
+
+    known = {k for k in vars(args) if k != "config"}
+    cfg = _read_config(config_path("bench"), known)
+    if args.config:
+        cfg |= _read_config(Path(args.config).expanduser(), known)
+    for k in known:
+        if getattr(args, k) is None and k in cfg:
+            setattr(args, k, cfg[k])
+    _apply_zoo_defaults(args)
+    _validate(args)
+    return args
+
+
+_LISTS = {"methods": _str_list, "k_grid": _int_list, "h_grid": _float_list, "tau_grid": _float_list,
+          "extra_specs": _spec_list}  # fmt: skip
+_INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls"}
+_FLOATS = {"temperature", "top_p"}
+
+
+def _from_yaml(path: Path, key: str, value: Any) -> Any:
+    """A config value converted to what the flag's parser would produce (one-line error if impossible)."""
+    try:
+        if key in _LISTS:
+            parse = _LISTS[key]
+            items = value if isinstance(value, list) else [value]
+            return [x for item in items for x in parse(str(item))]
+        if key in _INTS and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise TypeError
+        if key in _FLOATS:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError
+            return float(value)
+        if key == "fresh" and not isinstance(value, bool):
+            raise TypeError
+    except (TypeError, argparse.ArgumentTypeError):
+        raise AccheadError(f"{path}: bad value for {key}: {value!r}") from None
+    return value
+
+
+def _apply_zoo_defaults(args: argparse.Namespace) -> None:
+    from acchead import zoo
+
+    args.target = args.target or str(zoo.TARGET_DIR)
+    args.draft = args.draft or str(zoo.DRAFT_DIR)
+    args.head = args.head or str(zoo.HEAD_PATH)
+    args.fresh = bool(args.fresh)
+    for k, default in {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0}.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    required = (
+        "prompts",
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "out",
+        "methods",
+        "device",
+        "dtype",
+        "overhead_calls",
+    )
+    missing = [k for k in required if getattr(args, k) is None]
+    if missing:
+        raise AccheadError(f"no value for {', '.join('--' + k.replace('_', '-') for k in missing)}")
+    bad = [m for m in args.methods if m not in FAMILIES]
+    if bad:
+        raise AccheadError(f"unknown method {bad[0]!r}; choose from {', '.join(FAMILIES)}")
+    if args.max_new_tokens < 1:
+        raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.num_prompts < 0:
+        raise AccheadError(f"--num-prompts must be >= 0, got {args.num_prompts}")
+    if args.overhead_calls < 1:
+        raise AccheadError(f"--overhead-calls must be >= 1, got {args.overhead_calls}")
+    try:
+        SamplingConfig(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise AccheadError(str(e)) from None
+    if "specdec" in args.methods and any(k < 1 for k in args.k_grid or [0]):
+        raise AccheadError(f"--k-grid needs K >= 1, got {args.k_grid}")
+    if "specdecpp" in args.methods and any(not 0 < h < 1 for h in args.h_grid or [0]):
+        raise AccheadError(f"--h-grid needs thresholds in (0, 1), got {args.h_grid}")
+    if "confidence" in args.methods and any(not 0 < t < 1 for t in args.tau_grid or [0]):
+        raise AccheadError(f"--tau-grid needs thresholds in (0, 1), got {args.tau_grid}")
+
+
+def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[list[Setting], list[str]]:
+    """Expand the method list and grids into settings, in report order; returns (settings, notes)."""
+    v = args.verifier
+    settings: list[Setting] = []
+    notes: list[str] = []
+    methods = args.methods
+    if "autoregressive" in methods:
+        settings.append(Setting("autoregressive", "autoregressive", {}, v))
+    if "specdec" in methods:
+        settings += [Setting("specdec", f"specdec:k={k}", {"k": k}, v) for k in args.k_grid]
+    if "specdecpp" in methods:
+        cap = args.specdecpp_max
+        settings += [
+            Setting("specdecpp", f"specdecpp:h={h:g},max={cap}", {"h": h, "max": cap}, v, True)
+            for h in args.h_grid
+        ]
+    if "confidence" in methods:
+        settings += [Setting("confidence", f"confidence:tau={t:g}", {"tau": t}, v) for t in args.tau_grid]
+    if "oracle" in methods:
+        if sampling.greedy:
+            settings.append(Setting("oracle", "oracle", {}, v))
+        else:
+            notes.append(f"oracle skipped: it is defined for greedy decoding only (sampling is {sampling}).")
+    if "hf-assisted" in methods:
+        from inference.hf_assisted import METHOD
+
+        settings.append(Setting(METHOD, "", {}, "token"))
+    if "extra" in methods:
+        for spec in args.extra_specs:
+            family = re.split(r"[:+]", spec, maxsplit=1)[0]
+            settings.append(Setting(family, spec, {"spec": spec}, v, "specdecpp" in spec))
+    if not settings:
+        raise AccheadError("nothing to run: --methods selects no setting")
+    return settings, notes

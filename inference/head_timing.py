@@ -1,0 +1,74 @@
+"""Direct measurement of the acceptance head's cost relative to one draft decode step.
+
+SpecDec++ adds one head call per drafted token. The fitted t_draft absorbs it, but the fit's noise is far
+larger than the head (paper §4.2), so the bench times both directly: a draft decode step is one draft
+forward of a single token on a KV cache holding a prompt (with `output_hidden_states=True`, as SpecDec++
+needs), the cache cropped back after each call; the head call is the head on that step's final hidden
+state (1, H) plus the sigmoid the stop rule applies. Medians over many calls resist scheduler noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from acchead.models import final_hidden
+
+
+@dataclass(frozen=True)
+class HeadOverhead:
+    """Median seconds per head call and per draft step, and their ratio."""
+
+    head_s: float
+    draft_step_s: float
+    ratio: float
+    calls: int
+    context: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def _median_time(fn, calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def time_head_overhead(
+    draft: nn.Module, head: nn.Module, prompt_ids: torch.Tensor, calls: int = 200
+) -> HeadOverhead:
+    """Time `calls` draft decode steps and `calls` head calls after `prompt_ids` (1, T); medians and ratio."""
+    cache = DynamicCache()
+    out = draft(input_ids=prompt_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+    context = cache.get_seq_length()
+    token = out.logits[:, -1:].argmax(-1)  # (1, 1)
+    hidden = final_hidden(out)[:, -1]  # (1, H)
+    sync = torch.cuda.synchronize if prompt_ids.is_cuda else (lambda: None)
+
+    def draft_step() -> None:
+        draft(input_ids=token, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        cache.crop(-1)  # drop the token just added: every call sees the same context length
+        sync()
+
+    def head_call() -> None:
+        torch.sigmoid(head(hidden))
+        sync()
+
+    for fn in (draft_step, head_call):  # warm-up: allocator, kernels, lazy init
+        for _ in range(max(3, calls // 10)):
+            fn()
+    draft_s = _median_time(draft_step, calls)
+    head_s = _median_time(head_call, calls)
+    return HeadOverhead(
+        head_s=head_s, draft_step_s=draft_s, ratio=head_s / draft_s, calls=calls, context=context
+    )

@@ -1,0 +1,181 @@
+"""acchead-bench end to end on the tiny pair: outputs, resumption, sampling, and one-line input errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.head_io import HeadMetadata, save_head
+from acchead.models import load_causal_lm, model_identity
+from inference.bench import main
+from inference.bench_config import build_parser, resolve_args
+
+ROW_KEYS = {
+    "method",
+    "params",
+    "tokens",
+    "target_calls",
+    "draft_calls",
+    "discarded",
+    "verification_rate",
+    "discard_rate",
+    "modeled_tokens_per_s",
+    "wall_tokens_per_s",
+}
+
+
+@pytest.fixture(scope="module")
+def bench_inputs(tiny_pair_dirs, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench_inputs")
+    target_dir, draft_dir = tiny_pair_dirs
+    draft = load_causal_lm(draft_dir)
+    meta = HeadMetadata(
+        depth=1,
+        hidden_size=32,
+        w_acc=1.0,
+        w_rej=6.0,
+        draft=model_identity(draft),
+        sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0},
+    )
+    head_path = save_head(AcceptanceHead(32, 1), root / "head.safetensors", meta=meta)
+    prompts = root / "prompts.jsonl"
+    rows = [{"prompt": "def add(a, b):\n    return"}, {"prompt": "for i in range(10):\n", "id": 2}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"target": target_dir, "draft": draft_dir, "head": head_path, "prompts": prompts}
+
+
+def _argv(inp: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        "--prompts", str(inp["prompts"]), "--target", str(inp["target"]), "--draft", str(inp["draft"]),
+        "--head", str(inp["head"]), "--out", str(out), "--max-new-tokens", "8", "--num-prompts", "0",
+        "--k-grid", "1,3", "--h-grid", "0.5", "--tau-grid", "0.4", "--overhead-calls", "5", *extra,
+    ]  # fmt: skip
+
+
+def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(_argv(bench_inputs, out)) == 0
+    res = json.loads((out / "results.json").read_text())
+    methods = [r["method"] for r in res["rows"]]
+    assert methods == [
+        "autoregressive",
+        "specdec",
+        "specdec",
+        "specdecpp",
+        "confidence",
+        "oracle",
+        "hf-assisted",
+    ]
+    for r in res["rows"]:
+        assert set(r) >= ROW_KEYS
+        assert r["draft_calls"] + r["target_calls"] == r["tokens"] + r["discarded"]  # eq. 2.2
+        assert r["verification_rate"] == pytest.approx(r["target_calls"] / r["tokens"])
+        # Greedy: every method reproduces the target's greedy output token for token.
+        assert r["matches_autoregressive"] == 1.0, r["method"]
+    ar = res["rows"][0]
+    assert (ar["draft_calls"], ar["discarded"], ar["verification_rate"]) == (0, 0, 1.0)
+    assert res["rows"][5]["discarded"] == 0  # the oracle never drafts a rejected token
+    assert {"t_draft", "t_target", "r2"} <= set(res) and res["t_target"] > 0
+    assert res["head_overhead"]["ratio"] > 0
+    # transformers' default schedule is our confidence:tau=0.4,max=20: the hook counts must match ours.
+    assert res["rows"][6]["params"]["confidence_threshold"] == 0.4
+    assert any("counts (N/N_target/N_draft/N_discarded) agree" in n for n in res["notes"]), res["notes"]
+    assert [g["met"] is None for g in res["goals"]] == [False, False, False]
+    assert (out / "pareto.png").stat().st_size > 1000
+    report = (out / "report.md").read_text()
+    assert "## Goals" in report and "specdecpp" in report and "hf-assisted" in report
+    assert len(list((out / "partial").glob("prompt-*.json"))) == 2
+
+    capsys.readouterr()
+    assert main(_argv(bench_inputs, out)) == 0
+    assert "resuming: 14 of 14 runs" in capsys.readouterr().out
+    again = json.loads((out / "results.json").read_text())
+    assert [r["wall_time"] for r in again["rows"]] == [r["wall_time"] for r in res["rows"]]
+
+    # A run lost mid-prompt (killed bench): only that run is redone.
+    part = out / "partial" / "prompt-0001.json"
+    data = json.loads(part.read_text())
+    lost = next(k for k in data["runs"] if k.startswith("specdec_k=3"))
+    del data["runs"][lost]
+    part.write_text(json.dumps(data))
+    assert main(_argv(bench_inputs, out)) == 0
+    assert "resuming: 13 of 14 runs" in capsys.readouterr().out
+    assert lost in json.loads(part.read_text())["runs"]
+
+
+def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
+    out = tmp_path / "bench"
+    argv = _argv(bench_inputs, out, "--temperature", "1.0", "--top-k", "50", "--methods",
+                 "autoregressive,specdec,oracle", "--num-prompts", "1")  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [r["method"] for r in res["rows"]] == ["autoregressive", "specdec", "specdec"]
+    assert any("oracle skipped" in n for n in res["notes"])
+    assert all(r["matches_autoregressive"] is None for r in res["rows"])
+    assert res["head_overhead"] is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--prompts", "{tmp}/missing.jsonl", "prompt file does not exist"),
+        ("--prompts", "{tmp}/bad.jsonl", "bad.jsonl:2: no 'prompt' field"),
+        ("--prompts", "no-such-set", "unknown prompt set 'no-such-set'"),
+        ("--methods", "autoregressive,warp", "unknown method 'warp'"),
+        ("--h-grid", "0.5,1.5", "--h-grid needs thresholds in (0, 1)"),
+        ("--k-grid", "0,2", "--k-grid needs K >= 1"),
+        ("--head", "{tmp}/nohead.safetensors", "head file does not exist"),
+        ("--extra-specs", "ucb:arms=specdec:k=0", "specdec needs K >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_error(bench_inputs, tmp_path, capsys, flag, value, message):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x = 1"}\n{"text": "y = 2"}\n')
+    argv = [*_argv(bench_inputs, tmp_path / "out"), "--methods", "autoregressive,specdec,specdecpp,extra"]
+    argv += [flag, value.format(tmp=tmp_path)]  # argparse: the last occurrence of a flag wins
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_shipped_config_loads_with_the_issue_grid(tmp_path):
+    args = resolve_args(build_parser().parse_args([]))
+    assert args.k_grid == [1, 2, 4, 6, 8, 10, 12, 14]
+    assert args.h_grid == pytest.approx([0.1 * i for i in range(1, 10)])
+    assert args.prompts == "humaneval" and args.temperature == 0.0
+    assert {"autoregressive", "specdec", "specdecpp", "confidence", "oracle", "hf-assisted"} <= set(
+        args.methods
+    )
+    user = tmp_path / "user.yaml"
+    user.write_text("k_grid: [3, 5]\nextra_specs: ['ucb:arms=specdec:k=2|specdecpp:h=0.5,max=8']\n")
+    args = resolve_args(build_parser().parse_args(["--config", str(user), "--k-grid", "7"]))
+    assert args.k_grid == [7] and args.extra_specs == ["ucb:arms=specdec:k=2|specdecpp:h=0.5,max=8"]
+    assert args.prompts == "humaneval"  # keys the user config leaves out keep the shipped defaults
+    for text, message in [("warp: 9\n", "unknown keys warp"), ("top_k: 0.5\n", "bad value for top_k")]:
+        user.write_text(text)
+        with pytest.raises(AccheadError, match=message):
+            resolve_args(build_parser().parse_args(["--config", str(user)]))
+
+
+def test_bench_runs_extra_decoders(bench_inputs, tmp_path, monkeypatch):
+    # MaG's corpus table takes a minute to build; a table from the prompts exercises the same plumbing.
+    from inference.bench import Bench
+    from inference.mag import build_bigram_table
+
+    def bigram(self: Bench):
+        return build_bigram_table([p[0].tolist() for p in self.prompt_ids], self.target.config.vocab_size)
+
+    monkeypatch.setattr(Bench, "bigram", bigram)
+    extras = "ucb:arms=specdec:k=1|specdec:k=3;exp3:seed=1,arms=specdecpp:h=0.5,max=4|specdec:k=2;" \
+             "mag+specdec:k=4;cascade:k=2.1/3+specdec:k=3"  # fmt: skip
+    out = tmp_path / "bench"
+    assert main(_argv(bench_inputs, out, "--methods", "autoregressive,extra", "--extra-specs", extras)) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [r["method"] for r in res["rows"]] == ["autoregressive", "ucb", "exp3", "mag", "cascade"]
+    assert all(r["matches_autoregressive"] == 1.0 for r in res["rows"])
+    mag = res["rows"][3]
+    assert mag["draft_calls"] == 0 and mag["target_calls"] < mag["tokens"] + 1
+    assert res["head_overhead"] is not None  # the exp3 arm uses the head
