@@ -1,0 +1,161 @@
+"""acchead-train end to end on a small synthetic gen-data directory: learning, metrics, export, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from gendata_fixture import direct_val_metrics, gen_data  # noqa: F401  (pytest fixture)
+
+from acchead.head_io import load_head
+from configs import config_path
+from train.cli import main as train_main
+from train.metrics import best_constant
+from train.settings import TrainSettings
+
+# The fixture has ~1k training positions: small batches and a high lr give the head enough steps.
+FAST = ["--epochs", "4", "--batch-size", "64", "--lr", "3e-2", "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def trained(gen_data, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("train_out")
+    argv = ["--data", str(gen_data["data"]), "--out", str(out), "--w-rej", "6", "--depth", "2", *FAST]
+    assert train_main(argv) == 0
+    return out
+
+
+def test_trained_head_beats_best_constant_on_held_out_prompts(trained):
+    m = json.loads((trained / "metrics.json").read_text())
+    val = m["val"]
+    assert val["positions"] > 50 and m["split"]["val_prompts"] == 4
+    # Clearly below the best constant under the same loss (the constant is fitted on the val split itself).
+    assert val["weighted_bce"] < 0.7 * val["best_constant"]["weighted_bce"]
+    assert val["kl"] < 0.7 * val["best_constant"]["kl"]
+    assert val["auroc"] > 0.8
+    assert 0 <= val["ece"] < 0.3 and 0 <= val["brier"] < 0.25
+
+
+def test_metrics_json_equals_direct_computation(gen_data, trained):  # noqa: F811
+    m = json.loads((trained / "metrics.json").read_text())["val"]
+    ref = direct_val_metrics(gen_data["data"], trained / "head.safetensors", w_rej=6.0)
+    assert m["positions"] == ref["positions"]
+    for key in ("kl", "weighted_bce", "brier", "auroc"):
+        assert m[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-5), key
+
+
+def test_exported_head_is_tied_to_draft_and_sampling(gen_data, trained):  # noqa: F811
+    cfg = json.loads((gen_data["data"] / "gen_config.json").read_text())
+    head, meta = load_head(trained / "head.safetensors", draft=cfg["draft"])
+    assert (meta.depth, meta.hidden_size, meta.w_acc, meta.w_rej) == (2, 32, 1.0, 6.0)
+    assert meta.draft == cfg["draft"] and meta.sampling == cfg["sampling"]
+    assert meta.data["mix_ratio"] == 0.15 and meta.data["val_prompts"] == 4
+    assert meta.extra["training"]["lr"] == 3e-2
+    assert len(head.blocks) == 2
+    # Checkpoints hold the head only; logs are CSV.
+    ckpt = torch.load(trained / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["state_dict"] and all(k.startswith("head.") for k in ckpt["state_dict"])
+    assert list((trained / "logs").rglob("metrics.csv"))
+    resolved = yaml.safe_load((trained / "train_config.yaml").read_text())
+    assert resolved["depth"] == 2 and resolved["batch_size"] == 64
+
+
+def test_best_constant_is_the_minimum_over_constants():
+    labels = torch.tensor([0.0, 0.2, 1.0, 1.0, 0.7, 0.05])
+    w_rej = 6.0
+    c = best_constant(labels, w_rej=w_rej)
+    grid = torch.linspace(1e-4, 1 - 1e-4, 20001, dtype=torch.float64)
+    p = labels.double()[None]
+    losses = -(p * torch.log(grid[:, None]) + w_rej * (1 - p) * torch.log(1 - grid[:, None])).mean(1)
+    assert c["weighted_bce"] == pytest.approx(losses.min().item(), rel=1e-6)
+    assert c["sigma_weighted_bce"] == pytest.approx(grid[losses.argmin()].item(), abs=1e-3)
+    kl = (
+        p * torch.log(p.clamp(min=1e-12) / grid[:, None])
+        + (1 - p) * torch.log((1 - p).clamp(min=1e-12) / (1 - grid[:, None]))
+    ).mean(1)
+    assert c["kl"] == pytest.approx(kl.min().item(), rel=1e-5, abs=1e-7)
+
+
+def test_shipped_config_covers_every_setting_with_comments():
+    path = config_path("train")
+    cfg = yaml.safe_load(path.read_text())
+    fields = {f.name for f in dataclasses.fields(TrainSettings)} - {"extra"}
+    assert set(cfg) == fields
+    for line in path.read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            assert "#" in line, f"uncommented key: {line}"
+    TrainSettings(**{**cfg, "data": "x", "out": "y"}).check()
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    rc = train_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err[-1] if err else ""
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--w-rej", "0"], "--w-rej must be > 0"),
+        (["--w-rej", "-2"], "--w-rej must be > 0"),
+        (["--depth", "-1"], "--depth must be >= 0"),
+    ],
+)
+def test_bad_hyperparameters_are_one_line_errors(gen_data, tmp_path, capsys, flags, message):  # noqa: F811
+    rc, err = _run(["--data", str(gen_data["data"]), "--out", str(tmp_path), *flags], capsys)
+    assert rc == 2 and message in err and "Traceback" not in err
+
+
+def _corrupt(src: Path, dst: Path, how: str) -> Path:
+    shutil.copytree(src, dst)
+    cfg_file = dst / "gen_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    if how == "other-draft-cache":
+        cfg["features"]["draft"] = {**cfg["features"]["draft"], "fingerprint": "feedfacefeedface"}
+    elif how == "wrong-width":
+        arr = np.load(dst / "features.npy")
+        np.save(dst / "features.npy", np.concatenate([arr, arr], axis=1))
+    elif how == "stale-cache":
+        np.save(dst / "features.npy", np.load(dst / "features.npy")[:-5])
+    elif how == "not-gen-data":
+        cfg["format"] = "something-else"
+    cfg_file.write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("other-draft-cache", "feature cache of another draft"),
+        ("wrong-width", "head/draft hidden-size mismatch"),
+        ("stale-cache", "belongs to another gen-data run"),
+        ("not-gen-data", "is not an acchead-gen-data output"),
+    ],
+)
+def test_bad_data_directories_are_one_line_errors(gen_data, tmp_path, capsys, how, message):  # noqa: F811
+    data = _corrupt(gen_data["data"], tmp_path / "data", how)
+    rc, err = _run(["--data", str(data), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert rc == 2 and message in err, err
+
+
+def test_missing_and_empty_directories(tmp_path, capsys):
+    rc, err = _run(["--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    rc, err = _run(["--data", str(tmp_path / "empty"), "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "not an acchead-gen-data output" in err
+
+
+def test_draft_other_than_the_caches_is_refused(gen_data, tmp_path, capsys):  # noqa: F811
+    from gendata_fixture import tiny_draft
+
+    tiny_draft(tmp_path / "other", seed=1)  # same shape, other weights
+    argv = ["--data", str(gen_data["data"]), "--out", str(tmp_path / "o"), "--draft", str(tmp_path / "other")]
+    rc, err = _run(argv, capsys)
+    assert rc == 2 and "is not the draft the data was generated with" in err

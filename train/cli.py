@@ -1,0 +1,170 @@
+"""`acchead-train`: train an acceptance head on a gen-data directory and export `head.safetensors`.
+
+    acchead-train --data DIR --w-rej 6 --depth 3 --out OUT
+
+Settings come from configs/train.yaml (or `--config`), overridden by flags. Writes OUT/head.safetensors
+(through `acchead.save_head`, tied to the draft and the sampling configuration of the data),
+OUT/metrics.json, OUT/train_config.yaml (the resolved settings), OUT/checkpoints/ and OUT/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from acchead.errors import AccheadError, cli_errors
+from configs import config_path
+from train.settings import TrainSettings
+
+_FIELDS = {f.name for f in dataclasses.fields(TrainSettings)}
+
+
+def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """Flags shared by acchead-train and acchead-sweep (the sweep sets w_rej/depth itself)."""
+    p.add_argument(
+        "--config", type=Path, help="YAML with defaults for every flag (default: configs/train.yaml)"
+    )
+    p.add_argument("--data", help="gen-data directory written by acchead-gen-data")
+    p.add_argument("--out", help="output directory")
+    p.add_argument("--w-acc", type=float, help="BCE weight of the accept term (default 1)")
+    if not sweep:
+        p.add_argument("--w-rej", type=float, help="BCE weight of the reject term, > 0 (default 6)")
+        p.add_argument("--depth", type=int, help="residual blocks of the head, >= 0 (default 3)")
+    p.add_argument("--optimizer", choices=["adam", "adamw"], help="optimiser (default adam, the paper's)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3, measured; paper: 5e-5)")
+    p.add_argument("--weight-decay", type=float, help="Adam L2 / AdamW decoupled weight decay (default 0)")
+    p.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), help="Adam betas")
+    p.add_argument(
+        "--schedule", choices=["cosine", "constant"], help="learning-rate schedule (default cosine)"
+    )
+    p.add_argument("--warmup", type=float, help="fraction of steps in linear warm-up (default 0)")
+    p.add_argument("--epochs", type=int, help="passes over the training split (default 3)")
+    p.add_argument("--batch-size", type=int, help="cached features: Y-positions per step (default 1024)")
+    p.add_argument("--batch-sequences", type=int, help="on-the-fly: sequences per step (paper: 32)")
+    p.add_argument(
+        "--features",
+        choices=["auto", "cached", "on-the-fly"],
+        help="cached features.npy, or run the frozen draft every step (default auto: cached if present)",
+    )
+    p.add_argument(
+        "--draft",
+        help="draft model dir for on the fly (default: the demo draft if it is the data's); "
+        "with a cache it is checked against the cache's draft",
+    )
+    p.add_argument("--draft-dtype", help="dtype of the frozen draft on the fly (default float32)")
+    p.add_argument(
+        "--val-fraction", type=float, help="share of prompts held out for validation (default 0.1)"
+    )
+    p.add_argument("--seed", type=int, help="seed of split, shuffles and initialisation (default 0)")
+    p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
+    p.add_argument("--devices", help="Lightning devices: auto, a count or a list of ids like 0,1")
+    p.add_argument("--strategy", help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...")
+    p.add_argument("--num-nodes", type=int, help="number of nodes (multi-node DDP)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; 1 on a busy box)")
+    p.add_argument("--precision", help="Lightning precision: 32-true, bf16-mixed, 16-mixed")
+    p.add_argument("--logger", choices=["csv", "tensorboard", "none"], help="training logs under OUT/logs")
+    p.add_argument("--no-checkpoints", dest="checkpoints", action="store_false", help="write no checkpoints")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="acchead-train",
+        description="Train a SpecDec++ acceptance head (weighted soft-label BCE) on acchead-gen-data output.",
+        argument_default=argparse.SUPPRESS,  # unset flags do not override the YAML
+    )
+    add_training_flags(p)
+    p.add_argument("--resume", help="checkpoint to resume, or 'last' for OUT/checkpoints/last.ckpt")
+    return p
+
+
+def resolve_settings(args: argparse.Namespace, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """YAML defaults overridden by the flags given; returns TrainSettings keyword arguments."""
+    flags = vars(args)
+    cfg_file = flags.pop("config", None) or config_path("train")
+    if not Path(cfg_file).is_file():
+        raise AccheadError(f"config file does not exist: {cfg_file}")
+    cfg = yaml.safe_load(Path(cfg_file).read_text()) or {}
+    unknown = sorted(set(cfg) - _FIELDS)
+    if unknown:
+        raise AccheadError(f"{cfg_file}: unknown keys {', '.join(unknown)}")
+    merged = {**cfg, **flags, **(fixed or {})}
+    if merged.get("logger") == "none":
+        merged["logger"] = None
+    if isinstance(merged.get("devices"), str) and merged["devices"].isdigit():
+        merged["devices"] = int(merged["devices"])
+    if merged.get("betas") is not None:
+        merged["betas"] = tuple(merged["betas"])
+    for key in ("data", "out"):
+        if not merged.get(key):
+            raise AccheadError(f"--{key} is required")
+    return merged
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomic write (tmp + os.replace): a crash never leaves a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def metrics_table(metrics: dict[str, Any]) -> str:
+    """Markdown table: head vs the best constant predictor, on validation and train."""
+    from train.metrics import METRIC_NAMES
+
+    lines = [
+        "| metric | val head | val best constant | train head | train best constant |",
+        "|---|---|---|---|---|",
+    ]
+    for name in METRIC_NAMES:
+        cells = []
+        for split in ("val", "train"):
+            m = metrics[split]
+            const = m["best_constant"].get(name)
+            cells += [f"{m[name]:.4f}", "—" if const is None else f"{const:.4f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("best constant: the optimal constant prediction under that row's loss, fitted on that split")
+    return "\n".join(lines)
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    from train.fit import quiet_lightning, train_head  # deferred: torch makes `--help` slow
+
+    args = build_parser().parse_args(argv)
+    quiet_lightning()
+    settings = TrainSettings(**resolve_settings(args))
+    result = train_head(settings)
+    if not result.is_global_zero:
+        return 0  # other DDP ranks: rank 0 writes the outputs
+    from acchead.head_io import save_head
+
+    out = Path(settings.out)  # type: ignore[arg-type]
+    out.mkdir(parents=True, exist_ok=True)
+    head_path = save_head(result.module.head.cpu().float(), out / "head.safetensors", meta=result.meta)
+    write_json(out / "metrics.json", result.metrics)
+    resolved = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items()}
+    write_text(out / "train_config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    m = result.metrics
+    print(metrics_table(m))
+    print(
+        f"{m['val']['positions']} val / {m['train']['positions']} train positions, {m['features']} features, "
+        f"{m['epochs']} epochs in {m['fit_seconds']:.1f} s"
+    )
+    print(f"wrote {head_path} and {out / 'metrics.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Batches for head training: flat position batches from the feature cache, or sequence batches for the
+on-the-fly mode, with the train/validation split by prompt.
+
+Batch semantics:
+- cached features: a batch is `batch_size` Y-positions drawn uniformly without replacement from all training
+  prompts (the features are i.i.d.-like once computed, and fixed-size batches give a steady optimiser);
+- on the fly: a batch is `batch_sequences` rows (the paper's "32 sequences"); the draft runs over them in the
+  training step and the loss averages over their Y-positions.
+
+Each loader yields whole batches from a sampler of index arrays (`batch_size=None` in the DataLoader), so a
+cached batch is one fancy-indexing read of the memory map. The samplers shard across DDP ranks themselves
+(`use_distributed_sampler=False` in the Trainer) and reshuffle per epoch from (seed, epoch), which makes a
+resumed run draw the same batches as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from train.data import GenData, split_by_prompt
+
+
+class IndexBatches(Sampler[np.ndarray]):
+    """Yields index arrays (batches) over `items`, this rank's share of each epoch.
+
+    Training (`shuffle=True`): a (seed, epoch) permutation, padded by wrap-around to a multiple of
+    `world_size` like DistributedSampler so every rank runs the same number of steps (DDP would hang
+    otherwise). Evaluation (`shuffle=False`): a strided, unpadded shard, so each item is scored exactly once.
+    """
+
+    def __init__(
+        self,
+        items: np.ndarray,
+        batch_size: int,
+        shuffle: bool,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.items = items
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning at the start of every epoch."""
+        self.epoch = epoch
+
+    def _shard(self) -> np.ndarray:
+        items = self.items
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            items = items[rng.permutation(len(items))]
+            pad = -len(items) % self.world_size
+            items = np.concatenate([items, items[:pad]])
+        return items[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        shard = self._shard()
+        for start in range(0, len(shard), self.batch_size):
+            yield shard[start : start + self.batch_size]
+
+    def __len__(self) -> int:
+        n = len(self.items)
+        per_rank = (
+            math.ceil(n / self.world_size) if self.shuffle else len(range(self.rank, n, self.world_size))
+        )
+        return math.ceil(per_rank / self.batch_size)
+
+
+class CachedPositions(Dataset):
+    """Item = a batch of Y-positions (index array) -> `{"features": (N, H) f16, "labels", "hard": (N,)}`."""
+
+    def __init__(self, data: GenData) -> None:
+        assert data.features is not None and data.feature_index is not None
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data.labels)
+
+    def __getitem__(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
+        idx = np.sort(idx)  # ascending cache rows: the memory map is read front to back
+        rows = self.data.feature_index[idx]
+        return {
+            "features": torch.from_numpy(np.ascontiguousarray(self.data.features[rows])),
+            "labels": torch.from_numpy(self.data.labels[idx]),
+            "hard": torch.from_numpy(self.data.hard[idx]),
+        }
+
+
+class SequenceRows(Dataset):
+    """Item = a batch of rows (an index array), right-padded for the draft's forward.
+
+    Returns `{"input_ids", "attention_mask": (B, T) long, "target_mask": (B, T) bool (True at the input
+    index of each Y-position Z_i, i.e. prompt_len + i), "labels": (B, T) float32, "hard": (B, T) bool}`.
+    """
+
+    def __init__(self, data: GenData, pad_id: int = 0) -> None:
+        self.data = data
+        self.pad_id = pad_id
+        # Y-positions grouped by row: positions of row r are slice(bounds[r], bounds[r + 1]).
+        self.bounds = np.searchsorted(data.row, np.arange(data.num_rows + 1))
+
+    def __len__(self) -> int:
+        return self.data.num_rows
+
+    def __getitem__(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        d = self.data
+        width = max(len(d.tokens[r]) for r in rows)
+        out = {
+            "input_ids": torch.full((len(rows), width), self.pad_id, dtype=torch.long),
+            "attention_mask": torch.zeros(len(rows), width, dtype=torch.long),
+            "target_mask": torch.zeros(len(rows), width, dtype=torch.bool),
+            "labels": torch.zeros(len(rows), width, dtype=torch.float32),
+            "hard": torch.zeros(len(rows), width, dtype=torch.bool),
+        }
+        for b, r in enumerate(rows):
+            tokens = d.tokens[r]
+            out["input_ids"][b, : len(tokens)] = torch.from_numpy(tokens)
+            out["attention_mask"][b, : len(tokens)] = 1
+            sl = slice(self.bounds[r], self.bounds[r + 1])
+            cols = torch.from_numpy(d.prompt_len[r] + d.position[sl])
+            out["target_mask"][b, cols] = True
+            out["labels"][b, cols] = torch.from_numpy(d.labels[sl])
+            out["hard"][b, cols] = torch.from_numpy(d.hard[sl])
+        return out
+
+
+class GenDataModule(L.LightningDataModule):
+    """Train/validation loaders over a loaded gen-data directory.
+
+    Args:
+        data: the loaded directory (`train.data.load_gen_data`).
+        val_fraction: share of prompts held out for validation.
+        seed: seed of the split and of the per-epoch shuffles.
+        batch_size: Y-positions per batch (cached mode).
+        batch_sequences: rows per batch (on-the-fly mode).
+        eval_batch_size: positions per evaluation batch (cached mode; evaluation has no gradient).
+    """
+
+    def __init__(
+        self,
+        data: GenData,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        batch_size: int = 1024,
+        batch_sequences: int = 32,
+        eval_batch_size: int = 16384,
+    ) -> None:
+        super().__init__()
+        self.data = data
+        self.batch_size = batch_size
+        self.batch_sequences = batch_sequences
+        self.eval_batch_size = eval_batch_size
+        self.seed = seed
+        self.val_rows = split_by_prompt(data.prompt_index, val_fraction, seed)
+        self.val_fraction = val_fraction
+        cached = data.mode == "cached"
+        self.dataset: Dataset = CachedPositions(data) if cached else SequenceRows(data)
+        # Items are positions (cached) or rows (on the fly); each split is a sorted array of item ids.
+        item_is_val = self.val_rows[data.row] if cached else self.val_rows
+        self.items = {"train": np.flatnonzero(~item_is_val), "val": np.flatnonzero(item_is_val)}
+        pos_is_val = self.val_rows[data.row]
+        self.split_labels = {"train": data.labels[~pos_is_val], "val": data.labels[pos_is_val]}
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        rank, world = self._rank()
+        if self.data.mode == "cached":
+            size = self.batch_size if train else self.eval_batch_size
+        else:
+            size = self.batch_sequences
+        sampler = IndexBatches(
+            self.items[split], size, shuffle=train, seed=self.seed, rank=rank, world_size=world
+        )
+        return DataLoader(self.dataset, sampler=sampler, batch_size=None, num_workers=0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", train=False)
+
+    def eval_dataloaders(self) -> list[DataLoader]:
+        """Unshuffled loaders of [val, train] for the final evaluation of both splits."""
+        return [self._loader("val", train=False), self._loader("train", train=False)]
+
+    def summary(self) -> dict[str, int | float]:
+        """Sizes of the split, for metrics.json and the head's metadata."""
+        return {
+            "val_fraction": self.val_fraction,
+            "split_seed": self.seed,
+            "train_prompts": len(np.unique(self.data.prompt_index[~self.val_rows])),
+            "val_prompts": len(np.unique(self.data.prompt_index[self.val_rows])),
+            "train_positions": len(self.split_labels["train"]),
+            "val_positions": len(self.split_labels["val"]),
+        }

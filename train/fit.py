@@ -1,0 +1,242 @@
+"""One head training run as a function: settings in, trained head + metrics out.
+
+Shared by `acchead-train` (one run, CLI flags) and `acchead-sweep` (20 runs in one process on one loaded
+dataset). Only this module builds Trainers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+
+from acchead.errors import AccheadError
+from acchead.head_io import HeadMetadata
+from train.data import GenData, check_draft, load_gen_data, same_draft
+from train.datamodule import GenDataModule
+from train.draft import FrozenDraft
+from train.metrics import best_constant
+from train.module import AcceptanceHeadModule
+from train.settings import TrainSettings
+
+
+@dataclass
+class TrainResult:
+    """A finished run: the module (its `.head` is the trained AcceptanceHead), metrics, and metadata."""
+
+    module: AcceptanceHeadModule
+    metrics: dict[str, Any]
+    meta: HeadMetadata
+    trainer: L.Trainer
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.trainer.is_global_zero
+
+
+def quiet_lightning() -> None:
+    """Keep CLI output to what matters: Lightning's banner lines and two harmless warnings go.
+
+    The warnings: a torch-internal pytree deprecation raised inside Lightning, and "fewer batches than the
+    logging interval" (cached-feature epochs are often a handful of large batches).
+    """
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
+
+
+def resolve_draft(settings: TrainSettings, data: GenData) -> FrozenDraft | None:
+    """The frozen draft for on-the-fly features (checked against the data), or None with cached ones.
+
+    gen_config.json records the draft's identity, not its path: on the fly the draft is `--draft`, or the
+    zoo's demo draft when that is the data's draft. With cached features a given `--draft` is only
+    checked: a cache built by another draft is refused.
+    """
+    if data.mode == "cached":
+        if settings.draft:
+            cache_draft = data.config["features"].get("draft", data.draft)
+            check_draft(cache_draft, FrozenDraft.load(settings.draft).identity, "--draft")
+        return None
+    if settings.draft:
+        draft = FrozenDraft.load(settings.draft, dtype=settings.draft_dtype)
+        check_draft(data.draft, draft.identity, "--draft")
+        return draft
+    from acchead.zoo import DRAFT_DIR
+
+    if (DRAFT_DIR / "config.json").is_file():
+        draft = FrozenDraft.load(DRAFT_DIR, dtype=settings.draft_dtype)
+        if same_draft(draft.identity, data.draft):
+            return draft
+    raise AccheadError(
+        f"on-the-fly features need the draft {data.draft.get('name')!r} the data was generated with: "
+        "pass --draft PATH"
+    )
+
+
+def _resume_path(settings: TrainSettings) -> str | None:
+    if not settings.resume:
+        return None
+    path = Path(settings.resume)
+    if settings.resume == "last":
+        if settings.out is None:
+            raise AccheadError("--resume last needs --out (it resumes OUT/checkpoints/last.ckpt)")
+        path = Path(settings.out) / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise AccheadError(f"checkpoint to resume does not exist: {path}")
+    return str(path)
+
+
+def _check_resume(ckpt: str, module: AcceptanceHeadModule) -> None:
+    """A checkpoint of another head shape is refused before Lightning fails deep inside load_state_dict."""
+    hp = torch.load(ckpt, map_location="cpu", weights_only=False).get("hyper_parameters", {})
+    for key in ("hidden_size", "depth"):
+        if hp.get(key) != module.hparams[key]:
+            what = "head/draft hidden-size mismatch" if key == "hidden_size" else "depth mismatch"
+            raise AccheadError(
+                f"{what}: checkpoint {ckpt} has {key}={hp.get(key)}, this run {module.hparams[key]}"
+            )
+
+
+def _logger(settings: TrainSettings):
+    if settings.logger is None or settings.out is None:
+        return False
+    if settings.logger == "tensorboard":
+        try:
+            from lightning.pytorch.loggers import TensorBoardLogger
+
+            return TensorBoardLogger(settings.out, name="logs")
+        except ModuleNotFoundError:
+            raise AccheadError("--logger tensorboard needs `pip install tensorboard`") from None
+    from lightning.pytorch.loggers import CSVLogger
+
+    return CSVLogger(settings.out, name="logs")
+
+
+def train_head(
+    settings: TrainSettings,
+    data: GenData | None = None,
+    callbacks: list[Callback] | None = None,
+) -> TrainResult:
+    """Train one head, evaluate it on both splits, and describe it.
+
+    Args:
+        settings: the run's configuration.
+        data: an already loaded gen-data directory (the sweep loads it once); loaded from `settings.data`
+            otherwise.
+        callbacks: extra Lightning callbacks (tests use one to interrupt a run).
+    """
+    settings.check()
+    if settings.threads:
+        # Small-MLP steps gain nothing from many threads, and on a busy machine OpenMP threads that
+        # wait on each other make a step 10x slower (measured): let the user pin the count.
+        torch.set_num_threads(settings.threads)
+    data = data if data is not None else load_gen_data(settings.data, settings.features)  # type: ignore[arg-type]
+    draft = resolve_draft(settings, data)
+    ckpt = _resume_path(settings)
+    L.seed_everything(settings.seed, verbose=False)
+    dm = GenDataModule(
+        data, settings.val_fraction, settings.seed, settings.batch_size, settings.batch_sequences
+    )
+    module = AcceptanceHeadModule(
+        hidden_size=data.hidden_size,
+        depth=settings.depth,
+        w_acc=settings.w_acc,
+        w_rej=settings.w_rej,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        betas=tuple(settings.betas),
+        optimizer=settings.optimizer,  # type: ignore[arg-type]
+        schedule=settings.schedule,  # type: ignore[arg-type]
+        warmup=settings.warmup,
+        ece_bins=settings.ece_bins,
+        draft=draft,
+    )
+    if ckpt:
+        _check_resume(ckpt, module)
+    cbs = list(callbacks or [])
+    logger = _logger(settings)
+    if logger:
+        cbs.append(LearningRateMonitor(logging_interval="step"))
+    if settings.checkpoints and settings.out is not None:
+        cbs.append(ModelCheckpoint(dirpath=Path(settings.out) / "checkpoints", save_last=True))
+    trainer = L.Trainer(
+        max_epochs=settings.epochs,
+        accelerator=settings.accelerator,
+        devices=settings.devices,
+        strategy=settings.strategy,
+        num_nodes=settings.num_nodes,
+        precision=settings.precision,  # type: ignore[arg-type]
+        logger=logger,
+        callbacks=cbs,
+        enable_checkpointing=bool(settings.checkpoints and settings.out is not None),
+        default_root_dir=settings.out,
+        enable_progress_bar=settings.progress,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        # Our samplers shard by rank themselves (see train.datamodule.IndexBatches).
+        use_distributed_sampler=False,
+        log_every_n_steps=10,
+    )
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+    fit_s = time.perf_counter() - start
+    # Final evaluation of both splits with the trained head, synchronised across processes.
+    module.eval_splits = ["val", "train"]
+    trainer.validate(module, dataloaders=dm.eval_dataloaders(), verbose=False)
+    module.eval_splits = ["val"]
+    metrics = _metrics(settings, dm, module, fit_s)
+    return TrainResult(
+        module=module, metrics=metrics, meta=_metadata(settings, data, dm, metrics), trainer=trainer
+    )
+
+
+def _metrics(settings: TrainSettings, dm: GenDataModule, module: AcceptanceHeadModule, fit_s: float) -> dict:
+    splits = {}
+    for split in ("val", "train"):
+        const = best_constant(torch.from_numpy(dm.split_labels[split]), settings.w_acc, settings.w_rej)
+        labels = dm.split_labels[split]
+        splits[split] = {
+            **module.results[split],
+            "positions": len(labels),
+            "mean_label": float(labels.mean()),
+            "best_constant": const,
+        }
+    return {
+        **splits,
+        "fit_seconds": fit_s,
+        "head": {"depth": settings.depth, "w_acc": settings.w_acc, "w_rej": settings.w_rej},
+        "features": dm.data.mode,
+        "epochs": settings.epochs,
+        "global_step": module.trainer.global_step,
+        "split": dm.summary(),
+    }
+
+
+def _metadata(settings: TrainSettings, data: GenData, dm: GenDataModule, metrics: dict) -> HeadMetadata:
+    cfg = data.config
+    data_meta = {k: v for k, v in cfg.items() if k not in ("draft", "sampling", "features")}
+    data_meta.update(path=str(data.path), features=data.mode, **dm.summary())
+    train_meta = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("data", "out", "extra")}
+    return HeadMetadata(
+        depth=settings.depth,
+        hidden_size=data.hidden_size,
+        w_acc=settings.w_acc,
+        w_rej=settings.w_rej,
+        draft=dict(data.draft),
+        sampling=dict(cfg["sampling"]),
+        data=data_meta,
+        extra={
+            "training": train_meta,
+            "val_kl": metrics["val"]["kl"],
+            "val_weighted_bce": metrics["val"]["weighted_bce"],
+            **settings.extra,
+        },
+    )

@@ -1,0 +1,73 @@
+"""Every knob of a head training run, as one dataclass (no heavy imports: the CLI builds it before torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from acchead.errors import AccheadError
+
+
+@dataclass
+class TrainSettings:
+    """Every knob of a training run; the CLI flags and configs/train.yaml keys map 1:1 onto these fields."""
+
+    data: str
+    out: str | None = None
+    w_acc: float = 1.0
+    w_rej: float = 6.0
+    depth: int = 3
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "cosine"
+    warmup: float = 0.0
+    epochs: int = 3
+    batch_size: int = 1024
+    batch_sequences: int = 32
+    features: str = "auto"
+    draft: str | None = None
+    draft_dtype: str = "float32"
+    val_fraction: float = 0.1
+    seed: int = 0
+    accelerator: str = "auto"
+    devices: str = "auto"
+    strategy: str = "auto"
+    num_nodes: int = 1
+    precision: str = "32-true"
+    logger: str | None = "csv"
+    resume: str | None = None
+    checkpoints: bool = True
+    progress: bool = True
+    ece_bins: int = 15
+    threads: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """One-line AccheadError for values no run can use."""
+        checks = [
+            (self.w_rej > 0, f"--w-rej must be > 0, got {self.w_rej}"),
+            (self.w_acc > 0, f"--w-acc must be > 0, got {self.w_acc}"),
+            (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
+            (self.depth >= 0, f"--depth must be >= 0, got {self.depth}"),
+            (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
+            (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
+            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.batch_sequences >= 1, f"--batch-sequences must be >= 1, got {self.batch_sequences}"),
+            (0 <= self.warmup < 1, f"--warmup must be in [0, 1), got {self.warmup}"),
+            (self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
+            (self.optimizer in ("adam", "adamw"), f"--optimizer must be adam or adamw, got {self.optimizer}"),
+            (
+                self.schedule in ("cosine", "constant"),
+                f"--schedule must be cosine or constant: {self.schedule}",
+            ),
+            (self.features in ("auto", "cached", "on-the-fly"), f"unknown --features {self.features!r}"),
+            (
+                self.logger in (None, "csv", "tensorboard"),
+                f"--logger must be csv or tensorboard: {self.logger}",
+            ),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise AccheadError(msg)
