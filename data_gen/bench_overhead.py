@@ -1,0 +1,157 @@
+"""Benchmark (not a test): the cost of exact labelling relative to plain sampling from the target.
+
+    python -m data_gen.bench_overhead [--num-prompts 32 --max-new-tokens 128 --temperature 0 ...]
+
+labelling overhead = time(gen-data's labelling of the prompts, feature cache off)
+                     / time(the target's `generate` of the same prompts, batches and lengths)
+
+Both sides see the same batches (gen-data's length-sorted batching) and produce the same number of tokens:
+`generate` is asked for exactly as many new tokens per batch as the longest labelled response in it
+(`min_new_tokens = max_new_tokens`, so EOS cannot end it early). Batches alternate between the two sides
+so that load from other processes on the machine hits both alike. On a shared CPU, wall time swings with
+other jobs; the process's CPU time (one thread: `--threads 1`) does not, so both ratios are printed. Also
+printed: our own sampling loop alone (the part `generate` replaces) and labelling with the feature cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+
+from acchead.errors import AccheadError, cli_errors
+from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+from acchead.sampling import SamplingConfig
+from data_gen.cli import context_length, eos_ids
+from data_gen.labeler import Labeler, left_pad, prefill, sample_responses, stream_uniforms
+from data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
+from data_gen.shards import plan_batches
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m data_gen.bench_overhead",
+        description="Time gen-data labelling against the target's plain `generate` on the same prompts and "
+        "lengths; prints the ratio (goal <= 1.5x).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a("--target", default=None, help="target model directory or hub id (default: the demo target)")
+    a("--draft", default=None, help="draft model directory or hub id (default: the demo draft)")
+    a("--prompt-set", default="stdlib-functions", help="built-in prompt set")
+    a("--prompts", default=None, help="prompt file (.jsonl/.json/.parquet/.txt) instead of --prompt-set")
+    a("--num-prompts", type=int, default=32, help="first N prompts")
+    a("--max-new-tokens", type=int, default=128, help="response length cap")
+    a("--batch-size", type=int, default=16, help="prompts per batch")
+    a("--temperature", type=float, default=0.0, help="S: 0 = greedy")
+    a("--top-k", type=int, default=0, help="S: top-k (0 = off)")
+    a("--top-p", type=float, default=1.0, help="S: nucleus mass (1.0 = off)")
+    a("--mix-ratio", type=float, default=0.15, help="r")
+    a("--device", default="cpu", help="torch device for both models")
+    a("--dtype", default="float32", help="model dtype")
+    a("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    return p
+
+
+def _timed(fn, *args, **kwargs) -> tuple[np.ndarray, object]:
+    """([wall seconds, process CPU seconds], result) of fn(*args, **kwargs), synchronising CUDA around it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    w0, c0 = time.perf_counter(), time.process_time()
+    result = fn(*args, **kwargs)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return np.array([time.perf_counter() - w0, time.process_time() - c0]), result
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from acchead.zoo import DRAFT_DIR, TARGET_DIR
+
+    target_path, draft_path = args.target or TARGET_DIR, args.draft or DRAFT_DIR
+    tok = load_tokenizer(target_path)
+    check_tokenizers_match(tok, load_tokenizer(draft_path))
+    source = PromptSource("file", args.prompts) if args.prompts else PromptSource("builtin", args.prompt_set)
+    prompt_ids = encode_prompts(load_prompts(source, limit=args.num_prompts), tok)
+    target = load_causal_lm(target_path, args.dtype, device=args.device)
+    draft = load_causal_lm(draft_path, args.dtype, device=args.device)
+    context = min(context_length(target, tok), context_length(draft, tok))
+    kept = fit_to_context(prompt_ids, args.max_new_tokens, context)
+    if not kept:
+        raise AccheadError("no prompt fits the context with --max-new-tokens")
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    eos = eos_ids(target, tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    labelers = {
+        cache: Labeler(
+            target,
+            draft,
+            sampling,
+            mix_ratio=args.mix_ratio,
+            seed=0,
+            max_new_tokens=args.max_new_tokens,
+            eos_ids=eos,
+            pad_id=pad,
+            cache_features=cache,
+        )
+        for cache in (False, True)
+    }
+    batches = plan_batches(kept, [len(p) for p in prompt_ids], args.batch_size)
+    do_sample = not sampling.greedy
+    gen_kwargs = dict(do_sample=do_sample, pad_token_id=pad, eos_token_id=eos)
+    if do_sample:
+        gen_kwargs |= dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+
+    times = {name: np.zeros(2) for name in ("label", "label+features", "own loop", "generate")}
+    tokens = 0
+    # Warm-up (allocator, kernels) on the first batch, not timed.
+    warm = batches[0]
+    labelers[False].label(warm, [prompt_ids[i] for i in warm])
+    for batch in batches:
+        prompts = [prompt_ids[i] for i in batch]
+        dt, rows = _timed(labelers[False].label, batch, prompts)
+        times["label"] += dt
+        steps = max(len(r.response_ids) for r in rows)  # the decode steps the labelling loop ran
+        tokens += sum(len(r.response_ids) for r in rows)
+        ids, mask = left_pad(prompts, pad, target.device)
+        with torch.no_grad():
+            dt, _ = _timed(
+                target.generate, input_ids=ids, attention_mask=mask, max_new_tokens=steps,
+                min_new_tokens=steps, **gen_kwargs,
+            )  # fmt: skip
+        times["generate"] += dt
+        u = torch.from_numpy(
+            np.stack([stream_uniforms(0, i, "generate", args.max_new_tokens) for i in batch])
+        )
+        times["own loop"] += _timed(
+            lambda i=ids, m=mask, u=u: sample_responses(
+                target, *prefill(target, i, m), m, sampling, u, args.max_new_tokens, eos, pad
+            )
+        )[0]
+        times["label+features"] += _timed(labelers[True].label, batch, prompts)[0]
+
+    ratio = times["label"] / times["generate"]  # (wall, CPU)
+    print(
+        f"pair: target {target_path}, draft {draft_path}; device {args.device}, dtype {args.dtype}, "
+        f"threads {torch.get_num_threads()}; S: {sampling}"
+    )
+    print(
+        f"{len(kept)} prompts in {len(batches)} batches of <= {args.batch_size}, {tokens} response tokens "
+        f"(max {args.max_new_tokens} per prompt)"
+    )
+    print(f"  {'':15s} {'wall s':>8s} {'tok/s':>8s} {'ratio':>6s}   {'CPU s':>8s} {'ratio':>6s}")
+    for name, t in times.items():
+        r = t / times["generate"]
+        print(f"  {name:15s} {t[0]:8.2f} {tokens / t[0]:8.0f} {r[0]:5.2f}x   {t[1]:8.2f} {r[1]:5.2f}x")
+    print(f"labelling overhead: {ratio[0]:.2f}x wall-clock, {ratio[1]:.2f}x CPU time (goal <= 1.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

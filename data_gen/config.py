@@ -1,0 +1,209 @@
+"""Command line and YAML config of `acchead-gen-data`.
+
+Every flag has its default in `configs/gen_data.yaml` (or the file given by `--config`); a flag given on the
+command line overrides the file. The prompt source is one of `--prompt-set`, `--prompts FILE`,
+`--dataset NAME`: one given on the command line replaces the file's choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from acchead.errors import AccheadError
+from acchead.sampling import SamplingConfig
+from data_gen.prompts import PromptSource
+
+SOURCE_KEYS = ("prompt_set", "prompts", "dataset")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="acchead-gen-data",
+        description="Label every response position of target samples with its exact acceptance probability "
+        "under the decoding configuration S (DESIGN §2): the target samples X, the draft proposes Y_i ~ q_i, "
+        "label min(1, p_i(Y_i)/q_i(Y_i)); Z mixes X (prob. r) and Y. Writes a `datasets` dataset to --out, "
+        "resumable (rerun the same command) and spreadable with `accelerate launch`.",
+        epilog="Defaults in [brackets] come from configs/gen_data.yaml; a flag overrides its key. Draft and "
+        "target must share one tokenizer (the same token->id map and EOS id). Prompts too long for "
+        "len(prompt) + max_new_tokens <= context are skipped and counted; empty prompts are refused. "
+        "Several processes: accelerate launch [--num_processes N] -m data_gen.cli [flags].",
+    )
+    a = p.add_argument
+    a("--config", default=None, help="YAML with defaults for every flag (default: configs/gen_data.yaml)")
+    g = p.add_argument_group("models")
+    g.add_argument("--target", help="target model: local HF directory or hub id (default: the demo target)")
+    g.add_argument("--draft", help="draft model: local HF directory or hub id (default: the demo draft)")
+    g.add_argument(
+        "--dtype", help="model dtype: float32, bfloat16 or float16 (probabilities are float32 anyway)"
+    )
+    g.add_argument(
+        "--device", help="device for both models, e.g. cpu, cuda:0 (default: accelerate's per-process one)"
+    )
+    g.add_argument(
+        "--device-map", help="shard the target over GPUs with this transformers device_map, e.g. auto"
+    )
+    g = p.add_argument_group("prompts (one source)")
+    g.add_argument("--prompt-set", help="built-in prompt set: stdlib-functions or humaneval")
+    g.add_argument(
+        "--prompts", help="prompt file: .jsonl, .json, .parquet (field --prompt-field) or .txt (a line each)"
+    )
+    g.add_argument(
+        "--dataset", help="`datasets` dataset: a save_to_disk directory or a name in the local HF cache"
+    )
+    g.add_argument("--dataset-split", help="split of --dataset")
+    g.add_argument("--prompt-field", help="field/column holding the prompt text in --prompts or --dataset")
+    g.add_argument(
+        "--chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap each prompt as a user turn with the target tokenizer's chat template",
+    )
+    g.add_argument("--num-prompts", type=int, help="use the first N prompts (0 = all)")
+    g = p.add_argument_group(
+        "sampling configuration S (the decoder's; applied temperature -> top-k -> top-p)"
+    )
+    g.add_argument("--temperature", type=float, help="0 = greedy")
+    g.add_argument("--top-k", type=int, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, help="nucleus mass (1.0 = off)")
+    g = p.add_argument_group("labelling")
+    g.add_argument(
+        "--max-new-tokens", type=int, help="response length cap; EOS ends a response earlier (kept)"
+    )
+    g.add_argument(
+        "--mix-ratio", type=float, help="probability r that Z_i is the target's X_i rather than Y_i"
+    )
+    g.add_argument("--seed", type=int, help="run seed; prompt i's random streams derive from (seed, i)")
+    g.add_argument(
+        "--cache-features",
+        choices=("auto", "on", "off"),
+        help="store the draft's float16 hidden states for training; auto = on if estimated <= 4 GiB",
+    )
+    g = p.add_argument_group("execution")
+    g.add_argument(
+        "--batch-size", type=int, help="prompts per batch (part of the run's identity: it sets rounding)"
+    )
+    g.add_argument(
+        "--shard-size", type=int, help="prompts per shard, the unit of resumption and of process work"
+    )
+    g.add_argument("--out", help="output directory; rerunning the same command resumes an unfinished run")
+    _show_defaults(p)
+    return p
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append each flag's value in the shipped YAML to its help (argparse's own defaults are all None)."""
+    from configs import config_path
+
+    try:
+        defaults = load_yaml(config_path("gen_data"))
+    except AccheadError:
+        return  # --help must work even with a broken config; parse_args reports it
+    for action in parser._actions:
+        if action.help and defaults.get(action.dest) is not None:
+            action.help += f" [{defaults[action.dest]}]"
+
+
+@dataclass(frozen=True)
+class GenDataArgs:
+    """Validated settings of one run (flags merged over the YAML)."""
+
+    target: str | None
+    draft: str | None
+    dtype: str
+    device: str | None
+    device_map: str | None
+    source: PromptSource
+    chat_template: bool
+    num_prompts: int
+    sampling: SamplingConfig
+    max_new_tokens: int
+    mix_ratio: float
+    seed: int
+    cache_features: str
+    batch_size: int
+    shard_size: int
+    out: Path
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file as a dict; AccheadError if unreadable or not a mapping."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise AccheadError(f"cannot read config {path}: {str(e).splitlines()[0]}") from e
+    if not isinstance(data, dict):
+        raise AccheadError(f"config {path} is not a mapping of flag names to values")
+    return data
+
+
+def parse_args(argv: list[str] | None = None) -> GenDataArgs:
+    """Flags over YAML defaults -> validated `GenDataArgs`."""
+    from configs import config_path
+
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    cfg = load_yaml(ns.config or config_path("gen_data"))
+    known = {a.dest for a in parser._actions} - {"help", "config"}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise AccheadError(f"unknown key(s) in config: {', '.join(unknown)}")
+    cli = {k: v for k, v in vars(ns).items() if v is not None and k != "config"}
+    if any(k in cli for k in SOURCE_KEYS):
+        cfg = {k: v for k, v in cfg.items() if k not in SOURCE_KEYS}  # the command line picks the source
+    merged = {**cfg, **cli}
+    get = merged.get
+
+    sources = [k for k in SOURCE_KEYS if get(k)]
+    if len(sources) != 1:
+        raise AccheadError(
+            f"give exactly one prompt source (--prompt-set, --prompts, --dataset), got {len(sources)}"
+        )
+    field = str(get("prompt_field") or "prompt")
+    kind = {"prompt_set": "builtin", "prompts": "file", "dataset": "dataset"}[sources[0]]
+    source = PromptSource(kind, str(get(sources[0])), field=field, split=str(get("dataset_split") or "train"))
+
+    try:
+        sampling = SamplingConfig(
+            float(get("temperature", 1.0)), int(get("top_k", 0)), float(get("top_p", 1.0))
+        )
+    except ValueError as e:
+        raise AccheadError(str(e)) from e
+    checks = {
+        "max_new_tokens": int(get("max_new_tokens", 128)) >= 1,
+        "batch_size": int(get("batch_size", 16)) >= 1,
+        "shard_size": int(get("shard_size", 256)) >= 1,
+        "num_prompts": int(get("num_prompts") or 0) >= 0,
+        "mix_ratio": 0.0 <= float(get("mix_ratio", 0.15)) <= 1.0,
+    }
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        raise AccheadError(f"out of range: {', '.join(f'{k}={get(k)}' for k in bad)}")
+    cache = str(get("cache_features", "auto")).lower()
+    cache = {"true": "on", "false": "off"}.get(cache, cache)  # YAML booleans
+    if cache not in ("auto", "on", "off"):
+        raise AccheadError(f"cache_features must be auto, on or off, got {get('cache_features')!r}")
+    if not get("out"):
+        raise AccheadError("no output directory: give --out")
+    return GenDataArgs(
+        target=get("target"),
+        draft=get("draft"),
+        dtype=str(get("dtype") or "float32"),
+        device=get("device"),
+        device_map=get("device_map"),
+        source=source,
+        chat_template=bool(get("chat_template", False)),
+        num_prompts=int(get("num_prompts") or 0),
+        sampling=sampling,
+        max_new_tokens=int(get("max_new_tokens", 128)),
+        mix_ratio=float(get("mix_ratio", 0.15)),
+        seed=int(get("seed", 0)),
+        cache_features=cache,
+        batch_size=int(get("batch_size", 16)),
+        shard_size=int(get("shard_size", 256)),
+        out=Path(str(get("out"))).expanduser(),
+    )

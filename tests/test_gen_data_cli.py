@@ -1,0 +1,312 @@
+"""acchead-gen-data end to end on tiny local models: the on-disk contract, resumption, refusals, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import yaml
+from conftest import make_tiny_tokenizer
+
+from configs import config_path
+from data_gen import cli
+from data_gen.config import build_parser, parse_args
+from data_gen.shards import RunDir
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [f"def f{i}(x):\n    return x + {i}" + " * y" * (i % 4) for i in range(10)]
+
+
+def write_jsonl(path: Path, prompts: list[str], field: str = "prompt") -> Path:
+    path.write_text("".join(json.dumps({field: p}) + "\n" for p in prompts))
+    return path
+
+
+def base_args(pair_dirs, prompts_file: Path, out: Path, *extra: str) -> list[str]:
+    target, draft = pair_dirs
+    return [
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--prompts",
+        str(prompts_file),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+        "--batch-size",
+        "3",
+        "--shard-size",
+        "3",
+        "--cache-features",
+        "on",
+        *extra,
+    ]
+
+
+def read_run(out: Path) -> tuple[dict, np.ndarray, dict]:
+    return (
+        datasets.load_from_disk(str(out)).to_dict(),
+        np.load(out / "features.npy"),
+        json.loads((out / "gen_config.json").read_text()),
+    )
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    return write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+
+
+@pytest.fixture
+def reference(tiny_pair_dirs, prompts_file, tmp_path) -> tuple[dict, np.ndarray, dict]:
+    """An uninterrupted run."""
+    out = tmp_path / "ref"
+    assert cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 0
+    return read_run(out)
+
+
+def test_output_follows_the_contract(reference):
+    rows, feats, cfg = reference
+    assert rows["prompt_index"] == list(range(len(PROMPTS)))
+    assert {
+        "format",
+        "version",
+        "target",
+        "draft",
+        "sampling",
+        "mix_ratio",
+        "seed",
+        "max_new_tokens",
+        "prompts",
+        "counts",
+        "features",
+    } <= set(cfg)
+    assert cfg["format"] == "acchead-gen-data" and cfg["version"] == 1
+    assert cfg["sampling"] == {"temperature": 0.8, "top_k": 0, "top_p": 0.95}
+    n_draft = [sum(fd) for fd in rows["from_draft"]]
+    labels = np.concatenate([np.asarray(a, np.float32) for a in rows["accept_prob"]])
+    c = cfg["counts"]
+    assert (
+        c["rows"] == len(PROMPTS) and c["positions"] == labels.size and c["draft_positions"] == sum(n_draft)
+    )
+    assert c["mean_label"] == pytest.approx(labels.mean()) and c["share_label_one"] == pytest.approx(
+        (labels == 1).mean()
+    )
+    assert feats.dtype == np.float16 and list(feats.shape) == cfg["features"]["shape"] == [sum(n_draft), 32]
+    assert rows["feature_offset"] == np.concatenate([[0], np.cumsum(n_draft)[:-1]]).tolist()
+    for key in ("response_ids", "draft_ids", "mixed_ids", "from_draft", "accept_prob"):
+        assert [len(v) for v in rows[key]] == [len(v) for v in rows["response_ids"]]
+    assert all(1 <= len(x) <= 8 for x in rows["response_ids"])
+
+
+def test_resume_after_crash_equals_uninterrupted_run(
+    tiny_pair_dirs, prompts_file, tmp_path, reference, monkeypatch, capsys
+):
+    out = tmp_path / "crashy"
+    real_write, written = RunDir.write_shard, []
+
+    def crash_after_two(self, k, rows, hidden):
+        if len(written) == 2:
+            (self.shard_dir / f".shard-{k:05d}.arrow.tmp999").write_bytes(b"half a file")  # a kill mid-write
+            raise RuntimeError("simulated kill")
+        real_write(self, k, rows, hidden)
+        written.append(k)
+
+    monkeypatch.setattr(RunDir, "write_shard", crash_after_two)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        cli.main(base_args(tiny_pair_dirs, prompts_file, out))
+    assert not (out / "gen_config.json").exists() and len(list((out / "shards").glob("*.arrow"))) == 2
+
+    monkeypatch.setattr(RunDir, "write_shard", real_write)
+    labelled = []
+    real_label = cli.Labeler.label
+    monkeypatch.setattr(
+        cli.Labeler, "label", lambda self, idx, p: labelled.extend(idx) or real_label(self, idx, p)
+    )
+    assert cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 0
+    assert sorted(labelled) == list(range(6, 10)), "only the unwritten shards are recomputed"
+    rows, feats, cfg = read_run(out)
+    assert rows == reference[0] and np.array_equal(feats, reference[1]) and cfg == reference[2]
+    assert not (out / "shards").exists()
+    # A finished run is reported (the summary), not redone.
+    labelled.clear()
+    capsys.readouterr()
+    assert cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 0 and labelled == []
+    summary = capsys.readouterr().out
+    assert (
+        "already complete: 10 rows" in summary and f"mean label {cfg['counts']['mean_label']:.4f}" in summary
+    )
+
+
+@pytest.mark.slow
+def test_sigkill_then_same_command_resumes(tiny_pair_dirs, prompts_file, tmp_path):
+    args = base_args(tiny_pair_dirs, prompts_file, tmp_path / "killed", "--shard-size", "1")  # 10 shards
+    assert cli.main(base_args(tiny_pair_dirs, prompts_file, tmp_path / "ref1", "--shard-size", "1")) == 0
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # like this process (conftest): same kernels, same bits
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "data_gen.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while not (out / "shards" / "shard-00001.arrow").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before it could be killed"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "gen_config.json").exists(), "killed too late to test resumption"
+    assert cli.main(args) == 0
+    rows, feats, cfg = read_run(out)
+    ref = read_run(tmp_path / "ref1")
+    assert rows == ref[0] and np.array_equal(feats, ref[1]) and cfg == ref[2]
+
+
+@pytest.mark.slow
+def test_two_accelerate_processes_give_the_same_rows_as_one(
+    tiny_pair_dirs, prompts_file, tmp_path, reference
+):
+    out = tmp_path / "two"
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        "2",
+        "--cpu",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the reference ran with one thread: same kernels, same bits
+    res = subprocess.run(
+        [*launch, "-m", "data_gen.cli", *base_args(tiny_pair_dirs, prompts_file, out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows, feats, cfg = read_run(out)
+    assert rows == reference[0] and np.array_equal(feats, reference[1]) and cfg == reference[2]
+
+
+def test_refuses_a_different_runs_output(tiny_pair_dirs, prompts_file, tmp_path, reference, capsys):
+    out = tmp_path / "ref"  # the reference's directory
+    before = (out / "gen_config.json").read_text()
+    assert cli.main(base_args(tiny_pair_dirs, prompts_file, out, "--seed", "1")) == 2
+    err = capsys.readouterr().err
+    assert "different gen-data run" in err and "seed" in err and "Traceback" not in err
+    assert (out / "gen_config.json").read_text() == before
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "thesis.txt").write_text("precious")
+    assert cli.main(base_args(tiny_pair_dirs, prompts_file, other)) == 2
+    assert "holds no gen-data run" in capsys.readouterr().err and (other / "thesis.txt").exists()
+
+
+def test_tokenizer_mismatch_is_one_line_error(tiny_pair_dirs, prompts_file, tmp_path, capsys):
+    draft = tmp_path / "draft_other_tok"
+    shutil.copytree(tiny_pair_dirs[1], draft)
+    for f in draft.glob("tokenizer*"):
+        f.unlink()
+    make_tiny_tokenizer(vocab_size=300).save_pretrained(draft)  # another vocabulary: ids mean other tokens
+    assert cli.main(base_args((tiny_pair_dirs[0], draft), prompts_file, tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "tokenizers differ" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "message"),
+    [
+        ('{"text": "def f():"}\n', ".jsonl", "no prompt field 'prompt'"),
+        ('{"prompt": "def f():"}\n{"prompt": "  "}\n', ".jsonl", "prompt 1 of"),
+        ("", ".jsonl", "no prompts"),
+        ('{"prompt": "def f():"\n', ".jsonl", "not valid JSON"),
+        (b"\xff\xfe\x00bad", ".txt", "not UTF-8"),
+        (b"PAR1 not really parquet", ".parquet", "cannot read"),
+        ("a prompt", ".csv", "unknown prompt file type"),
+        (None, ".jsonl", "not found"),
+    ],
+    ids=[
+        "unknown-field",
+        "empty-prompt",
+        "no-prompts",
+        "bad-json",
+        "not-utf8",
+        "bad-parquet",
+        "csv",
+        "missing",
+    ],
+)
+def test_bad_prompt_input_is_one_line_error(tiny_pair_dirs, tmp_path, capsys, content, suffix, message):
+    path = tmp_path / f"prompts{suffix}"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    assert cli.main(base_args(tiny_pair_dirs, path, tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_prompts_longer_than_the_context_are_skipped_with_a_count(tiny_pair_dirs, tmp_path, capsys):
+    # The tiny models have a 256-token context; this prompt leaves no room for 8 new tokens.
+    long = "def g(x):\n    return " + " + ".join(f"x{i}" for i in range(200))
+    path = write_jsonl(tmp_path / "p.jsonl", [PROMPTS[0], long, PROMPTS[1]])
+    out = tmp_path / "out"
+    assert cli.main(base_args(tiny_pair_dirs, path, out)) == 0
+    assert "skipping 1 prompts too long" in capsys.readouterr().err
+    rows, _, cfg = read_run(out)
+    assert rows["prompt_index"] == [0, 2] and cfg["prompts"]["skipped_too_long"] == 1
+    only_long = write_jsonl(tmp_path / "long.jsonl", [long])
+    assert cli.main(base_args(tiny_pair_dirs, only_long, tmp_path / "out2")) == 2
+    assert "no room" in capsys.readouterr().err
+
+
+def test_shipped_yaml_loads_and_every_key_is_a_commented_flag():
+    path = config_path("gen_data")
+    cfg = yaml.safe_load(path.read_text())
+    dests = {a.dest for a in build_parser()._actions}
+    assert set(cfg) <= dests
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            assert " # " in line, f"uncommented key: {line}"
+    args = parse_args([])
+    assert args.source.kind == "builtin" and args.source.name == "stdlib-functions"
+    assert args.mix_ratio == 0.15 and args.target is None and args.cache_features == "auto"
+
+
+def test_flags_override_the_config_file(tmp_path):
+    custom = tmp_path / "c.yaml"
+    custom.write_text("prompt_set: humaneval\nmix_ratio: 0.3\nseed: 5\nout: somewhere\ntemperature: 0.6\n")
+    args = parse_args(["--config", str(custom), "--seed", "7", "--prompts", "p.jsonl", "--top-p", "0.9"])
+    assert args.seed == 7 and args.mix_ratio == 0.3 and str(args.out) == "somewhere"
+    assert args.source.kind == "file" and args.source.name == "p.jsonl"  # the command line picks the source
+    assert (args.sampling.temperature, args.sampling.top_p) == (0.6, 0.9)
+    custom.write_text("mix_ratio: 0.3\nmix_ration: 0.2\n")
+    with pytest.raises(Exception, match="unknown key"):
+        parse_args(["--config", str(custom)])
+    with pytest.raises(Exception, match="mix_ratio"):
+        parse_args(["--mix-ratio", "1.5"])
