@@ -203,6 +203,7 @@ def train_lm(spec: LMSpec, tok_dir: Path, train_ids: np.ndarray, heldout_ids: np
     report = {
         "model": spec.name,
         "spec": asdict(spec),
+        "budget_scale": args.budget_scale,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens": state["tokens"],
         "train_steps": state["step"],

@@ -1,0 +1,141 @@
+"""`acchead-decode`: speculative decoding of one prompt, streaming the text, then the round statistics.
+
+    acchead-decode                                          # demo pair + shipped head, SpecDec++ h=0.7
+    acchead-decode --policy specdec:k=4 --verifier block --prompt 'def fib(n):'
+    acchead-decode --target DIR --draft DIR --head head.safetensors --temperature 0.7 --top-p 0.9
+
+Sampling flags left unset take the head's training configuration S (a head predicts acceptance under the
+S its labels were computed with), or greedy decoding when no head is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from transformers import TextStreamer
+from transformers.utils import logging as hf_logging
+
+from acchead.errors import AccheadError, cli_errors
+from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+from acchead.sampling import SamplingConfig
+from acchead.zoo import DRAFT_DIR, HEAD_PATH, TARGET_DIR
+from inference.decoder import GenerationResult, SpeculativeDecoder
+from inference.policies import needs_head, parse_policy
+
+DEFAULT_PROMPT = (
+    'def is_palindrome(text: str) -> bool:\n'
+    '    """Return True if text reads the same backwards."""\n'
+)
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="acchead-decode",
+        description="Decode one prompt with a speculative decoder, streaming the text and printing the "
+        "round statistics (target/draft forwards, discarded drafts, wall time).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--target", default=str(TARGET_DIR), help="target model directory or hub id")
+    p.add_argument("--draft", default=str(DRAFT_DIR), help="draft model directory or hub id (same tokenizer)")
+    p.add_argument("--head", default=None,
+                   help=f"acceptance head file for specdecpp (default: the shipped head {HEAD_PATH})")
+    p.add_argument("--policy", default="specdecpp:h=0.7,max=20",
+                   help="stop policy: autoregressive | specdec:k=K | specdecpp:h=H[,max=M,free=0/1] | "
+                   "confidence:tau=T[,max=M] | oracle (greedy only)")
+    p.add_argument("--verifier", choices=["token", "block"], default="token",
+                   help="token verification (Leviathan/Chen) or block verification (Sun et al.)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="prompt text (default: a small function stub)")
+    src.add_argument("--prompt-file", type=Path, default=None, help="read the prompt from this file")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="generate at most this many tokens")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy; default: the head's training S, else 0")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (repeatable output)")
+    p.add_argument("--dtype", default="float32", help="model dtype: float32 | float16 | bfloat16")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="device for both models")
+    p.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    return p
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file is not None:
+        if not args.prompt_file.is_file():
+            raise AccheadError(f"prompt file not found: {args.prompt_file}")
+        return args.prompt_file.read_text()
+    return DEFAULT_PROMPT if args.prompt is None else args.prompt
+
+
+def _sampling(args: argparse.Namespace, head_s: SamplingConfig | None) -> SamplingConfig:
+    base = head_s or SamplingConfig(temperature=0.0)
+    try:
+        return SamplingConfig(
+            temperature=base.temperature if args.temperature is None else args.temperature,
+            top_k=base.top_k if args.top_k is None else args.top_k,
+            top_p=base.top_p if args.top_p is None else args.top_p,
+        )
+    except ValueError as e:
+        raise AccheadError(str(e)) from None
+
+
+def format_stats(res: GenerationResult) -> str:
+    """One line of the counts the cost model uses, plus wall-clock speed."""
+    tps = res.tokens / res.wall_time if res.wall_time > 0 else float("nan")
+    mean_acc = sum(res.accepted_per_round) / max(res.rounds, 1)
+    return (
+        f"tokens {res.tokens} | rounds {res.rounds} | target calls {res.target_calls} | "
+        f"draft calls {res.draft_calls} | discarded {res.discarded} | accepted/round {mean_acc:.2f} | "
+        f"verification rate {res.verification_rate:.3f} | discard rate {res.discard_rate:.3f} | "
+        f"{res.wall_time:.2f} s, {tps:.1f} tokens/s"
+    )
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.max_new_tokens < 1:
+        raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    prompt = _read_prompt(args)
+    head_path = None
+    if not needs_head(args.policy):
+        # A bad spec or an oracle with sampling fails before any model is loaded.
+        policy = parse_policy(args.policy)
+        if policy.greedy_only and args.temperature not in (None, 0.0):
+            raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
+    else:
+        head_path = Path(args.head) if args.head is not None else HEAD_PATH
+        if not head_path.exists():
+            raise AccheadError(f"no acceptance head at {head_path}; train one (acchead-train) and pass "
+                               "--head, or pick another --policy such as specdec:k=4")
+    hf_logging.disable_progress_bar()  # weight-loading bars would interleave with the streamed text
+    tok = load_tokenizer(args.target)
+    check_tokenizers_match(tok, load_tokenizer(args.draft))
+    target = load_causal_lm(args.target, dtype=args.dtype, device=args.device)
+    draft = load_causal_lm(args.draft, dtype=args.dtype, device=args.device)
+    decoder = SpeculativeDecoder(target, draft, policy=args.policy, head=head_path, verifier=args.verifier)
+    s = _sampling(args, decoder.head_meta.sampling_config if decoder.head_meta is not None else None)
+    ids = tok(prompt, return_tensors="pt").input_ids[0]
+    if ids.numel() == 0:
+        raise AccheadError("the prompt encodes to no tokens")
+    streamer = None if args.json else TextStreamer(tok, skip_prompt=False)
+    res = decoder.generate(ids, max_new_tokens=args.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
+                           top_p=s.top_p, seed=args.seed, eos_token_id=tok.eos_token_id, streamer=streamer)
+    if args.json:
+        stats = {k: v for k, v in res.to_dict().items() if k != "new_ids"}
+        stats.update(text=tok.decode(res.new_ids), policy=decoder.policy.spec, verifier=args.verifier,
+                     sampling=s.to_dict())
+        print(json.dumps(stats))
+    else:
+        print(f"\n--- {decoder.policy.spec}, {args.verifier} verification, {s}")
+        print(format_stats(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,318 @@
+"""The speculative decoder: a drafter proposes, a stop policy ends the round, one target forward verifies.
+
+Batch size 1 only: a round's length depends on the sequence, and batching rounds of different lengths
+needs ragged caches that transformers' `DynamicCache` does not offer.
+
+One round, with n tokens committed (prompt + generated) and the target's cache holding the first n − 1:
+    1. candidates X_1..X_L from the drafter, L chosen online by the policy (DESIGN §4);
+    2. ONE target forward over [x_n, X_1..X_L] gives p_1..p_{L+1} (= S(target logits), the same
+       `probs_from_logits` gen-data uses);
+    3. the verifier keeps τ candidates and emits one more token (correction or bonus);
+    4. both caches are cropped back to the n + τ tokens they share with the new sequence (`.crop()`).
+Output is distributed exactly as the target's under S (greedy: token-for-token the target's greedy
+decoding), whatever the policy, because the policy only sees the past (tests/test_exactness.py).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.sampling import SamplingConfig, probs_from_logits
+from inference.drafters import Drafter, DraftStep, ModelDrafter, crop_cache
+from inference.policies import Autoregressive, StopPolicy, parse_policy
+from inference.verification import VERIFIERS
+
+
+@dataclass
+class GenerationResult:
+    """New tokens and the counts of the cost model (DESIGN §4) for one `generate` call.
+
+    Attributes:
+        new_ids: (N,) int64 on the CPU, the generated tokens (EOS included if it ended the generation).
+        target_calls: target forwards (= rounds).
+        draft_calls: draft forwards (0 for model-free drafters and autoregressive decoding).
+        drafted: candidates sent to the target.
+        discarded: candidates the target rejected (drafted − accepted).
+        rounds: verification rounds.
+        accepted_per_round / drafted_per_round: per-round τ and L.
+        wall_time: seconds spent in `generate` (excluding the oracle's hindsight reference run).
+        head_calls: acceptance-head evaluations (SpecDec++ only).
+    """
+
+    new_ids: torch.Tensor
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0
+    discarded: int = 0
+    rounds: int = 0
+    accepted_per_round: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)
+    wall_time: float = 0.0
+    head_calls: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """N, the number of generated tokens."""
+        return int(self.new_ids.numel())
+
+    @property
+    def verification_rate(self) -> float:
+        """N_target / N (lower is better; 1 for autoregressive decoding)."""
+        return self.target_calls / max(self.tokens, 1)
+
+    @property
+    def discard_rate(self) -> float:
+        """N_discarded / N."""
+        return self.discarded / max(self.tokens, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["new_ids"] = self.new_ids.tolist()
+        d.update(tokens=self.tokens, verification_rate=self.verification_rate, discard_rate=self.discard_rate)
+        return d
+
+
+def _as_prompt(input_ids: torch.Tensor | list[int]) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long).cpu()
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise AccheadError(f"SpeculativeDecoder decodes one sequence at a time; got batch {ids.shape[0]}")
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise AccheadError(f"input_ids must be a non-empty (T,) or (1, T) tensor, got {tuple(ids.shape)}")
+    return ids
+
+
+def draft_round(
+    drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int, cap: int, eos: set[int]
+) -> list[DraftStep]:
+    """Draft up to `cap` candidates after seq[:n] and write them into seq[n:]; the policy stops the round.
+
+    `policy.start_round` has already been called (it returned the cap). A candidate's hidden state is
+    requested only when a stop decision follows it, i.e. not for the one that reaches the cap. After an
+    early stop, a policy with `free_token` gets one more candidate from the q that the last forward
+    already produced (a neural drafter pays no forward for it). Module-level so that the exactness tests
+    enumerate this very function with a scripted drafter.
+    """
+    steps: list[DraftStep] = []
+    while len(steps) < cap:
+        k = len(steps) + 1
+        step = drafter.propose(seq[: n + k - 1], k, want_hidden=policy.needs_hidden and k < cap)
+        seq[n + k - 1] = step.token
+        steps.append(step)
+        if step.token in eos or k == cap:
+            break  # nothing after an EOS can be kept
+        if policy.should_stop(step):
+            if policy.free_token:
+                step = drafter.propose(seq[: n + k], k + 1, want_hidden=False)
+                seq[n + k] = step.token
+                steps.append(step)
+            break
+    return steps
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of `target` with a drafter, a stop policy and a verifier (batch size 1).
+
+    Args:
+        target: the target causal LM (eval mode).
+        draft: the draft causal LM (wrapped in a `ModelDrafter` with its own KV cache), or any `Drafter`
+            (e.g. MaG, a cascade), or None for `autoregressive`.
+        policy: a spec string (see `inference.policies`) or a `StopPolicy`.
+        head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
+            draft=draft)` so that a head trained for another draft is refused.
+        verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel | Drafter | None = None,
+        policy: str | StopPolicy = "specdec:k=4",
+        head: AcceptanceHead | str | Path | None = None,
+        verifier: str = "token",
+    ) -> None:
+        if verifier not in VERIFIERS:
+            raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
+        self.target = target
+        if isinstance(draft, PreTrainedModel):
+            draft = ModelDrafter(draft)
+        # The draft model, when there is one: the head is checked against it and the oracle runs it.
+        self.draft_model = draft.model if isinstance(draft, ModelDrafter) else None
+        self.drafter: Drafter | None = draft
+        self.verifier = verifier
+        self._verify = VERIFIERS[verifier]
+        self.head_meta = None
+        head_module = self._resolve_head(head)
+        self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
+        if self.drafter is None and not isinstance(self.policy, Autoregressive):
+            raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
+        if self.draft_model is not None:
+            self.policy.to(self.draft_model.device)
+
+    def _resolve_head(self, head: AcceptanceHead | str | Path | None) -> AcceptanceHead | None:
+        if head is None:
+            return None
+        if not isinstance(head, AcceptanceHead):
+            from acchead.head_io import load_head
+
+            head, self.head_meta = load_head(head, draft=self.draft_model)
+        if self.draft_model is not None:
+            hidden = self.draft_model.get_input_embeddings().weight.shape[1]
+            if head.hidden_size != hidden:
+                raise AccheadError(
+                    f"the head reads hidden states of size {head.hidden_size}, the draft's are {hidden}"
+                )
+        return head
+
+    # ------------------------------------------------------------------------------------------ generate
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.Tensor | list[int],
+        max_new_tokens: int = 128,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        eos_token_id: int | list[int] | None = None,
+        streamer: Any = None,
+    ) -> GenerationResult:
+        """Decode up to `max_new_tokens` tokens after `input_ids` ((T,) or (1, T)).
+
+        temperature 0 is greedy. `seed` fixes every random draw (the draft's samples and the verifier's),
+        so a call is repeatable. Generation ends at `max_new_tokens` or after an EOS token. `streamer`
+        gets the Hugging Face streamer calls (`put(prompt)`, then `put(new tokens)` per round, `end()`).
+        """
+        prompt = _as_prompt(input_ids)
+        try:
+            sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
+        except ValueError as e:
+            raise AccheadError(str(e)) from None
+        if max_new_tokens < 1:
+            raise AccheadError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        policy = self.policy
+        if policy.greedy_only and not sampling.greedy:
+            raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
+        self._warn_sampling_mismatch(sampling)
+        eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+        if policy.needs_reference:
+            policy.set_reference(self._reference(prompt, max_new_tokens, eos))
+        head_calls0 = getattr(policy, "head_calls", 0)
+
+        start = time.perf_counter()
+        t_dev = self.target.device
+        gen_t = torch.Generator(device=t_dev).manual_seed(seed)
+        if self.drafter is not None:
+            d_dev = torch.device(getattr(self.drafter, "device", "cpu"))
+            # Draft and verifier may share one stream of random numbers; a generator lives on one device.
+            gen_d = gen_t if d_dev == t_dev else torch.Generator(device=d_dev).manual_seed(seed + 1)
+            self.drafter.begin(prompt, sampling, gen_d)
+        res = GenerationResult(new_ids=torch.empty(0, dtype=torch.long))
+        # The sequence lives on the CPU: only the few tokens fed each round cross to the device.
+        seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long)
+        seq[: prompt.numel()] = prompt
+        n = prompt.numel()  # committed length
+        cache = DynamicCache()
+        cached = 0  # tokens in the target's cache
+        if streamer is not None:
+            streamer.put(prompt[None])
+        done = False
+        while not done and n - prompt.numel() < max_new_tokens:
+            generated = n - prompt.numel()
+            cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
+            steps = draft_round(self.drafter, policy, seq, n, cap, eos) if cap > 0 else []
+            num = len(steps)
+            out = self.target(
+                input_ids=seq[cached : n + num].to(t_dev)[None],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=num + 1,
+            )
+            p = probs_from_logits(out.logits[0, -(num + 1) :], sampling)  # (L+1, V)
+            tokens = seq[n : n + num]
+            tau, nxt = self._verify(tokens, self._stack_q(steps, p), p, gen_t)
+            new = [*tokens[:tau].tolist(), nxt]
+            for i, tok in enumerate(new):
+                if tok in eos:
+                    new, done = new[: i + 1], True
+                    break
+            seq[n + tau] = nxt
+            # Both caches keep exactly the committed tokens they have seen: prefix + accepted candidates.
+            crop_cache(cache, n + tau)
+            cached = n + tau
+            if self.drafter is not None:
+                self.drafter.rollback(n + tau)
+            n += len(new)
+            policy.end_round(num, tau)
+            res.rounds += 1
+            res.drafted += num
+            res.discarded += num - tau
+            res.accepted_per_round.append(tau)
+            res.drafted_per_round.append(num)
+            if streamer is not None:
+                streamer.put(torch.tensor(new))
+        if streamer is not None:
+            streamer.end()
+        res.new_ids = seq[prompt.numel() : n].clone()
+        res.target_calls = res.rounds
+        res.draft_calls = self.drafter.draft_calls if self.drafter is not None else 0
+        res.head_calls = getattr(policy, "head_calls", 0) - head_calls0
+        res.wall_time = time.perf_counter() - start
+        return res
+
+    @staticmethod
+    def _stack_q(steps: list[DraftStep], p: torch.Tensor) -> torch.Tensor:
+        """(L, V) draft distributions on p's device, zero-padded to the target's vocabulary width."""
+        v = p.shape[-1]
+        if not steps:
+            return p.new_zeros(0, v)
+        q = torch.stack([s.q for s in steps]).to(device=p.device, dtype=torch.float32)
+        if q.shape[-1] > v:
+            raise AccheadError(f"the drafter's vocabulary ({q.shape[-1]}) is wider than the target's ({v})")
+        return torch.nn.functional.pad(q, (0, v - q.shape[-1])) if q.shape[-1] < v else q
+
+    # --------------------------------------------------------------------------------------------- helpers
+
+    def _reference(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int]) -> list[bool]:
+        """The oracle's hindsight: agree[i] = (draft's greedy token == target's) at generated position i.
+
+        The target decodes greedily (cached, one token per forward); the draft is teacher-forced over that
+        output in one forward, which is exactly the context it sees under the oracle (no rejections).
+        """
+        if self.draft_model is None:
+            raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
+        dev = self.target.device
+        cache = DynamicCache()
+        ids = prompt.to(dev)[None]
+        ref: list[int] = []
+        while len(ref) < max_new_tokens:
+            out = self.target(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            ref.append(int(out.logits[0, -1].argmax()))
+            if ref[-1] in eos:
+                break
+            ids = torch.tensor([[ref[-1]]], device=dev)
+        full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]
+        logits = self.draft_model(input_ids=full).logits[0, prompt.numel() - 1 : -1]
+        return (logits.argmax(-1).cpu() == torch.tensor(ref)).tolist()
+
+    def _warn_sampling_mismatch(self, sampling: SamplingConfig) -> None:
+        if self.head_meta is None or not getattr(self.policy, "needs_hidden", False):
+            return
+        trained = self.head_meta.sampling_config
+        if trained != sampling:
+            warnings.warn(
+                f"the head's labels were computed under {trained}, decoding uses {sampling}: "
+                "its acceptance predictions will be off (DESIGN §2)",
+                stacklevel=3,
+            )

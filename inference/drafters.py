@@ -1,0 +1,160 @@
+"""Drafters: what proposes the candidate tokens of a speculative round, one at a time.
+
+A drafter sees the committed sequence plus the candidates it already proposed this round (the `context`),
+and returns the next candidate together with the distribution q it was sampled from — the target's
+verification needs the true q of whatever produced each token, or exactness is lost. Neural drafters can
+also return their final hidden state after feeding the candidate (the SpecDec++ head's input); drafters
+without one (Max-Gram, lookup tables) return None, and a head policy cannot run on them.
+
+The decoder calls, per generation: `begin(...)` once; then per round `propose(...)` up to K times and
+`rollback(n)` after verification (n = committed length). `draft_calls` counts forward passes of the draft
+model; a model-free drafter keeps it at 0. Batch size 1 throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from acchead.models import final_hidden
+from acchead.sampling import SamplingConfig, probs_from_logits, sample
+
+
+@dataclass
+class DraftStep:
+    """One proposed candidate.
+
+    Attributes:
+        token: the candidate token id.
+        q: (V,) float32, the draft distribution the candidate was sampled from (after S's processing);
+            one-hot for deterministic drafters.
+        hidden: (H,) the drafter's final hidden state at the candidate's position — the vector its LM head
+            reads after the candidate is fed (`acchead.models.final_hidden`), or None if not computed.
+        index: 1-based position of the candidate within its round.
+        confidence: (V,) the distribution a confidence rule reads, when it differs from q: under greedy
+            decoding q is one-hot, and the draft's confidence is softmax(logits) (what Hugging Face's
+            `assistant_confidence_threshold` reads). None means q.
+    """
+
+    token: int
+    q: torch.Tensor
+    hidden: torch.Tensor | None
+    index: int
+    confidence: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The interface the decoder drives; see the module docstring for the call order."""
+
+    draft_calls: int
+
+    def begin(
+        self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> None:
+        """Start a new sequence; input_ids: (T,) int64 prompt. Resets caches and `draft_calls`."""
+        ...
+
+    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+        """Next candidate after `context` ((T,) int64: committed tokens + this round's candidates).
+
+        `want_hidden` asks for the hidden state of the candidate (costs a neural drafter one forward now,
+        which it would pay at the next proposal anyway).
+        """
+        ...
+
+    def rollback(self, length: int) -> None:
+        """Forget everything past the first `length` tokens (the committed prefix after verification)."""
+        ...
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Crop a transformers cache to its first `length` positions through the public `.crop()`."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        # Negative = number of tokens to remove: the meaning in transformers 5 and also accepted by 4.x.
+        cache.crop(-extra)
+
+
+class ModelDrafter:
+    """A causal LM as drafter, with its own KV cache (`DynamicCache`), cropped on rollback.
+
+    The cache always holds a prefix of the context. After feeding tokens, the distribution for the next
+    position is kept as `pending` so that the next proposal costs no forward: e.g. computing candidate
+    k's hidden state also yields q_{k+1}, which is how the SpecDec++ "free token" costs nothing.
+
+    Args:
+        model: the draft model (eval mode, any device/dtype).
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.draft_calls = 0
+        self._cache = DynamicCache()
+        self._cached = 0  # tokens in the cache
+        # Distribution (V,) for position `_cached` given the cached tokens, and nothing else; None if unknown.
+        self._pending: torch.Tensor | None = None
+        self._pending_conf: torch.Tensor | None = None
+        self._sampling = SamplingConfig()
+        self._generator: torch.Generator | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def begin(
+        self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> None:
+        self._cache = DynamicCache()
+        self._cached = 0
+        self._pending = None
+        self._sampling = sampling
+        self._generator = generator
+        self.draft_calls = 0
+
+    def _feed(self, tokens: torch.Tensor, want_hidden: bool) -> torch.Tensor | None:
+        """Run the draft on `tokens` ((n,) after the cached prefix); sets `_pending`, returns (H,) hidden."""
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],
+            past_key_values=self._cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            logits_to_keep=1,
+        )
+        self.draft_calls += 1
+        self._cached += tokens.numel()
+        logits = out.logits[0, -1]
+        self._pending = probs_from_logits(logits, self._sampling)
+        # Greedy q is one-hot; keep the draft's real confidence for confidence-threshold policies.
+        self._pending_conf = logits.float().softmax(-1) if self._sampling.greedy else None
+        return final_hidden(out)[0, -1] if want_hidden else None
+
+    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+        n = context.numel()
+        if self._cached > n:
+            self.rollback(n)
+        if self._pending is None or self._cached < n:
+            if self._cached == n:
+                # Cache holds the whole context but its next-token distribution was dropped: re-feed the
+                # last token (rare: only after a rollback that lands exactly on the cache's end).
+                crop_cache(self._cache, n - 1)
+                self._cached = n - 1
+            self._feed(context[self._cached :], want_hidden=False)
+        q, conf = self._pending, self._pending_conf
+        assert q is not None
+        token = int(sample(q, self._generator))
+        hidden = None
+        if want_hidden:
+            hidden = self._feed(torch.tensor([token], device=self.device), want_hidden=True)
+        else:
+            self._pending = None  # q belonged to the position now taken by the (unfed) candidate
+        return DraftStep(token=token, q=q, hidden=hidden, index=index, confidence=conf)
+
+    def rollback(self, length: int) -> None:
+        if self._cached > length:
+            crop_cache(self._cache, length)
+            self._cached = length
+            self._pending = None

@@ -1,0 +1,470 @@
+"""Exactness of the speculative decoders: every policy × verifier samples exactly from the target.
+
+1. Exact enumeration on a toy vocabulary: p and q are python functions of the context (with contexts
+   where q = 0 where p > 0, q one-hot, q = p, and p = 0 somewhere). Every random outcome of a short
+   generation — the draft's samples, each accept/reject branch, each residual sample — is enumerated with
+   its probability, running the decoder's own `draft_round` (with a scripted drafter) and the verifiers'
+   own branch functions; the result must equal the target's autoregressive distribution (TV < 1e-9).
+   Deliberately wrong verifiers are the negative controls.
+2. Chi-square of decoded sequences from tiny random Llamas against their exact target distribution.
+3. Greedy decoding is token-for-token `transformers.generate(do_sample=False)`, for every policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from acchead.head import AcceptanceHead
+from acchead.sampling import SamplingConfig, probs_from_logits
+from inference import SpeculativeDecoder, parse_policy
+from inference.decoder import draft_round
+from inference.drafters import DraftStep
+from inference.policies import StopPolicy
+from inference.verification import (
+    block_h,
+    block_next_dist,
+    block_rho,
+    block_tau_probs,
+    token_next_dist,
+    token_tau_probs,
+)
+
+# ------------------------------------------------------------------------------------------- toy world
+
+PROMPT = (1,)
+HIDDEN = 4
+
+
+def _rng(ctx: tuple[int, ...], salt: str) -> random.Random:
+    return random.Random(f"{salt}:{ctx}")
+
+
+def _normalise(w: list[float]) -> list[float]:
+    s = sum(w)
+    return [x / s for x in w]
+
+
+def toy_p(ctx: tuple[int, ...], vocab: int) -> list[float]:
+    """Target: a context-dependent distribution; in a third of the contexts some token has p = 0."""
+    r = _rng(ctx, "p")
+    w = [r.random() ** 2 + 0.01 for _ in range(vocab)]
+    if r.random() < 1 / 3:
+        w[r.randrange(vocab)] = 0.0
+    return _normalise(w)
+
+
+def _kind(ctx: tuple[int, ...]) -> int:
+    """0: q = p, 1: one-hot q, 2: q = 0 at p's mode, 3: unrelated q (half the contexts: the generic case)."""
+    return _rng(ctx, "kind").choice([0, 1, 2, 3, 3, 3])
+
+
+def toy_q(ctx: tuple[int, ...], vocab: int) -> list[float]:
+    """Draft: per context one of four kinds: q = p, one-hot, q = 0 where p > 0, or unrelated."""
+    kind = _kind(ctx)
+    r = _rng(ctx, "q")
+    if kind == 0:
+        return toy_p(ctx, vocab)
+    if kind == 1:
+        w = [0.0] * vocab
+        w[r.randrange(vocab)] = 1.0
+        return w
+    w = [r.random() + 0.05 for _ in range(vocab)]
+    if kind == 2:
+        p = toy_p(ctx, vocab)
+        w[max(range(vocab), key=lambda i: p[i])] = 0.0  # the target's favourite is never drafted
+    return _normalise(w)
+
+
+def one_hot_argmax(dist: list[float]) -> list[float]:
+    out = [0.0] * len(dist)
+    out[max(range(len(dist)), key=lambda i: dist[i])] = 1.0
+    return out
+
+
+class World:
+    """A toy target/draft pair: `p(ctx)`, `q(ctx)` as float64 tensors, a hidden feature for the head."""
+
+    def __init__(self, vocab: int, length: int, eos: set[int], greedy: bool = False) -> None:
+        self.vocab, self.length, self.eos, self.greedy = vocab, length, eos, greedy
+
+    def p(self, ctx: tuple[int, ...]) -> torch.Tensor:
+        d = toy_p(ctx, self.vocab)
+        return torch.tensor(one_hot_argmax(d) if self.greedy else d, dtype=torch.float64)
+
+    def q(self, ctx: tuple[int, ...]) -> torch.Tensor:
+        d = toy_q(ctx, self.vocab)
+        return torch.tensor(one_hot_argmax(d) if self.greedy else d, dtype=torch.float64)
+
+    @staticmethod
+    def hidden(ctx: tuple[int, ...]) -> torch.Tensor:
+        r = _rng(ctx, "e")
+        return torch.tensor([r.gauss(0, 2) for _ in range(HIDDEN)])
+
+    def target_dist(self) -> dict[tuple[int, ...], float]:
+        """The target's exact distribution over generated sequences (EOS or `length` ends them)."""
+        out: dict[tuple[int, ...], float] = defaultdict(float)
+
+        def rec(gen: tuple[int, ...], prob: float) -> None:
+            if len(gen) == self.length or (gen and gen[-1] in self.eos):
+                out[gen] += prob
+                return
+            for x, px in enumerate(self.p(PROMPT + gen).tolist()):
+                if px > 0:
+                    rec((*gen, x), prob * px)
+
+        rec((), 1.0)
+        return out
+
+    def agreement(self) -> list[bool]:
+        """The oracle's hindsight in a greedy world: draft argmax == target argmax along the output."""
+        gen: tuple[int, ...] = ()
+        agree = []
+        while len(gen) < self.length and not (gen and gen[-1] in self.eos):
+            x = int(self.p(PROMPT + gen).argmax())
+            agree.append(int(self.q(PROMPT + gen).argmax()) == x)
+            gen = (*gen, x)
+        return agree
+
+
+class ScriptedDrafter:
+    """Proposes script[k-1] as candidate k (with the toy q of its context): enumerating all scripts
+    enumerates all draft samples."""
+
+    draft_calls = 0
+
+    def __init__(self, world: World, script: tuple[int, ...]) -> None:
+        self.world, self.script = world, script
+
+    def begin(self, input_ids, sampling, generator) -> None:
+        pass
+
+    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+        ctx = tuple(context.tolist())
+        token = self.script[index - 1]
+        hidden = self.world.hidden((*ctx, token)) if want_hidden else None
+        return DraftStep(token=token, q=self.world.q(ctx), hidden=hidden, index=index)
+
+    def rollback(self, length: int) -> None:
+        pass
+
+
+TauFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+NextFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def round_outcomes(world: World, policy: StopPolicy, gen: tuple[int, ...]):
+    """[(drafted tokens, probability, q (L, V))] of one round after `gen`, via the decoder's draft_round."""
+    ctx = PROMPT + gen
+    cap = min(policy.start_round(len(gen)), world.length - len(gen) - 1)
+    if cap <= 0:
+        return [((), 1.0, torch.zeros(0, world.vocab, dtype=torch.float64))]
+    outcomes = {}
+    for script in itertools.product(range(world.vocab), repeat=cap):
+        policy.start_round(len(gen))
+        seq = torch.tensor(ctx + (0,) * (cap + 1))
+        steps = draft_round(ScriptedDrafter(world, script), policy, seq, len(ctx), cap, world.eos)
+        drafted = tuple(s.token for s in steps)
+        prob = math.prod(float(s.q[s.token]) for s in steps)
+        if prob > 0 and drafted not in outcomes:  # scripts that share the drafted prefix: one outcome
+            outcomes[drafted] = (drafted, prob, torch.stack([s.q for s in steps]))
+    assert abs(sum(o[1] for o in outcomes.values()) - 1) < 1e-12, "round outcomes must form a distribution"
+    return list(outcomes.values())
+
+
+def decoded_dist(world: World, policy: StopPolicy, tau_fn: TauFn, next_fn: NextFn):
+    """Exact distribution of the decoder's output: enumerate rounds, accept counts and next tokens."""
+    if policy.needs_reference:
+        policy.set_reference(world.agreement())
+    out: dict[tuple[int, ...], float] = defaultdict(float)
+
+    def rec(gen: tuple[int, ...], prob: float) -> None:
+        if len(gen) == world.length or (gen and gen[-1] in world.eos):
+            out[gen] += prob
+            return
+        for drafted, p_draft, q in round_outcomes(world, policy, gen):
+            ctx = PROMPT + gen
+            p = torch.stack([world.p(ctx + drafted[:i]) for i in range(len(drafted) + 1)])
+            tokens = torch.tensor(drafted, dtype=torch.long)
+            for tau, p_tau in enumerate(tau_fn(tokens, q, p).tolist()):
+                if p_tau <= 0:
+                    continue
+                for x, px in enumerate(next_fn(tokens, q, p, tau).tolist()):
+                    if px <= 0:
+                        continue
+                    new = (*drafted[:tau], x)
+                    cut = next((i for i, t in enumerate(new) if t in world.eos), None)
+                    rec(gen + (new if cut is None else new[: cut + 1]), prob * p_draft * p_tau * px)
+
+    rec((), 1.0)
+    return out
+
+
+def tv(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
+def toy_head() -> AcceptanceHead:
+    """A fixed random head whose predictions spread over (0, 1) on the toy features."""
+    torch.manual_seed(0)
+    head = AcceptanceHead(HIDDEN, depth=1)
+    return head
+
+
+VERIFIERS = {"token": (token_tau_probs, token_next_dist), "block": (block_tau_probs, block_next_dist)}
+SAMPLING_POLICIES = [
+    "autoregressive",
+    "specdec:k=1",
+    "specdec:k=3",
+    "specdecpp:h=0.3,max=3",
+    "specdecpp:h=0.6,max=3,free=0",
+    "confidence:tau=0.5,max=3",
+]
+WORLDS = {
+    "V3-len4": World(vocab=3, length=4, eos=set()),
+    "V4-len3-eos": World(vocab=4, length=3, eos={3}),
+}
+
+
+# --------------------------------------------------------------------------------- enumeration tests
+
+
+def test_toy_world_has_every_case():
+    """The contexts the enumeration visits include q = p, one-hot q, q = 0 < p, and p = 0."""
+    ctxs = [PROMPT + g for n in range(3) for g in itertools.product(range(3), repeat=n)]
+    kinds = {_kind(c) for c in ctxs}
+    assert kinds == {0, 1, 2, 3}
+    assert any(0.0 in toy_p(c, 3) for c in ctxs)
+
+
+@pytest.mark.parametrize("world", list(WORLDS), ids=str)
+@pytest.mark.parametrize("verifier", list(VERIFIERS))
+@pytest.mark.parametrize("spec", SAMPLING_POLICIES)
+def test_enumeration_exact(spec, verifier, world):
+    w = WORLDS[world]
+    policy = parse_policy(spec, head=toy_head())
+    got = decoded_dist(w, policy, *VERIFIERS[verifier])
+    assert abs(sum(got.values()) - 1) < 1e-12
+    assert tv(got, w.target_dist()) < 1e-9
+
+
+@pytest.mark.parametrize("verifier", list(VERIFIERS))
+@pytest.mark.parametrize("spec", [*SAMPLING_POLICIES, "oracle", "oracle:max=1"])
+def test_enumeration_greedy_is_the_target_argmax_path(spec, verifier):
+    w = World(vocab=4, length=4, eos=set(), greedy=True)
+    got = decoded_dist(w, parse_policy(spec, head=toy_head()), *VERIFIERS[verifier])
+    target = w.target_dist()
+    assert len(target) == 1 and tv(got, target) < 1e-12
+
+
+def _block_unscaled_residual(tokens, q, p, tau):
+    """WRONG: block verification with token verification's residual max(p − q, 0) (not scaled by ρ_τ)."""
+    if tau == tokens.numel():
+        return p[tau]
+    r = (p[tau] - q[tau]).clamp_min(0)
+    return r / r.sum() if r.sum() > 0 else p[tau]
+
+
+def _token_ignore_rejection(tokens, q, p, tau):
+    """WRONG: after a rejection sample the target p itself instead of the residual."""
+    return p[tau]
+
+
+def _token_first_failure_block(tokens, q, p):
+    """WRONG: block verification's h, but stopping at the first failure (token-style scan)."""
+    h = block_h(tokens, q, p)[1:]
+    survive = torch.cat([h.new_ones(1), torch.cumprod(h, 0)])
+    return survive * torch.cat([1 - h, h.new_ones(1)])
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        (block_tau_probs, _block_unscaled_residual),
+        (token_tau_probs, _token_ignore_rejection),
+        (_token_first_failure_block, block_next_dist),
+    ],
+    ids=["block-unscaled-residual", "token-ignore-rejection", "block-first-failure"],
+)
+def test_enumeration_catches_wrong_verifiers(wrong):
+    """Negative controls: the same harness must see these bugs (they are off by far more than 1e-9)."""
+    w = WORLDS["V3-len4"]
+    got = decoded_dist(w, parse_policy("specdec:k=3"), *wrong)
+    assert tv(got, w.target_dist()) > 1e-4
+
+
+def test_block_scan_last_success_wins():
+    """P(τ = i) from the formula equals enumerating every success/failure pattern of the η scan."""
+    w = WORLDS["V3-len4"]
+    tokens = torch.tensor([0, 2, 1])
+    ctx = PROMPT
+    q = torch.stack([w.q(ctx + tuple(tokens[:i].tolist())) for i in range(3)])
+    q = (q + 0.1) / (q + 0.1).sum(-1, keepdim=True)  # every token draftable
+    p = torch.stack([w.p(ctx + tuple(tokens[:i].tolist())) for i in range(4)])
+    h = block_h(tokens, q, p).tolist()
+    expect = [0.0] * 4
+    for pattern in itertools.product([False, True], repeat=3):
+        prob = math.prod(h[i + 1] if s else 1 - h[i + 1] for i, s in enumerate(pattern))
+        expect[max([0] + [i + 1 for i, s in enumerate(pattern) if s])] += prob
+    assert torch.allclose(block_tau_probs(tokens, q, p), torch.tensor(expect, dtype=torch.float64))
+
+
+def test_block_accepts_at_least_as_much_as_token():
+    """E[τ] under block verification ≥ under token verification (Sun et al. 2024, Thm 2), drafts ~ q."""
+    w = WORLDS["V3-len4"]
+    e_block = e_token = 0.0
+    for drafted, p_draft, q in round_outcomes(w, parse_policy("specdec:k=3"), ()):
+        tokens = torch.tensor(drafted)
+        p = torch.stack([w.p(PROMPT + drafted[:i]) for i in range(len(drafted) + 1)])
+        ranks = torch.arange(len(drafted) + 1, dtype=torch.float64)
+        # Not per draft: for a given draft block can accept less; only the expectation is ordered.
+        e_block += p_draft * float((block_tau_probs(tokens, q, p) * ranks).sum())
+        e_token += p_draft * float((token_tau_probs(tokens, q, p) * ranks).sum())
+    assert e_block > e_token + 1e-3
+
+
+def test_block_rho_log_space_survives_tiny_ratios():
+    """ρ is a running product of ratios; in log space 40 ratios of 1e-3 give 1e-120 (float64), not NaN."""
+    v = 2
+    q = torch.full((40, v), 0.5, dtype=torch.float64)
+    p = torch.tensor([[5e-4, 1 - 5e-4]] * 41, dtype=torch.float64)
+    rho = block_rho(torch.zeros(40, dtype=torch.long), q, p)
+    assert torch.isclose(rho[-1], torch.tensor(1e-120, dtype=torch.float64), rtol=1e-9)
+    assert torch.isfinite(block_tau_probs(torch.zeros(40, dtype=torch.long), q, p)).all()
+
+
+# ----------------------------------------------------------------------------- tiny transformer tests
+
+
+def _peaked_llama(vocab: int, seed: int, init: float = 0.3, hidden: int = 32):
+    """A random 2-layer Llama whose next-token distributions are peaked and context-dependent."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                      initializer_range=init, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(cfg).eval()
+
+
+def _perturbed(model, scale: float, seed: int):
+    """A copy of `model` with Gaussian noise on every weight: a draft that often agrees with it."""
+    import copy
+
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for prm in out.parameters():
+            prm.add_(scale * prm.std() * torch.randn(prm.shape, generator=g))
+    return out
+
+
+@pytest.fixture(scope="module")
+def peaked_pair():
+    target = _peaked_llama(12, seed=3)
+    return target, _perturbed(target, 0.5, seed=4)
+
+
+@torch.inference_mode()
+def _exact_sequences(target, prompt: list[int], length: int, cfg: SamplingConfig) -> dict[tuple, float]:
+    """The target's exact distribution over `length`-token continuations (all prefixes, batched)."""
+    vocab = target.config.vocab_size
+    dist = {(): 1.0}
+    for _ in range(length):
+        prefixes = list(dist)
+        ids = torch.tensor([prompt + list(g) for g in prefixes])
+        probs = probs_from_logits(target(input_ids=ids).logits[:, -1].double(), cfg).tolist()
+        dist = {(*g, x): dist[g] * pr[x] for g, pr in zip(prefixes, probs, strict=True) for x in range(vocab)
+                if pr[x] > 0}
+    return dist
+
+
+def _chi_square_p_value(counts: Counter, expected: dict, n: int) -> float:
+    """Pearson chi-square of `counts` against `expected` probabilities; cells with n·p < 5 pooled."""
+    big = {k for k, pr in expected.items() if n * pr >= 5}
+    stat, cells = 0.0, 0
+    for k in big:
+        stat += (counts.get(k, 0) - n * expected[k]) ** 2 / (n * expected[k])
+        cells += 1
+    rest_e = n * (1 - sum(expected[k] for k in big))
+    rest_o = n - sum(counts.get(k, 0) for k in big)
+    if rest_e > 0:
+        stat += (rest_o - rest_e) ** 2 / rest_e
+        cells += 1
+    # Chi-square survival function with k dof = regularised upper incomplete gamma Q(k/2, x/2).
+    return float(torch.special.gammaincc(torch.tensor((cells - 1) / 2), torch.tensor(stat / 2)))
+
+
+CHI_CASES = [
+    ("specdec:k=2", "token", SamplingConfig(1.0)),
+    ("specdecpp:h=0.5,max=3", "block", SamplingConfig(1.0)),
+    ("confidence:tau=0.5,max=3", "block", SamplingConfig(0.8, top_k=5, top_p=0.9)),
+    ("specdec:k=3", "token", SamplingConfig(1.3, top_k=0, top_p=0.8)),
+]
+
+
+def _chi_square_case(pair, spec, verifier, cfg, n, length=3):
+    target, draft = pair
+    head = AcceptanceHead(draft.config.hidden_size, depth=1)
+    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier)
+    prompt = [1, 4]
+    counts = Counter(
+        tuple(dec.generate(torch.tensor(prompt), max_new_tokens=length, temperature=cfg.temperature,
+                           top_k=cfg.top_k, top_p=cfg.top_p, seed=s).new_ids.tolist())
+        for s in range(n)
+    )
+    return _chi_square_p_value(counts, _exact_sequences(target, prompt, length, cfg), n)
+
+
+@pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_CASES[1:3], ids=lambda x: str(x))
+def test_chi_square_tiny_transformers(peaked_pair, spec, verifier, cfg):
+    """Decoded 3-token continuations follow the target's exact distribution (small default run; the
+    slow test below runs 4000 per case)."""
+    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=250) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_CASES, ids=lambda x: str(x))
+def test_chi_square_tiny_transformers_large(peaked_pair, spec, verifier, cfg):
+    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=4000) > 1e-3
+
+
+def test_chi_square_catches_the_draft_distribution(peaked_pair):
+    """The statistic has power at the default size: 250 sequences from the draft are rejected."""
+    target, draft = peaked_pair
+    cfg = SamplingConfig(1.0)
+    drafted = _exact_sequences(draft, [1, 4], 3, cfg)
+    keys = list(drafted)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.multinomial(torch.tensor([drafted[k] for k in keys]), 250, replacement=True, generator=g)
+    counts = Counter(keys[i] for i in idx.tolist())
+    assert _chi_square_p_value(counts, _exact_sequences(target, [1, 4], 3, cfg), 250) < 1e-3
+
+
+GREEDY_POLICIES = ["autoregressive", "specdec:k=1", "specdec:k=4", "specdecpp:h=0.5,max=6",
+                   "specdecpp:h=0.8,max=6,free=0", "confidence:tau=0.6,max=8", "oracle"]
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("spec", GREEDY_POLICIES)
+def test_greedy_matches_transformers_generate(peaked_pair, spec, verifier):
+    target, draft = peaked_pair
+    head = AcceptanceHead(draft.config.hidden_size, depth=2)
+    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier)
+    prompt = torch.tensor([[1, 4, 7]])
+    for eos in (None, 5):
+        ref = target.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        res = dec.generate(prompt, max_new_tokens=24, temperature=0, eos_token_id=eos)
+        assert res.new_ids.tolist() == ref[0, 3:].tolist()
+        # Each round emits its accepted candidates + one token; only an accepted EOS drops that token.
+        assert res.tokens == res.rounds + sum(res.accepted_per_round) or res.new_ids[-1] == eos
+        assert res.drafted - res.discarded == sum(res.accepted_per_round) and res.target_calls == res.rounds
+        if spec == "oracle":
+            assert res.discarded == 0
