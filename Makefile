@@ -2,7 +2,10 @@
 #
 #   make venv                 create/reuse .venv; install torch==2.13.0 (CPU wheel) if no torch, then acchead[dev]
 #   make test                 run the test suite (slow and GPU tests are skipped; `make test PYTEST_ARGS="-m slow"`)
-#   make demo                 load the embedded demo pair and let the target complete a HumanEval prompt
+#   make demo                 the whole pipeline on the embedded demo pair (~15 min on 2 cores):
+#                             gen-data on stdlib prompts -> train the head (w_rej 6, depth 3) -> bench on
+#                             HumanEval -> runs/demo/bench/report.md; rerunning resumes where it stopped
+#   make pair                 load the demo pair and let the target complete a HumanEval prompt
 #   make lint                 ruff check
 #
 # GPU users bring their own torch: either install your CUDA build into .venv before `make venv`
@@ -19,7 +22,14 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.acchead-installed
 
-.PHONY: help venv test demo lint
+# Demo sizes: prompts labelled by gen-data, HumanEval prompts and tokens per prompt in the bench.
+DEMO_DIR ?= runs/demo
+DEMO_GEN_PROMPTS ?= 1000
+DEMO_BENCH_PROMPTS ?= 20
+DEMO_NEW_TOKENS ?= 128
+BIN := $(VENV)/bin
+
+.PHONY: help venv test demo pair lint
 
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
@@ -41,7 +51,20 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
+# Each stage is skipped when its output is complete (gen-data writes gen_config.json last; a killed
+# gen-data or bench resumes from its shards / partial results when rerun).
+demo: $(DEMO_DIR)/head/head.safetensors
+	$(BIN)/acchead-bench --prompts humaneval --num-prompts $(DEMO_BENCH_PROMPTS) --max-new-tokens $(DEMO_NEW_TOKENS) \
+		--head $(DEMO_DIR)/head/head.safetensors --out $(DEMO_DIR)/bench
+	@cat $(DEMO_DIR)/bench/report.md
+
+$(DEMO_DIR)/data/gen_config.json: | $(STAMP)
+	$(BIN)/acchead-gen-data --num-prompts $(DEMO_GEN_PROMPTS) --max-new-tokens $(DEMO_NEW_TOKENS) --out $(DEMO_DIR)/data
+
+$(DEMO_DIR)/head/head.safetensors: $(DEMO_DIR)/data/gen_config.json
+	$(BIN)/acchead-train --data $(DEMO_DIR)/data --w-rej 6 --depth 3 --out $(DEMO_DIR)/head
+
+pair: $(STAMP)
 	$(PY) -m acchead.zoo.demo
 
 lint: $(STAMP)

@@ -4,7 +4,8 @@ SpecDec++ adds one head call per drafted token. The fitted t_draft absorbs it, b
 larger than the head (paper §4.2), so the bench times both directly: a draft decode step is one draft
 forward of a single token on a KV cache holding a prompt (with `output_hidden_states=True`, as SpecDec++
 needs), the cache cropped back after each call; the head call is the head on that step's final hidden
-state (1, H) plus the sigmoid the stop rule applies. Medians over many calls resist scheduler noise.
+state plus the stop rule's update, timed through `SpecDecPP.should_stop` (the exact code the decoder
+runs per candidate). Medians over many calls resist scheduler noise.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from acchead.head import AcceptanceHead
 from acchead.models import final_hidden
+from inference.drafters import DraftStep
+from inference.policies import SpecDecPP
 
 
 @dataclass(frozen=True)
@@ -45,14 +49,18 @@ def _median_time(fn, calls: int) -> float:
 
 @torch.inference_mode()
 def time_head_overhead(
-    draft: nn.Module, head: nn.Module, prompt_ids: torch.Tensor, calls: int = 200
+    draft: nn.Module, head: AcceptanceHead, prompt_ids: torch.Tensor, calls: int = 200
 ) -> HeadOverhead:
     """Time `calls` draft decode steps and `calls` head calls after `prompt_ids` (1, T); medians and ratio."""
     cache = DynamicCache()
     out = draft(input_ids=prompt_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
     context = cache.get_seq_length()
     token = out.logits[:, -1:].argmax(-1)  # (1, 1)
-    hidden = final_hidden(out)[:, -1]  # (1, H)
+    hidden = final_hidden(out)[0, -1]  # (H,)
+    # The stop decision is ignored: every call does the full head + running-product update.
+    policy = SpecDecPP(head, h=0.5).to(hidden.device)
+    policy.start_round(0)
+    step = DraftStep(token=int(token), q=out.logits[0, -1], hidden=hidden, index=1)
     sync = torch.cuda.synchronize if prompt_ids.is_cuda else (lambda: None)
 
     def draft_step() -> None:
@@ -61,7 +69,7 @@ def time_head_overhead(
         sync()
 
     def head_call() -> None:
-        torch.sigmoid(head(hidden))
+        policy.should_stop(step)
         sync()
 
     for fn in (draft_step, head_call):  # warm-up: allocator, kernels, lazy init
