@@ -1,4 +1,6 @@
-"""Resumable, sharded output of a gen-data run, and the final merge into the on-disk contract (BRIEF.md).
+"""Resumable, sharded output of a gen-data run, and its final merge into the on-disk format.
+
+The format itself is described in the README, section "The gen-data format".
 
 Layout of OUT while a run is in progress and after it:
 

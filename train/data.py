@@ -1,4 +1,4 @@
-"""Reading and validating an `acchead-gen-data` directory (the format contract in work/BRIEF.md).
+"""Reading and validating an `acchead-gen-data` directory (the format: README, "The gen-data format").
 
 Everything the trainer needs is flattened here into per-Y-position arrays (label, feature row, row id,
 position) plus per-row token lists for the on-the-fly mode, so the datasets in `train.datamodule` are
