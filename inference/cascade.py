@@ -32,7 +32,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig, probs_from_logits, sample
-from inference.drafters import DraftStep, crop_cache
+from inference.drafters import RoundBufferDrafter, crop_cache
 from inference.mag import MaGDrafter, MaxGram
 from inference.verification import token_next_dist, token_tau_probs
 
@@ -98,7 +98,7 @@ def _one_hot(token: int, width: int, device: torch.device) -> torch.Tensor:
     return q
 
 
-class CascadeDrafter:
+class CascadeDrafter(RoundBufferDrafter):
     """Vertical + horizontal cascade over neural reviewers and MaG, proposing tokens with their true q.
 
     Args:
@@ -138,8 +138,7 @@ class CascadeDrafter:
         self._sampling = SamplingConfig()
         self._generator: torch.Generator | None = None
         self._prompt_len = 0
-        self._base = -1
-        self._buf: list[Step] = []
+        self._clear_block()
 
     @property
     def calls_per_level(self) -> list[int]:
@@ -156,22 +155,14 @@ class CascadeDrafter:
             lv.calls = 0
         self._sampling, self._generator = sampling, generator
         self._prompt_len = int(input_ids.numel())
-        self._base, self._buf = -1, []
+        self._clear_block()
         self.draft_calls = 0
 
-    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
-        n = int(context.numel())
-        # One cascade round is buffered and handed out token by token; a new round starts with each
-        # target round, or when the stop policy drafts past the buffered one.
-        if index == 1 or not 0 <= n - self._base < len(self._buf):
-            self._base = n
-            self._buf = self._fill(0, context.tolist())
-        token, q = self._buf[n - self._base]
-        return DraftStep(token=token, q=q, hidden=None, index=index)
-
-    def rollback(self, length: int) -> None:
-        # Reviewer caches are re-matched against the next context lazily (longest common prefix).
-        self._base, self._buf = -1, []
+    def _propose_block(self, context: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        # One cascade round per target round (or when the stop policy drafts past it). Reviewer caches
+        # are re-matched against each new context lazily (longest common prefix), so rollback only
+        # drops the block.
+        return self._fill(0, context.tolist())
 
     # --------------------------------------------------------------------------------------- the cascade
 

@@ -158,3 +158,35 @@ class ModelDrafter:
             crop_cache(self._cache, length)
             self._cached = length
             self._pending = None
+
+
+class RoundBufferDrafter:
+    """Base for drafters that compute a whole block of candidates at once (Max-Gram, a cascade) and hand
+    it out one candidate per `propose`.
+
+    The buffer stays valid while the context is its base plus the candidates already handed out; a new
+    round (index 1), or a policy drafting past the block, computes a fresh one. Subclasses implement
+    `_propose_block` and call `_clear_block()` from `begin`.
+    """
+
+    draft_calls: int
+
+    def _clear_block(self) -> None:
+        self._base = -1  # context length the buffered block starts after
+        self._block: list[tuple[int, torch.Tensor]] = []
+
+    def _propose_block(self, context: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """(token, q) pairs continuing `context` ((T,) int64); q is the true (V,) distribution of each."""
+        raise NotImplementedError
+
+    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+        n = int(context.numel())
+        if index == 1 or not 0 <= n - self._base < len(self._block):
+            self._base = n
+            self._block = self._propose_block(context)
+        token, q = self._block[n - self._base]
+        return DraftStep(token=token, q=q, hidden=None, index=index)
+
+    def rollback(self, length: int) -> None:
+        self._clear_block()
+

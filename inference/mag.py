@@ -24,7 +24,7 @@ import torch
 
 from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig
-from inference.drafters import DraftStep
+from inference.drafters import RoundBufferDrafter
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("ACCHEAD_CACHE", Path.home() / ".cache" / "acchead"))
 
@@ -218,7 +218,7 @@ class MaxGram:
         return tokens
 
 
-class MaGDrafter:
+class MaGDrafter(RoundBufferDrafter):
     """MaG as a `Drafter` (inference.drafters): one-hot q, no hidden state, no model forwards.
 
     Each proposal block is computed once from the context at the start of a round (or when the policy
@@ -241,26 +241,15 @@ class MaGDrafter:
         self.block = block
         self.draft_calls = 0  # MaG runs no model; its cost is negligible (DESIGN §6)
         self.prompt_len = 0
-        self._base = -1  # context length the buffered block starts after
-        self._buf: list[int] = []
+        self._clear_block()
 
     def begin(
         self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> None:
         self.prompt_len = int(input_ids.numel())
-        self._base, self._buf = -1, []
+        self._clear_block()
         self.draft_calls = 0
 
-    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
-        n = int(context.numel())
-        # The buffer is valid while the context is its base plus the tokens already handed out.
-        if index == 1 or not 0 <= n - self._base < len(self._buf):
-            self._base = n
-            self._buf = self.mag.propose(context.cpu().numpy(), self.prompt_len, self.block)
-        token = self._buf[n - self._base]
-        q = torch.zeros(self.vocab_size)
-        q[token] = 1.0
-        return DraftStep(token=token, q=q, hidden=None, index=index)
-
-    def rollback(self, length: int) -> None:
-        self._base, self._buf = -1, []
+    def _propose_block(self, context: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        tokens = self.mag.propose(context.cpu().numpy(), self.prompt_len, self.block)
+        return [(t, torch.nn.functional.one_hot(torch.tensor(t), self.vocab_size).float()) for t in tokens]
