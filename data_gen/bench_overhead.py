@@ -26,7 +26,7 @@ from acchead.errors import AccheadError, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 from acchead.sampling import SamplingConfig
 from data_gen.cli import context_length, eos_ids
-from data_gen.labeler import Labeler, left_pad, prefill, sample_responses, stream_uniforms
+from data_gen.labeler import Labeler, left_pad, sample_and_label, stream_uniforms
 from data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
 from data_gen.shards import plan_batches
 
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             np.stack([stream_uniforms(0, i, "generate", args.max_new_tokens) for i in batch])
         )
         times["own loop"] += _timed(
-            lambda i=ids, m=mask, u=u: sample_responses(
-                target, *prefill(target, i, m), m, sampling, u, args.max_new_tokens, eos, pad
+            lambda i=ids, m=mask, u=u: sample_and_label(
+                target, i, m, sampling, u, args.max_new_tokens, eos, pad
             )
         )[0]
         times["label+features"] += _timed(labelers[True].label, batch, prompts)[0]

@@ -5,10 +5,14 @@ For a batch of tokenised prompts:
 1. The target samples a response X under S with a KV cache (our own loop, not `generate`, because every
    prompt draws from its own random stream; see `stream_uniforms`). A response ends after EOS (kept: it
    is a position the decoder also verifies) or at `max_new_tokens`.
-2. One target forward and one draft forward over prompt+X give, for every response position i,
-   `p_i = S(p(.|x, X_<i))` and `q_i = S(q(.|x, X_<i))` via `acchead.sampling.probs_from_logits`. The
-   target's forward reuses the prompt's keys and values from generation (`target_response_logits`).
-3. `Y_i ~ q_i`; `accept_prob_i = min(1, p_i(Y_i) / q_i(Y_i))` (q_i(Y_i) > 0 because Y_i was drawn from q_i).
+2. The draft decodes alongside, with its own KV cache: prefilled over the same left-padded prompts, then
+   fed the same X_{i-1} at every step. At step i the two models' step logits give, via
+   `acchead.sampling.probs_from_logits`, `p_i = S(p(.|x, X_<i))` (the distribution X_i is sampled from)
+   and `q_i = S(q(.|x, X_<i))`.
+3. In the same step, `Y_i ~ q_i` and `accept_prob_i = min(1, p_i(Y_i) / q_i(Y_i))` (q_i(Y_i) > 0 because
+   Y_i was drawn from q_i); steps 1-3 are `sample_and_label`. Labelling online costs no second target
+   forward over prompt+X and no second application of S (a vocabulary sort under top-p) to p, and the
+   label uses exactly the p_i that X_i was drawn from rather than a recomputation equal up to rounding.
 4. `Z_i = X_i` with probability `mix_ratio`, else `Y_i`.
 5. Optionally one more draft forward over prompt+Z; the draft's `final_hidden` at each position that holds
    a from-draft `Z_i` is the head's input there, stored as float16.
@@ -29,11 +33,12 @@ vectorised over the batch, with no per-row device synchronisation.
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache, DynamicLayer, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.models import final_hidden
@@ -109,118 +114,127 @@ def position_ids(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-@torch.no_grad()
-def prefill(
-    target: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
-) -> tuple[DynamicCache, torch.Tensor]:
-    """Run the target over the left-padded prompts: (KV cache, logits of the first response token (B, V))."""
-    cache = DynamicCache(config=target.config)
-    out = target(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=position_ids(prompt_mask),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    return cache, out.logits[:, -1]
+class _Decoder:
+    """One model's incremental decoding over a batch: its KV cache, attention mask, positions and last logits.
 
-
-@torch.no_grad()
-def sample_responses(
-    target: PreTrainedModel,
-    cache: DynamicCache,
-    first_logits: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    sampling: SamplingConfig,
-    uniforms: torch.Tensor,
-    max_new_tokens: int,
-    eos_ids: list[int],
-    pad_id: int,
-) -> list[list[int]]:
-    """Sample one response per row from the target under S, extending the prompts' KV cache.
-
-    Args:
-        cache, first_logits: from `prefill`; the cache grows by the fed response tokens.
-        prompt_mask: (B, P) mask of the left-padded prompts.
-        uniforms: (B, >= max_new_tokens) float64, row b's generation stream; step t uses column t.
-        eos_ids: a response ends right after the first of these (included).
-
-    Returns:
-        B token lists of length 1..max_new_tokens.
+    Built from left-padded prompts (`prompt_ids`, `prompt_mask` (B, P)), which it prefills; `feed` appends one
+    token per row. `logits` (B, V) always predict the next token.
     """
-    bsz, in_dev = prompt_mask.size(0), prompt_mask.device
-    mask, logits = prompt_mask, first_logits
-    positions = position_ids(mask)[:, -1:]
-    eos = torch.tensor(eos_ids, device=logits.device)
-    uniforms = uniforms.to(logits.device)
-    done = torch.zeros(bsz, dtype=torch.bool, device=logits.device)
-    steps = []
-    for t in range(max_new_tokens):
-        probs = probs_from_logits(logits, sampling)  # (B, V)
-        # Finished rows keep being fed a pad token so the batch stays rectangular; their outputs are unused.
-        tok = torch.where(done, pad_id, sample_inverse_cdf(probs, uniforms[:, t]))
-        steps.append(tok)
-        done = done | torch.isin(tok, eos)
-        if t == max_new_tokens - 1 or bool(done.all()):  # the one host sync per step
-            break
-        mask = torch.cat([mask, mask.new_ones(bsz, 1)], dim=1)
-        positions = positions + 1
-        out = target(
-            input_ids=tok[:, None].to(in_dev),
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
+
+    @torch.no_grad()
+    def __init__(self, model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
+        self.model, dev = model, model.device
+        self.mask = prompt_mask.to(dev)
+        self.positions = position_ids(self.mask)
+        self.cache = DynamicCache(config=model.config)
+        out = model(
+            input_ids=prompt_ids.to(dev),
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.positions = self.positions[:, -1:]
+        self.logits = out.logits[:, -1]
+
+    @torch.no_grad()
+    def feed(self, tokens: torch.Tensor) -> None:
+        """Extend every row by one token: tokens (B,)."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.size(0), 1)], dim=1)
+        self.positions = self.positions + 1
+        out = self.model(
+            input_ids=tokens[:, None].to(self.mask.device),
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            past_key_values=self.cache,
             use_cache=True,
         )
-        logits = out.logits[:, -1]
-    tokens = torch.stack(steps, 1).tolist()  # (B, steps)
-    eos_set = set(eos_ids)
-    responses = []
-    for row in tokens:
-        end = next((i + 1 for i, x in enumerate(row) if x in eos_set), len(row))
-        responses.append(row[:end])
-    return responses
-
-
-@torch.no_grad()
-def target_response_logits(
-    target: PreTrainedModel,
-    cache: DynamicCache,
-    first_logits: torch.Tensor,
-    seq_ids: torch.Tensor,
-    seq_mask: torch.Tensor,
-    n: int,
-) -> torch.Tensor:
-    """The target's logits for every response token, (B, n, V): one forward over the responses.
-
-    The prompt part of that forward is the prefill's: the generation cache is cropped back to the
-    prompts and the responses run over it in parallel, which equals a forward over prompt+response up to
-    float rounding and skips recomputing the prompts. Caches that cannot be cropped (sliding-window
-    layers) get a full forward over prompt+response instead.
-    """
-    if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return next_token_logits(target, seq_ids, seq_mask, n)
-    if n == 1:
-        return first_logits[:, None]
-    prompt_len = seq_ids.size(1) - n
-    cache.crop(prompt_len - cache.get_seq_length())  # a negative count: tokens to drop from the end
-    dev = target.device
-    ids, mask = seq_ids[:, :-1].to(dev), seq_mask[:, :-1].to(dev)
-    out = target(
-        input_ids=ids[:, prompt_len:],
-        attention_mask=mask,
-        position_ids=position_ids(mask)[:, prompt_len:],
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return torch.cat([first_logits[:, None].to(out.logits.device), out.logits], 1)
+        self.logits = out.logits[:, -1]
 
 
 def _pad_vocab(probs: torch.Tensor, size: int) -> torch.Tensor:
     """Zero-pad (..., V) probs to (..., size): a token outside a model's vocabulary has probability 0."""
     extra = size - probs.size(-1)
     return probs if extra == 0 else torch.nn.functional.pad(probs, (0, extra))
+
+
+@torch.no_grad()
+def sample_and_label(
+    target: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    sampling: SamplingConfig,
+    uniforms: torch.Tensor,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    draft: PreTrainedModel | None = None,
+    draft_uniforms: torch.Tensor | None = None,
+) -> tuple[list[list[int]], torch.Tensor | None, torch.Tensor | None]:
+    """Sample one response per row from the target under S and label a draft token at every step.
+
+    Args:
+        prompt_ids, prompt_mask: (B, P) left-padded prompts (`left_pad`).
+        uniforms: (B, >= max_new_tokens) float64, row b's generation stream; step t uses column t.
+        eos_ids: a response ends right after the first of these (included).
+        draft: decodes alongside the target to label; None samples only (to time the loop alone).
+        draft_uniforms: (B, >= max_new_tokens) float64, row b's draft stream; step t draws Y_t with column t.
+
+    Returns:
+        (responses, draft_ids, accept_prob): B token lists X of length 1..max_new_tokens, and (B, T) CPU
+        tensors Y (int64) and min(1, p_t(Y_t) / q_t(Y_t)) (float32) for the T steps run; row b's first
+        len(responses[b]) columns are its labels. Both are None without a draft.
+
+    Raises:
+        AccheadError: the target sampled a token outside the draft's embeddings (it cannot be fed).
+    """
+    bsz = prompt_mask.size(0)
+    tgt = _Decoder(target, prompt_ids, prompt_mask)
+    drf = None if draft is None else _Decoder(draft, prompt_ids, prompt_mask)
+    dev = tgt.logits.device
+    eos = torch.tensor(eos_ids, device=dev)
+    uniforms = uniforms.to(dev)
+    if drf is not None:
+        draft_uniforms = draft_uniforms.to(drf.logits.device)
+    # Token ids the draft can be fed (any when sampling only).
+    draft_vocab = draft.get_input_embeddings().weight.size(0) if draft is not None else sys.maxsize
+    done = torch.zeros(bsz, dtype=torch.bool, device=dev)
+    steps, draft_ids, accept_prob = [], [], []
+    for t in range(max_new_tokens):
+        p = probs_from_logits(tgt.logits, sampling)  # (B, V)
+        # Finished rows keep being fed a pad token so the batch stays rectangular; their outputs are unused.
+        tok = torch.where(done, pad_id, sample_inverse_cdf(p, uniforms[:, t]))
+        steps.append(tok)
+        if drf is not None:
+            q = probs_from_logits(drf.logits, sampling)  # (B, V_draft)
+            y = sample_inverse_cdf(q, draft_uniforms[:, t])
+            qy = q.gather(-1, y[:, None]).squeeze(-1)
+            p = _pad_vocab(p, max(p.size(-1), q.size(-1)))
+            py = p.gather(-1, y[:, None].to(dev)).squeeze(-1).to(qy.device)
+            draft_ids.append(y)
+            accept_prob.append(torch.clamp(py / qy, max=1.0))
+        done = done | torch.isin(tok, eos)
+        outside = tok >= draft_vocab
+        stop, bad = torch.stack([done.all(), outside.any()]).tolist()  # the one host sync per step
+        if bad:
+            raise AccheadError(
+                f"target sampled token {tok[outside][0].item()}, outside the draft's {draft_vocab} embeddings"
+            )
+        if t == max_new_tokens - 1 or stop:
+            break
+        tgt.feed(tok)
+        if drf is not None:
+            drf.feed(tok)
+    tokens = torch.stack(steps, 1).tolist()  # (B, steps)
+    eos_set = set(eos_ids)
+    responses = []
+    for row in tokens:
+        end = next((i + 1 for i, x in enumerate(row) if x in eos_set), len(row))
+        responses.append(row[:end])
+    if drf is None:
+        return responses, None, None
+    return responses, torch.stack(draft_ids, 1).cpu(), torch.stack(accept_prob, 1).float().cpu()
 
 
 def _sequence_batch(
@@ -235,18 +249,6 @@ def _sequence_batch(
         rmask[b, : len(r)] = 1
     dev = prompt_ids.device
     return torch.cat([prompt_ids, resp.to(dev)], 1), torch.cat([prompt_mask, rmask.to(dev)], 1)
-
-
-@torch.no_grad()
-def next_token_logits(model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
-    """Logits predicting the last n tokens of `ids`: (B, T) -> (B, n, V), from one forward over ids[:, :-1].
-
-    With the `_sequence_batch` layout and n = N_max, row [b, i] is the distribution of response token i.
-    """
-    dev = model.device
-    ids, mask = ids[:, :-1].to(dev), mask[:, :-1].to(dev)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=n)
-    return out.logits
 
 
 @torch.no_grad()
@@ -294,60 +296,43 @@ class Labeler:
         self.target, self.draft, self.sampling = target, draft, sampling
         self.mix_ratio, self.seed, self.max_new_tokens = mix_ratio, seed, max_new_tokens
         self.eos_ids, self.pad_id, self.cache_features = list(eos_ids), pad_id, cache_features
-        self.draft_vocab = draft.get_input_embeddings().weight.size(0)
 
     def label(self, prompt_indices: list[int], prompts: list[list[int]]) -> list[LabeledRow]:
         """Label one batch; prompts are token lists (best of similar length). Returns rows in input order."""
         ids, mask = left_pad(prompts, self.pad_id, self.target.device)
-        uniforms = torch.from_numpy(
-            np.stack([stream_uniforms(self.seed, i, "generate", self.max_new_tokens) for i in prompt_indices])
-        )
-        cache, first_logits = prefill(self.target, ids, mask)
-        responses = sample_responses(
-            self.target, cache, first_logits, mask, self.sampling, uniforms, self.max_new_tokens,
-            self.eos_ids, self.pad_id,
-        )  # fmt: skip
-        bad = [t for r in responses for t in r if t >= self.draft_vocab]
-        if bad:
-            raise AccheadError(
-                f"target sampled token {bad[0]}, outside the draft's {self.draft_vocab} embeddings"
+        gen_u, draft_u = (
+            torch.from_numpy(
+                np.stack([stream_uniforms(self.seed, i, stream, self.max_new_tokens) for i in prompt_indices])
             )
-        seq_ids, seq_mask = _sequence_batch(ids, mask, responses, self.pad_id)
-        n_max = max(len(r) for r in responses)
-        p_logits = target_response_logits(self.target, cache, first_logits, seq_ids, seq_mask, n_max)
-        q_logits = next_token_logits(self.draft, seq_ids, seq_mask, n_max)
-        dev = q_logits.device
-        p_logits = p_logits.to(dev)
-        vocab = max(p_logits.size(-1), q_logits.size(-1))
-
+            for stream in ("generate", "draft")
+        )
+        responses, draft_ids, accept_prob = sample_and_label(
+            self.target, ids, mask, self.sampling, gen_u, self.max_new_tokens, self.eos_ids, self.pad_id,
+            draft=self.draft, draft_uniforms=draft_u,
+        )  # fmt: skip
         rows, mixed = [], []
         for b, (pi, resp) in enumerate(zip(prompt_indices, responses, strict=True)):
             n = len(resp)
-            # Per row, so that the float32 (N, V) distributions of only one row are alive at a time.
-            p = _pad_vocab(probs_from_logits(p_logits[b, :n], self.sampling), vocab)
-            q = _pad_vocab(probs_from_logits(q_logits[b, :n], self.sampling), vocab)
-            y = sample_inverse_cdf(q, torch.from_numpy(stream_uniforms(self.seed, pi, "draft", n)).to(dev))
-            py = p.gather(-1, y[:, None]).squeeze(-1)
-            qy = q.gather(-1, y[:, None]).squeeze(-1)
-            accept = torch.clamp(py / qy, max=1.0)
-            u = torch.from_numpy(stream_uniforms(self.seed, pi, "mix", n)).to(dev)
+            y = draft_ids[b, :n].numpy().astype(np.int32)
+            u = stream_uniforms(self.seed, pi, "mix", n)
             from_draft = u >= self.mix_ratio  # P(Z_i = X_i) = P(u < r) = r
-            x = torch.tensor(resp, dtype=torch.long, device=dev)
-            z = torch.where(from_draft, y, x)
+            x = np.asarray(resp, dtype=np.int32)
+            z = np.where(from_draft, y, x)
             mixed.append(z.tolist())
             rows.append(
                 LabeledRow(
                     prompt_index=pi,
                     prompt_ids=np.asarray(prompts[b], dtype=np.int32),
-                    response_ids=np.asarray(resp, dtype=np.int32),
-                    draft_ids=y.cpu().numpy().astype(np.int32),
-                    mixed_ids=z.cpu().numpy().astype(np.int32),
-                    from_draft=from_draft.cpu().numpy(),
-                    accept_prob=accept.float().cpu().numpy(),
+                    response_ids=x,
+                    draft_ids=y,
+                    mixed_ids=z,
+                    from_draft=from_draft,
+                    accept_prob=accept_prob[b, :n].numpy(),
                 )
             )
         if self.cache_features:
             z_ids, z_mask = _sequence_batch(ids, mask, mixed, self.pad_id)
+            n_max = max(len(r) for r in responses)
             feats = draft_features(self.draft, z_ids, z_mask, n_max)  # (B, N_max, H)
             for b, row in enumerate(rows):
                 n = len(row.response_ids)

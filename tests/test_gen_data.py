@@ -207,22 +207,33 @@ def test_models_with_padded_vocabularies(tiny_llama_pair, tiny_tokenizer):
         torch.testing.assert_close(torch.from_numpy(row.accept_prob), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_cache_reuse_equals_the_full_forward_fallback(tiny_llama_pair, tiny_tokenizer, monkeypatch):
-    import data_gen.labeler as labeler_mod
-
-    s, prompts = SamplingConfig(0.9, 0, 0.95), encode(tiny_tokenizer)
-    full_forwards = []
-    real = labeler_mod.next_token_logits
-    monkeypatch.setattr(
-        labeler_mod, "next_token_logits", lambda m, *a: full_forwards.append(m) or real(m, *a)
-    )
+def test_one_target_pass_labels_online(tiny_llama_pair, tiny_tokenizer):
+    """The target runs once over the prompts and once per fed token: no second forward for the labels."""
     target, draft = tiny_llama_pair
-    reused = make_labeler(tiny_llama_pair, tiny_tokenizer, s).label([0, 1, 2, 3], prompts)
-    assert full_forwards == [draft]
-    # Caches of other layer types (sliding windows) cannot be cropped: the full forward takes over.
-    monkeypatch.setattr(labeler_mod, "DynamicLayer", type("OtherLayer", (), {}))
-    full = make_labeler(tiny_llama_pair, tiny_tokenizer, s).label([0, 1, 2, 3], prompts)
-    assert full_forwards == [draft, target, draft]
-    for a, b in zip(reused, full, strict=True):
-        assert (a.draft_ids == b.draft_ids).all() and (a.response_ids == b.response_ids).all()
-        torch.testing.assert_close(torch.from_numpy(a.accept_prob), torch.from_numpy(b.accept_prob))
+    calls = {target: [], draft: []}
+    for model in (target, draft):
+        model.register_forward_pre_hook(
+            lambda m, args, kwargs: calls[m].append(kwargs["input_ids"].shape), with_kwargs=True
+        )
+    prompts = encode(tiny_tokenizer)
+    rows = make_labeler(tiny_llama_pair, tiny_tokenizer, SamplingConfig(0.9, 0, 0.95), eos_ids=[-1]).label(
+        [0, 1, 2, 3], prompts
+    )
+    assert all(len(r.response_ids) == 10 for r in rows)
+    width = max(len(p) for p in prompts)
+    steps = [(4, width)] + [(4, 1)] * 9  # the prompts, then X_1..X_9 (X_10 is never fed)
+    assert calls[target] == steps
+    assert calls[draft] == [*steps, (4, width + 10)]  # the same steps, then the feature pass over prompt+Z
+
+
+def test_target_token_outside_the_draft_vocabulary_is_refused(tiny_llama_pair, tiny_tokenizer):
+    from conftest import make_tiny_llama
+
+    from acchead.errors import AccheadError
+
+    _, draft = tiny_llama_pair
+    vocab = len(tiny_tokenizer)
+    target = make_tiny_llama(vocab + 64, hidden_size=64, num_layers=2, seed=1, eos_token_id=0)
+    labeler = make_labeler((target, draft), tiny_tokenizer, SamplingConfig(1.0), max_new_tokens=16)
+    with pytest.raises(AccheadError, match=f"outside the draft's {vocab} embeddings"):
+        labeler.label([0, 1, 2, 3], encode(tiny_tokenizer))
