@@ -34,16 +34,24 @@ class DraftStep:
         hidden: (H,) the drafter's final hidden state at the candidate's position — the vector its LM head
             reads after the candidate is fed (`acchead.models.final_hidden`), or None if not computed.
         index: 1-based position of the candidate within its round.
-        confidence: (V,) the distribution a confidence rule reads, when it differs from q: under greedy
-            decoding q is one-hot, and the draft's confidence is softmax(logits) (what Hugging Face's
-            `assistant_confidence_threshold` reads). None means q.
+        logits: (V,) the draft's raw logits, kept only where q hides its confidence (greedy: q is one-hot);
+            None otherwise.
     """
 
     token: int
     q: torch.Tensor
     hidden: torch.Tensor | None
     index: int
-    confidence: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+    @property
+    def confidence(self) -> torch.Tensor | None:
+        """(V,) the distribution a confidence rule reads when it differs from q: softmax(logits) under
+        greedy decoding (what Hugging Face's `assistant_confidence_threshold` reads); None means q.
+
+        Computed on demand, so policies that never read it pay no softmax in the draft loop.
+        """
+        return None if self.logits is None else self.logits.float().softmax(-1)
 
 
 @runtime_checkable
@@ -97,7 +105,7 @@ class ModelDrafter:
         self._cached = 0  # tokens in the cache
         # Distribution (V,) for position `_cached` given the cached tokens, and nothing else; None if unknown.
         self._pending: torch.Tensor | None = None
-        self._pending_conf: torch.Tensor | None = None
+        self._pending_logits: torch.Tensor | None = None
         self._sampling = SamplingConfig()
         self._generator: torch.Generator | None = None
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access (~1 ms per draft
@@ -127,8 +135,8 @@ class ModelDrafter:
         self._cached += tokens.numel()
         logits = out.logits[0, -1]
         self._pending = probs_from_logits(logits, self._sampling)
-        # Greedy q is one-hot; keep the draft's real confidence for confidence-threshold policies.
-        self._pending_conf = logits.float().softmax(-1) if self._sampling.greedy else None
+        # Greedy q is one-hot; keep the logits so a confidence rule can read the draft's real confidence.
+        self._pending_logits = logits if self._sampling.greedy else None
         return final_hidden(out)[0, -1] if want_hidden else None
 
     def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
@@ -142,7 +150,7 @@ class ModelDrafter:
                 crop_cache(self._cache, n - 1)
                 self._cached = n - 1
             self._feed(context[self._cached :], want_hidden=False)
-        q, conf = self._pending, self._pending_conf
+        q, logits = self._pending, self._pending_logits
         assert q is not None
         # Greedy q is one-hot: its argmax is the sample, without multinomial's ~0.1 ms per call.
         token = int(q.argmax()) if self._sampling.greedy else int(sample(q, self._generator))
@@ -151,7 +159,7 @@ class ModelDrafter:
             hidden = self._feed(torch.tensor([token], device=self.device), want_hidden=True)
         else:
             self._pending = None  # q belonged to the position now taken by the (unfed) candidate
-        return DraftStep(token=token, q=q, hidden=hidden, index=index, confidence=conf)
+        return DraftStep(token=token, q=q, hidden=hidden, index=index, logits=logits)
 
     def rollback(self, length: int) -> None:
         if self._cached > length:
