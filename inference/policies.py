@@ -8,6 +8,12 @@ Policies are built from spec strings — the same strings every CLI takes:
     confidence:tau=0.4,max=20       stop after a candidate whose draft probability q(x) < tau (Hugging Face's
                                     `assistant_confidence_threshold`; the low-confidence token is kept;
                                     under greedy decoding q is one-hot, so softmax(draft logits) is read)
+    entropy:tau=1.0,max=20          stop after a candidate whose draft distribution has entropy H(q) > tau
+                                    nats (the high-entropy token is kept; greedy reads softmax(logits))
+    adaedl:gamma=0.2,lam=0.5,adapt=1,max=20
+                                    AdaEDL (Agrawal et al. 2024): stop after a candidate whose entropy
+                                    bound 1 - sqrt(gamma·H(q)) < lam; adapt=1 moves lam online from the
+                                    acceptance rate of finished rounds (paper's Algorithm 1), adapt=0 fixes it
     oracle[:max=64]                 greedy only: hindsight bound (paper Lemma 2.1), stops right before
                                     the first draft/target disagreement; a reference line, not a decoder
 
@@ -200,6 +206,142 @@ class Confidence(StopPolicy):
         return float(dist[step.token]) < self.tau
 
 
+def draft_entropy(step: DraftStep) -> float:
+    """Shannon entropy H (nats) of the distribution a stop rule reads for `step`.
+
+    Under sampling that is q, the distribution the candidate was drawn from (after S's temperature and
+    top-k/top-p; zeros contribute 0). Under greedy decoding q is one-hot (H = 0), so, as for the confidence
+    rule, the draft's raw softmax(logits) is read instead — computed here from log_softmax, which is
+    stable for peaked logits. A model-free drafter (one-hot q, no logits) always has H = 0.
+    """
+    if step.logits is not None:
+        logp = torch.log_softmax(step.logits.float(), -1)
+        return float(-(logp.exp() * logp).sum())
+    return float(torch.special.entr(step.q).sum())
+
+
+class Entropy(StopPolicy):
+    """Stop after a candidate whose draft distribution is uncertain: H(q_k) > tau nats (the high-entropy
+    candidate is kept, as `Confidence` keeps its low-confidence one). Reads only the draft, so exact.
+
+    A 4096-token vocabulary has H ≤ ln 4096 ≈ 8.3 nats. Fixed-λ AdaEDL is this rule with
+    tau = (1 − λ)² / γ (see `AdaEDL`).
+    """
+
+    def __init__(self, tau: float, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
+        if not (tau >= 0.0 and math.isfinite(tau)):
+            raise AccheadError(f"entropy needs a finite tau >= 0 (nats), got tau={tau}")
+        if max_draft < 1:
+            raise AccheadError(f"entropy needs max >= 1, got max={max_draft}")
+        self.tau = tau
+        self.max_draft = max_draft
+        self.spec = f"entropy:tau={tau:g},max={max_draft}"
+
+    def start_round(self, position: int) -> int:
+        return self.max_draft
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return draft_entropy(step) > self.tau
+
+
+class AdaEDL(StopPolicy):
+    """AdaEDL (Agrawal, Jeon, Lee 2024, arXiv 2410.18351): entropy-based early draft stopping.
+
+    Stop rule: 1 − sqrt(γ·H(q_k)) is the paper's approximate lower bound on the acceptance probability of
+    a candidate drawn from q_k (H in nats, `draft_entropy`); the round stops once it is < λ. With λ fixed
+    (`adapt=0`) that is exactly `Entropy` with tau = (1 − λ)² / γ for λ ≤ 1 (λ > 1: stop after every
+    candidate; λ ≤ 0: never stop early).
+
+    Online λ (`adapt=1`), after each verified round with n_drafted candidates of which n_acc were accepted
+    (the paper's Algorithm 1; β1 = 0.5, β2 = 0.9, ε = 0.01, target α = 0.9, γ = 0.2 are its §3.1 values):
+
+        AR  ← β1·AR + (1 − β1)·n_acc / n_drafted
+        λ'  = λ + ε   if AR < α           (acceptance too low: stop earlier)
+              λ − ε   elif n_acc ≠ L      (L = `max_draft`, the maximum draft length)
+              λ       otherwise
+        λ   ← β2·λ + (1 − β2)·λ'          (so λ moves by at most (1 − β2)·ε = 0.001 per round)
+
+    Provenance: the paper's PDF could not be read from this environment. The rule above is the one quoted
+    as "the paper's Algorithm 1" by two independent public implementations (one says it transcribed it
+    from the paper's LaTeX source), which agree on every term and constant; a third differs in the middle
+    branch (λ − ε only when AR > α and n_acc = L). The paper leaves λ₀ open (it sweeps λ), hence `lam`.
+
+    Choices the paper leaves open or that this decoder's round structure fixes:
+      * AR starts at the target α, and λ and AR are reset at the start of every prompt (`start_round(0)`,
+        as the bandit policies do), so a setting's result does not depend on prompt order or on resuming.
+      * The rule is tested after candidate k is drafted, on the q_k it was drawn from, and that candidate
+        is kept (like `Confidence`). The paper, as those implementations read it, tests the next position
+        before sampling from it, so the draft forward that produced q_k is spent there too but its token
+        is dropped; keeping it costs only one more position in the target's parallel forward, and
+        n_drafted counts it.
+      * The first candidate of a round is always drafted (the decoder consults the policy after each
+        candidate), so n_drafted ≥ 1 and Algorithm 1's n_acc / n_drafted is never 0/0; a round with no
+        candidate (the last token of a generation) leaves λ and AR unchanged.
+      * Greedy decoding reads H of the draft's raw softmax, as `Confidence` does.
+    Exactness: λ changes only in `end_round`, from finished rounds, so each stop decision depends on the
+    past and the draft alone (BanditSpec Prop. 3.1).
+    """
+
+    def __init__(
+        self,
+        lam: float,
+        gamma: float = 0.2,
+        adapt: bool = True,
+        max_draft: int = DEFAULT_MAX_DRAFT,
+        *,
+        target: float = 0.9,
+        eps: float = 0.01,
+        beta1: float = 0.5,
+        beta2: float = 0.9,
+    ) -> None:
+        if not 0.0 <= lam <= 1.0:
+            raise AccheadError(f"adaedl needs 0 <= lam <= 1, got lam={lam}")
+        if not (gamma > 0.0 and math.isfinite(gamma)):
+            raise AccheadError(f"adaedl needs a finite gamma > 0, got gamma={gamma}")
+        if max_draft < 1:
+            raise AccheadError(f"adaedl needs max >= 1, got max={max_draft}")
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0 and eps >= 0.0):
+            raise AccheadError(f"adaedl needs 0 <= beta1, beta2 < 1, eps >= 0; got {beta1}, {beta2}, {eps}")
+        self.lam0 = lam
+        self.gamma = gamma
+        self.adapt = adapt
+        self.max_draft = max_draft
+        self.target, self.eps, self.beta1, self.beta2 = target, eps, beta1, beta2
+        self.spec = f"adaedl:gamma={gamma:g},lam={lam:g},adapt={int(adapt)},max={max_draft}"
+        self.lam = lam
+        self.ar = target
+        self.reset()
+
+    def reset(self) -> None:
+        """Start of a prompt: λ back to λ₀ and the acceptance-rate average back to the target."""
+        self.lam = self.lam0
+        self.ar = self.target
+
+    def lower_bound(self, entropy: float) -> float:
+        """The paper's acceptance lower bound 1 − sqrt(γ·H) for a draft distribution of entropy H."""
+        return 1.0 - math.sqrt(self.gamma * max(entropy, 0.0))
+
+    def start_round(self, position: int) -> int:
+        if position == 0:
+            self.reset()
+        return self.max_draft
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return self.lower_bound(draft_entropy(step)) < self.lam
+
+    def end_round(self, drafted: int, accepted: int) -> None:
+        if not self.adapt or drafted <= 0:
+            return
+        self.ar = self.beta1 * self.ar + (1.0 - self.beta1) * accepted / drafted
+        if self.ar < self.target:
+            lam_p = self.lam + self.eps
+        elif accepted != self.max_draft:
+            lam_p = self.lam - self.eps
+        else:
+            lam_p = self.lam
+        self.lam = self.beta2 * self.lam + (1.0 - self.beta2) * lam_p
+
+
 class Oracle(StopPolicy):
     """Hindsight bound (greedy only): draft exactly the run of candidates the target will accept.
 
@@ -235,6 +377,8 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {
     "specdec": ({"k"}, {"k"}),
     "specdecpp": ({"h", "max", "free"}, {"h"}),
     "confidence": ({"tau", "max"}, {"tau"}),
+    "entropy": ({"tau", "max"}, {"tau"}),
+    "adaedl": ({"gamma", "lam", "adapt", "max"}, {"lam"}),
     "oracle": ({"max"}, set()),
 }
 
@@ -265,6 +409,8 @@ _EXAMPLES = {
     "specdec": "specdec:k=4",
     "specdecpp": "specdecpp:h=0.7,max=20",
     "confidence": "confidence:tau=0.4",
+    "entropy": "entropy:tau=1.0",
+    "adaedl": "adaedl:lam=0.5",
     "oracle": "oracle",
 }
 
@@ -318,6 +464,16 @@ def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) 
     if name == "confidence":
         return Confidence(float(_number(spec, "tau", p["tau"], float)),
                           int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int)))
+    if name == "entropy":
+        return Entropy(float(_number(spec, "tau", p["tau"], float)),
+                       int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int)))
+    if name == "adaedl":
+        return AdaEDL(
+            float(_number(spec, "lam", p["lam"], float)),
+            float(_number(spec, "gamma", p.get("gamma", "0.2"), float)),
+            _flag(spec, "adapt", p.get("adapt", "1")),
+            int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int)),
+        )
     if name == "oracle":
         return Oracle(int(_number(spec, "max", p.get("max", str(ORACLE_MAX_DRAFT)), int)))
     # specdecpp
