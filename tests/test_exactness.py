@@ -5,18 +5,21 @@
    generation — the draft's samples, each accept/reject branch, each residual sample — is enumerated with
    its probability, running the decoder's own `draft_round` (with a scripted drafter) and the verifiers'
    own branch functions; the result must equal the target's autoregressive distribution (TV < 1e-9).
-   Deliberately wrong verifiers are the negative controls.
+   Deliberately wrong verifiers are the negative controls. Adaptive policies (AdaEDL's online λ) are also
+   enumerated with each branch's own round feedback (`decoded_dist(..., feedback=True)`).
 2. Chi-square of decoded sequences from tiny random Llamas against their exact target distribution.
 3. Greedy decoding is token-for-token `transformers.generate(do_sample=False)`, for every policy.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from typing import ClassVar
 
 import pytest
 import torch
@@ -26,7 +29,7 @@ from acchead.sampling import SamplingConfig, probs_from_logits
 from inference import SpeculativeDecoder, parse_policy
 from inference.decoder import draft_round
 from inference.drafters import DraftStep
-from inference.policies import StopPolicy
+from inference.policies import AdaEDL, StopPolicy
 from inference.verification import (
     block_h,
     block_next_dist,
@@ -178,31 +181,41 @@ def round_outcomes(world: World, policy: StopPolicy, gen: tuple[int, ...]):
     return list(outcomes.values())
 
 
-def decoded_dist(world: World, policy: StopPolicy, tau_fn: TauFn, next_fn: NextFn):
-    """Exact distribution of the decoder's output: enumerate rounds, accept counts and next tokens."""
+def decoded_dist(world: World, policy: StopPolicy, tau_fn: TauFn, next_fn: NextFn, feedback: bool = False):
+    """Exact distribution of the decoder's output: enumerate rounds, accept counts and next tokens.
+
+    `feedback=True` also gives the policy each round's outcome, as the decoder does: every branch
+    (drafted block, accept count τ) continues with its own copy of the policy after
+    `end_round(len(drafted), τ)`, so a policy whose state adapts (AdaEDL's λ) is enumerated with the state
+    each history would give it.
+    """
     if policy.needs_reference:
         policy.set_reference(world.agreement())
     out: dict[tuple[int, ...], float] = defaultdict(float)
 
-    def rec(gen: tuple[int, ...], prob: float) -> None:
+    def rec(gen: tuple[int, ...], prob: float, pol: StopPolicy) -> None:
         if len(gen) == world.length or (gen and gen[-1] in world.eos):
             out[gen] += prob
             return
-        for drafted, p_draft, q in round_outcomes(world, policy, gen):
+        for drafted, p_draft, q in round_outcomes(world, pol, gen):
             ctx = PROMPT + gen
             p = torch.stack([world.p(ctx + drafted[:i]) for i in range(len(drafted) + 1)])
             tokens = torch.tensor(drafted, dtype=torch.long)
             for tau, p_tau in enumerate(tau_fn(tokens, q, p).tolist()):
                 if p_tau <= 0:
                     continue
+                after = pol
+                if feedback:
+                    after = copy.deepcopy(pol)
+                    after.end_round(len(drafted), tau)
                 for x, px in enumerate(next_fn(tokens, q, p, tau).tolist()):
                     if px <= 0:
                         continue
                     new = (*drafted[:tau], x)
                     cut = next((i for i, t in enumerate(new) if t in world.eos), None)
-                    rec(gen + (new if cut is None else new[: cut + 1]), prob * p_draft * p_tau * px)
+                    rec(gen + (new if cut is None else new[: cut + 1]), prob * p_draft * p_tau * px, after)
 
-    rec((), 1.0)
+    rec((), 1.0, policy)
     return out
 
 
@@ -225,6 +238,9 @@ SAMPLING_POLICIES = [
     "specdecpp:h=0.3,max=3",
     "specdecpp:h=0.6,max=3,free=0",
     "confidence:tau=0.5,max=3",
+    "entropy:tau=0.5,max=3",  # stops after a candidate drawn from q with H(q) > 0.5 nats
+    "adaedl:lam=0.6,max=3",  # stops iff H(q) > 0.8 (λ only moves with feedback: see below)
+    "adaedl:gamma=0.5,lam=0.3,adapt=0,max=3",  # stops iff H(q) > 0.98
 ]
 WORLDS = {
     "V3-len4": World(vocab=3, length=4, eos=set()),
@@ -261,6 +277,36 @@ def test_enumeration_greedy_is_the_target_argmax_path(spec, verifier):
     got = decoded_dist(w, parse_policy(spec, head=toy_head()), *VERIFIERS[verifier])
     target = w.target_dist()
     assert len(target) == 1 and tv(got, target) < 1e-12
+
+
+class _RecordingAdaEDL(AdaEDL):
+    """AdaEDL that records every λ it makes a stop decision with (tests give it exaggerated steps)."""
+
+    seen: ClassVar[set[float]] = set()  # shared by the per-branch deep copies
+
+    def should_stop(self, step: DraftStep) -> bool:
+        type(self).seen.add(round(self.lam, 9))
+        return super().should_stop(step)
+
+
+# Long enough for rounds with stop decisions (cap >= 2) after a first round with feedback.
+FEEDBACK_WORLDS = {"V3-len4": WORLDS["V3-len4"], "V2-len6-eos": World(vocab=2, length=6, eos={1})}
+
+
+@pytest.mark.parametrize("world", list(FEEDBACK_WORLDS), ids=str)
+@pytest.mark.parametrize("verifier", list(VERIFIERS))
+def test_enumeration_exact_with_adaptive_state(verifier, world):
+    """AdaEDL's online λ, fed each branch's own history of (drafted, accepted), keeps the output exact:
+    its state is a function of finished rounds only. The λ values seen show that the state really moved
+    and took part in the stop decisions."""
+    w = FEEDBACK_WORLDS[world]
+    _RecordingAdaEDL.seen = set()
+    # γ = 0.5: λ = 0.6 stops iff H > 0.32 nats, λ = 0.9 iff H > 0.02, λ = 0.3 iff H > 0.98 (λ ±0.3 a round).
+    policy = _RecordingAdaEDL(lam=0.6, gamma=0.5, max_draft=3, eps=0.3, beta2=0.0)
+    got = decoded_dist(w, policy, *VERIFIERS[verifier], feedback=True)
+    assert abs(sum(got.values()) - 1) < 1e-12
+    assert tv(got, w.target_dist()) < 1e-9
+    assert len(_RecordingAdaEDL.seen) >= 2, _RecordingAdaEDL.seen  # λ₀ and at least one moved λ
 
 
 def _block_unscaled_residual(tokens, q, p, tau):
@@ -407,7 +453,12 @@ CHI_CASES = [
     ("specdecpp:h=0.5,max=3", "block", SamplingConfig(1.0)),
     ("confidence:tau=0.5,max=3", "block", SamplingConfig(0.8, top_k=5, top_p=0.9)),
     ("specdec:k=3", "token", SamplingConfig(1.3, top_k=0, top_p=0.8)),
+    # The draft's entropies here have median ~1.5 nats. AdaEDL with exaggerated adaptation (λ ±0.3 per
+    # round: stop iff H > 1.8, then > 0.45 or never) so that its state changes the second round's stops.
+    (AdaEDL(lam=0.4, max_draft=3, eps=0.3, beta2=0.0), "token", SamplingConfig(1.0)),
+    ("entropy:tau=1.5,max=3", "block", SamplingConfig(0.9, top_k=6)),
 ]
+CHI_DEFAULT = [*CHI_CASES[1:3], *CHI_CASES[4:]]
 
 
 def _chi_square_case(pair, spec, verifier, cfg, n, length=3):
@@ -423,7 +474,7 @@ def _chi_square_case(pair, spec, verifier, cfg, n, length=3):
     return _chi_square_p_value(counts, _exact_sequences(target, prompt, length, cfg), n)
 
 
-@pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_CASES[1:3], ids=lambda x: str(x))
+@pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_DEFAULT, ids=lambda x: str(x))
 def test_chi_square_tiny_transformers(peaked_pair, spec, verifier, cfg):
     """Decoded 3-token continuations follow the target's exact distribution (small default run; the
     slow test below runs 4000 per case)."""
@@ -449,7 +500,8 @@ def test_chi_square_catches_the_draft_distribution(peaked_pair):
 
 
 GREEDY_POLICIES = ["autoregressive", "specdec:k=1", "specdec:k=4", "specdecpp:h=0.5,max=6",
-                   "specdecpp:h=0.8,max=6,free=0", "confidence:tau=0.6,max=8", "oracle"]
+                   "specdecpp:h=0.8,max=6,free=0", "confidence:tau=0.6,max=8", "oracle",
+                   "entropy:tau=1.5,max=8", "adaedl:lam=0.5,max=8", "adaedl:lam=0.3,adapt=0,max=8"]
 
 
 @pytest.mark.parametrize("verifier", ["token", "block"])
