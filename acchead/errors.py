@@ -32,8 +32,10 @@ def cli_errors(main: F) -> F:
                 raise
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            print(f"{prog}: interrupted", file=sys.stderr)
+        except KeyboardInterrupt as e:
+            # A stage may say what survives the interruption (e.g. which checkpoint to resume from).
+            detail = f": {e}" if str(e) else ""
+            print(f"{prog}: interrupted{detail}", file=sys.stderr)
             return 130
 
     return wrapper  # type: ignore[return-value]

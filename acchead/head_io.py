@@ -72,7 +72,7 @@ class HeadMetadata:
 
 
 def save_head(head: AcceptanceHead, path: str | Path, *, meta: HeadMetadata) -> Path:
-    """Write `head` and `meta` to `path` atomically (tmp file + os.replace); returns the path.
+    """Write `head` and `meta` to `path` atomically and durably (tmp file, fsync, rename); returns the path.
 
     `meta.depth` / `meta.hidden_size` must describe `head`, and a `meta.draft` that names a hidden size
     must agree with it: a file that lies about its head would be refused only much later.
@@ -92,7 +92,9 @@ def save_head(head: AcceptanceHead, path: str | Path, *, meta: HeadMetadata) -> 
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
+        from acchead.rundir import commit
+
+        commit(tmp, path)  # fsync, rename, fsync the directory: durable across a power loss too
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -133,6 +135,9 @@ def load_head(path: str | Path, *, draft: Any = None) -> tuple[AcceptanceHead, H
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AccheadError(f"{path}: corrupt head metadata or weights: {msg}") from None
+    bad = sorted(k for k, v in tensors.items() if v.is_floating_point() and not bool(v.isfinite().all()))
+    if bad:  # a diverged training run: its predictions would be NaN and every round would stop at random
+        raise AccheadError(f"{path}: head weights contain NaN or Inf (in {', '.join(bad)}); retrain the head")
     if draft is not None:
         check_head_matches_draft(meta, draft)
     return head.eval(), meta

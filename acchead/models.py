@@ -8,6 +8,7 @@ place that decides which hidden state the head reads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -65,10 +66,14 @@ def _looks_local(path_or_id: str | Path) -> bool:
     return Path(s).exists()
 
 
-def _check_model_dir(path_or_id: str | Path, needs: tuple[str, ...], what: str) -> None:
-    """One-line error for a local path that is missing or holds none of the files in `needs`."""
+def _check_model_dir(path_or_id: str | Path, needs: tuple[str, ...], what: str) -> dict[str, Any]:
+    """One-line error for a local path that is missing or holds none of the files in `needs`.
+
+    A name that is not a local path is a hub id (`_check_hub_id`). Returns extra `from_pretrained`
+    keyword arguments (`local_files_only` for a cached hub model while the hub is unreachable).
+    """
     if not _looks_local(path_or_id):
-        return  # a hub id: transformers resolves it (and fails with OSError offline, handled by callers)
+        return _check_hub_id(str(path_or_id), needs, what)
     path = Path(path_or_id).expanduser()
     if not path.exists():
         raise AccheadError(f"{what} path does not exist: {path}")
@@ -76,6 +81,54 @@ def _check_model_dir(path_or_id: str | Path, needs: tuple[str, ...], what: str) 
         raise AccheadError(f"{what} path is not a directory: {path}")
     if not any((path / name).exists() for name in needs):
         raise AccheadError(f"{path} is not a Hugging Face {what} directory (no {' or '.join(needs)})")
+    return {}
+
+
+@functools.lru_cache(maxsize=1)
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers one HEAD request within `timeout` s (no retries; cached).
+
+    False when `HF_HUB_OFFLINE` is set. Proxies configured in the environment are used as for downloads.
+    """
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        from huggingface_hub.utils import get_session
+
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception:  # DNS failure, refused connection, timeout, proxy error: all mean "not now"
+        return False
+    return True
+
+
+def _check_hub_id(name: str, needs: tuple[str, ...], what: str) -> dict[str, Any]:
+    """Fail in seconds, with one line, for a name that is neither a local path nor a reachable hub model.
+
+    A missing path whose parent directory exists (`runs/pycode-draf` beside `runs/`) is a mistyped path,
+    not a hub id. A hub id found in the local cache loads from it, offline if the hub is unreachable.
+    Otherwise the hub is probed once: unreachable (offline, `HF_HUB_OFFLINE`) is one line at once,
+    instead of transformers' retries of about a minute.
+    """
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    parent = Path(name).expanduser().parent
+    if str(parent) not in ("", ".") and parent.is_dir():
+        raise AccheadError(f"{what} path does not exist: {name}")
+    try:
+        cached = any(isinstance(try_to_load_from_cache(name, f), str) for f in needs)
+    except HFValidationError:
+        raise AccheadError(f"{what} path does not exist, and {name!r} is not a valid hub id") from None
+    if cached:
+        return {} if hub_reachable() else {"local_files_only": True}
+    if not hub_reachable():
+        raise AccheadError(
+            f"{what} {name!r} is not a local directory, not in the local Hugging Face cache, and the hub "
+            "is unreachable (offline or HF_HUB_OFFLINE set)"
+        )
+    return {}
 
 
 def load_causal_lm(
@@ -94,8 +147,8 @@ def load_causal_lm(
         device_map: passed to `from_pretrained` (e.g. "auto" to shard a large target over GPUs with
             accelerate); `device` is then ignored.
     """
-    _check_model_dir(path_or_id, ("config.json",), "model")
-    kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype)}
+    hub = _check_model_dir(path_or_id, ("config.json",), "model")
+    kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype), **hub}
     if device_map is not None:
         kwargs["device_map"] = device_map
     else:
@@ -112,9 +165,9 @@ def load_causal_lm(
 def load_tokenizer(path_or_id: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved beside a model (or a hub id's)."""
     needs = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    _check_model_dir(path_or_id, needs, "tokenizer")
+    hub = _check_model_dir(path_or_id, needs, "tokenizer")
     try:
-        return AutoTokenizer.from_pretrained(str(Path(path_or_id).expanduser()))
+        return AutoTokenizer.from_pretrained(str(Path(path_or_id).expanduser()), **hub)
     except (OSError, ValueError) as e:
         raise AccheadError(f"cannot load a tokenizer from {_describe(path_or_id)}: {_first_line(e)}") from e
 
@@ -171,6 +224,43 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
         "vocab_size": int(emb.shape[0]),
         "fingerprint": digest[:16],
     }
+
+
+def context_length(model: PreTrainedModel) -> int | None:
+    """Longest sequence (prompt + generated tokens) the model was built for: `max_position_embeddings`.
+
+    None when the config names no limit. Positions past it still run (rotary embeddings extrapolate) but
+    the output is junk, so decoders refuse them (`check_prompt`).
+    """
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n = getattr(cfg, "max_position_embeddings", None)
+    return int(n) if n else None
+
+
+def check_prompt(
+    prompt: torch.Tensor, max_new_tokens: int, models: list[PreTrainedModel], truncate_hint: str = ""
+) -> None:
+    """One-line AccheadError unless every model can read `prompt` ((T,) ids) and generate `max_new_tokens`.
+
+    Checks that every id is a row of every model's input embedding (an id past it would index out of
+    range, or read a row no token maps to), and that T + max_new_tokens fits every model's context.
+    `truncate_hint` is appended to the context error (a CLI names its truncation flag there).
+    """
+    n = int(prompt.numel())
+    if n and (int(prompt.min()) < 0 or int(prompt.max()) >= min(_vocab_rows(m) for m in models)):
+        bad = int(prompt.min()) if int(prompt.min()) < 0 else int(prompt.max())
+        rows = min(map(_vocab_rows, models))
+        raise AccheadError(f"token id {bad} in input_ids is outside the vocabulary (ids 0..{rows - 1})")
+    limits = [c for c in map(context_length, models) if c is not None]
+    if limits and n + max_new_tokens > min(limits):
+        raise AccheadError(
+            f"prompt of {n} tokens + max_new_tokens {max_new_tokens} exceeds the model's {min(limits)}-token "
+            f"context{truncate_hint}"
+        )
+
+
+def _vocab_rows(model: PreTrainedModel) -> int:
+    return int(model.get_input_embeddings().weight.shape[0])
 
 
 def final_hidden(outputs: Any) -> torch.Tensor:

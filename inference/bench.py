@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.rundir import atomic_write_json, locked_run, mark_complete
 from acchead.sampling import SamplingConfig
 from inference.bench_config import FIT_FAMILIES, Setting, build_parser, build_settings, resolve_args
 from inference.bench_prompts import load_prompts
@@ -58,9 +58,7 @@ def _digest(ids: torch.Tensor) -> str:
 
 def _atomic_json(obj: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic_write_json(path, obj, indent=1, sort_keys=False)  # fsynced: a partial survives a power loss
 
 
 class Bench:
@@ -151,6 +149,12 @@ def run_fingerprint(
     args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_path
 ) -> str:
     """Hash of everything a partial result depends on; partials with another hash are recomputed."""
+    key = run_key(args, prompt_ids, target, draft, head_path)
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_key(args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_path) -> dict:
+    """Everything one prompt's runs depend on (models, head, prompts, S, seed, lengths, device, dtype)."""
     from acchead.models import model_identity
 
     h = hashlib.sha256()
@@ -168,7 +172,32 @@ def run_fingerprint(
         "dtype": args.dtype,
         "prompts": h.hexdigest(),
     }
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return key
+
+
+def run_identity(args: argparse.Namespace, key: dict, settings: list[Setting]) -> dict:
+    """The bench run an output directory holds: `run_key` plus the grid and what shapes the timings.
+
+    Another grid, thread count or truncation setting is another run (its results.json would differ), so
+    it is refused in an existing OUT instead of silently replacing the results there.
+    """
+    return {
+        **key,
+        "settings": [s.key for s in settings],
+        "threads": args.threads,
+        "overhead_calls": args.overhead_calls,
+        "truncate_prompts": args.truncate_prompts,
+    }
+
+
+def check_fit_possible(settings: list[Setting], n_prompts: int) -> None:
+    """Refuse, before any model is loaded, a grid whose cost fit would fail after all its runs."""
+    fitted = [s for s in settings if s.family in FIT_FAMILIES]
+    if n_prompts * len(fitted) < 2:
+        raise AccheadError(
+            f"the cost fit needs at least 2 runs of {', '.join(FIT_FAMILIES)}; this bench has {n_prompts} "
+            f"prompt(s) x {len(fitted)} such setting(s): add prompts (--num-prompts) or --methods"
+        )
 
 
 def _load_partial(path: Path, fingerprint: str) -> dict[str, PromptRun]:
@@ -183,20 +212,36 @@ def _load_partial(path: Path, fingerprint: str) -> dict[str, PromptRun]:
 
 
 def _encode_prompts(
-    prompts: list[str], tok, target, draft, max_new_tokens: int, device: str
-) -> list[torch.Tensor]:
-    """(1, T) ids per prompt, left-truncated so that prompt + generation fits both models' context."""
-    limit = min(getattr(m.config, "max_position_embeddings", 10**9) for m in (target, draft))
-    keep = limit - max_new_tokens - 1
+    prompts: list[str], tok, target, draft, max_new_tokens: int, device: str, truncate: bool = False
+) -> tuple[list[torch.Tensor], list[dict]]:
+    """(1, T) ids per prompt, and the prompts cut to fit: `[{"prompt", "tokens", "kept"}]`.
+
+    A prompt whose length + `max_new_tokens` exceeds either model's context is refused with one line, or,
+    with `truncate` (`--truncate-prompts`), cut to its last tokens and listed (results.json records it).
+    """
+    from acchead.models import check_prompt, context_length
+
+    limits = [c for c in (context_length(target), context_length(draft)) if c is not None]
+    limit = min(limits) if limits else 10**9
+    keep = limit - max_new_tokens
     if keep < 1:
         raise AccheadError(f"--max-new-tokens {max_new_tokens} leaves no room in a {limit}-token context")
-    out = []
-    for p in prompts:
-        ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids[:, -keep:]
+    out, truncated = [], []
+    for i, p in enumerate(prompts):
+        ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
         if ids.shape[1] == 0:
-            raise AccheadError("a prompt encodes to zero tokens")
+            raise AccheadError(f"prompt {i} encodes to zero tokens")
+        if ids.shape[1] > keep:
+            if not truncate:
+                raise AccheadError(
+                    f"prompt {i} has {ids.shape[1]} tokens: with --max-new-tokens {max_new_tokens} it "
+                    f"exceeds the {limit}-token context; --truncate-prompts keeps its last {keep} tokens"
+                )
+            truncated.append({"prompt": i, "tokens": int(ids.shape[1]), "kept": keep})
+            ids = ids[:, -keep:]
+        check_prompt(ids[0], max_new_tokens, [target, draft])  # ids outside a model's vocabulary
         out.append(ids.to(device))
-    return out
+    return out, truncated
 
 
 def run_grid(
@@ -240,12 +285,13 @@ def run_bench(args: argparse.Namespace) -> dict:
     """Load everything, run the grid (resuming from partials), fit, and write the three outputs."""
     from acchead.head_io import load_head
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
-    from inference.bench_report import build_results, write_outputs
+    from inference.bench_report import write_outputs
 
     out = Path(args.out)
     prompts = load_prompts(args.prompts, args.num_prompts)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     settings, notes = build_settings(args, sampling)
+    check_fit_possible(settings, len(prompts))
     target = load_causal_lm(args.target, args.dtype, args.device)
     draft = load_causal_lm(args.draft, args.dtype, args.device)
     for s in settings:
@@ -261,9 +307,38 @@ def run_bench(args: argparse.Namespace) -> dict:
         head, _ = load_head(head_path, draft=draft)
         head = head.to(args.device)
 
-    prompt_ids = _encode_prompts(prompts, tok, target, draft, args.max_new_tokens, args.device)
+    prompt_ids, truncated = _encode_prompts(
+        prompts, tok, target, draft, args.max_new_tokens, args.device, args.truncate_prompts
+    )
     bench = Bench(args, target, draft, head_path, tok, prompt_ids, tok.eos_token_id)
+    key = run_key(args, prompt_ids, target, draft, head_path)
     fingerprint = run_fingerprint(args, prompt_ids, target, draft, head_path)
+    identity = run_identity(args, key, settings)
+    with locked_run(out, "bench", identity, prog="acchead-bench", overwrite=args.overwrite):
+        if truncated:
+            print(f"truncated {len(truncated)} prompt(s) to their last {truncated[0]['kept']} tokens")
+        results = _run_and_report(args, bench, settings, out, fingerprint, draft, head, notes, sampling)
+        results["truncated_prompts"] = truncated
+        write_outputs(results, out)
+        mark_complete(out, "bench", identity)
+    return results
+
+
+def _run_and_report(
+    args: argparse.Namespace,
+    bench: Bench,
+    settings: list[Setting],
+    out: Path,
+    fingerprint: str,
+    draft: Any,
+    head: Any,
+    notes: list[str],
+    sampling: SamplingConfig,
+) -> dict:
+    """Run the grid (resuming from partials), fit the costs, and build the results object."""
+    from inference.bench_report import build_results
+
+    prompt_ids = bench.prompt_ids
     done = run_grid(bench, settings, out, fingerprint)
 
     fit_runs = [r.counts() for s in settings if s.family in FIT_FAMILIES for r in done[s.key]]
@@ -288,9 +363,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 "outputs": [r.output_sha for r in done[s.key]],
             }
         )
-    results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids))
-    write_outputs(results, out)
-    return results
+    return build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids))
 
 
 @cli_errors

@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
     a("--fresh", action="store_true", default=None, help="ignore partial results in OUT and rerun everything")
+    a("--overwrite", action="store_true", default=None,
+      help="replace OUT even if it holds another run (a bench with other settings, gen-data, training)")
+    a("--truncate-prompts", action="store_true", default=None,
+      help="keep the last tokens of prompts too long for the context (recorded in results.json); "
+      "default: refuse them")
     return p
 
 
@@ -190,7 +195,7 @@ def _from_yaml(path: Path, key: str, value: Any) -> Any:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError
             return float(value)
-        if key == "fresh" and not isinstance(value, bool):
+        if key in ("fresh", "overwrite", "truncate_prompts") and not isinstance(value, bool):
             raise TypeError
     except (TypeError, argparse.ArgumentTypeError):
         raise AccheadError(f"{path}: bad value for {key}: {value!r}") from None
@@ -204,6 +209,8 @@ def _apply_zoo_defaults(args: argparse.Namespace) -> None:
     args.draft = args.draft or str(zoo.DRAFT_DIR)
     args.head = args.head or str(zoo.HEAD_PATH)
     args.fresh = bool(args.fresh)
+    args.overwrite = bool(args.overwrite)
+    args.truncate_prompts = bool(args.truncate_prompts)
     for k, default in {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0}.items():
         if getattr(args, k) is None:
             setattr(args, k, default)

@@ -16,8 +16,12 @@ def read_jsonl_prompts(path: Path, field: str = "prompt") -> list[str]:
     """The `field` string of every non-blank line of a JSON-lines file, in file order."""
     if not path.is_file():
         raise AccheadError(f"prompt file does not exist: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise AccheadError(f"prompt file {path} is not UTF-8 text (byte {e.start})") from None
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from acchead.rundir import atomic_write_text, commit
 from acchead.sampling import SamplingConfig
 from inference.bench_config import FIT_FAMILIES
 from inference.costmodel import CostFit
@@ -189,7 +189,7 @@ def plot_pareto(rows: list[dict], path: Path) -> None:
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
+    commit(tmp, path)  # fsync, rename, fsync the directory
 
 
 def render_report(results: dict) -> str:
@@ -256,10 +256,6 @@ def render_report(results: dict) -> str:
 def write_outputs(results: dict, out: Path) -> None:
     """Write results.json, pareto.png and report.md into `out` (each atomically)."""
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1, default=str))
-    os.replace(tmp, out / "results.json")
+    atomic_write_text(out / "results.json", json.dumps(results, indent=1, default=str))  # fsync + rename
     plot_pareto(results["rows"], out / "pareto.png")
-    tmp = out / "report.md.tmp"
-    tmp.write_text(render_report(results))
-    os.replace(tmp, out / "report.md")
+    atomic_write_text(out / "report.md", render_report(results))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -19,7 +20,13 @@ from transformers import TextStreamer
 from transformers.utils import logging as hf_logging
 
 from acchead.errors import AccheadError, cli_errors
-from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+from acchead.models import (
+    check_prompt,
+    check_tokenizers_match,
+    context_length,
+    load_causal_lm,
+    load_tokenizer,
+)
 from acchead.sampling import SamplingConfig
 from acchead.zoo import DRAFT_DIR, HEAD_PATH, TARGET_DIR
 from inference.decoder import GenerationResult, SpeculativeDecoder
@@ -52,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", default=None, help="prompt text (default: a small function stub)")
     src.add_argument("--prompt-file", type=Path, default=None, help="read the prompt from this file")
     p.add_argument("--max-new-tokens", type=int, default=128, help="generate at most this many tokens")
+    p.add_argument("--truncate-prompt", action="store_true",
+                   help="keep only the last tokens of a prompt too long for the context (default: refuse it)")
     p.add_argument("--temperature", type=float, default=None,
                    help="0 = greedy; default: the head's training S, else 0")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0 = off)")
@@ -68,7 +77,10 @@ def _read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is not None:
         if not args.prompt_file.is_file():
             raise AccheadError(f"prompt file not found: {args.prompt_file}")
-        return args.prompt_file.read_text()
+        try:
+            return args.prompt_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise AccheadError(f"prompt file {args.prompt_file} is not UTF-8 text (byte {e.start})") from None
     return DEFAULT_PROMPT if args.prompt is None else args.prompt
 
 
@@ -82,6 +94,25 @@ def _sampling(args: argparse.Namespace, head_s: SamplingConfig | None) -> Sampli
         )
     except ValueError as e:
         raise AccheadError(str(e)) from None
+
+
+def _fit_prompt(
+    ids: torch.Tensor, max_new_tokens: int, models: list, truncate: bool
+) -> tuple[torch.Tensor, int | None]:
+    """Make the prompt fit the models' context with `max_new_tokens` to generate.
+
+    Returns (ids, None) when it fits. When it does not: with `--truncate-prompt`, its last tokens and its
+    original length (and says so on stderr); without, one AccheadError line naming the flag.
+    """
+    limits = [c for c in map(context_length, models) if c is not None]
+    keep = min(limits) - max_new_tokens if limits else ids.numel()
+    if ids.numel() <= keep or not truncate:
+        check_prompt(ids, max_new_tokens, models, "; pass --truncate-prompt to keep its last tokens")
+        return ids, None
+    if keep < 1:
+        raise AccheadError(f"--max-new-tokens {max_new_tokens} fills the whole {min(limits)}-token context")
+    print(f"acchead-decode: prompt truncated from {ids.numel()} to its last {keep} tokens", file=sys.stderr)
+    return ids[-keep:], int(ids.numel())
 
 
 def format_stats(res: GenerationResult) -> str:
@@ -123,13 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     ids = tok(prompt, return_tensors="pt").input_ids[0]
     if ids.numel() == 0:
         raise AccheadError("the prompt encodes to no tokens")
+    ids, truncated_from = _fit_prompt(ids, args.max_new_tokens, [target, draft], args.truncate_prompt)
     streamer = None if args.json else TextStreamer(tok, skip_prompt=False)
     res = decoder.generate(ids, max_new_tokens=args.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
                            top_p=s.top_p, seed=args.seed, eos_token_id=tok.eos_token_id, streamer=streamer)
     if args.json:
         stats = {k: v for k, v in res.to_dict().items() if k != "new_ids"}
         stats.update(text=tok.decode(res.new_ids), policy=decoder.policy.spec, verifier=args.verifier,
-                     sampling=s.to_dict())
+                     sampling=s.to_dict(), prompt_tokens=int(ids.numel()),
+                     prompt_truncated_from=truncated_from)
         print(json.dumps(stats))
     else:
         print(f"\n--- {decoder.policy.spec}, {args.verifier} verification, {s}")

@@ -26,6 +26,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig, probs_from_logits
 from inference.drafters import Drafter, DraftStep, ModelDrafter, crop_cache
 from inference.policies import Autoregressive, StopPolicy, parse_policy
@@ -153,6 +154,8 @@ class SpeculativeDecoder:
         self._verify = VERIFIERS[verifier]
         self.head_meta = None
         head_module = self._resolve_head(head)
+        if not isinstance(policy, str | StopPolicy):
+            raise AccheadError(f"policy must be a spec string (e.g. 'specdec:k=4') or StopPolicy: {policy!r}")
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
         if self.drafter is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
@@ -166,6 +169,8 @@ class SpeculativeDecoder:
             from acchead.head_io import load_head
 
             head, self.head_meta = load_head(head, draft=self.draft_model)
+        elif not all(bool(p.isfinite().all()) for p in head.parameters()):
+            raise AccheadError("the acceptance head's weights contain NaN or Inf; retrain the head")
         if self.draft_model is not None:
             hidden = self.draft_model.get_input_embeddings().weight.shape[1]
             if head.hidden_size != hidden:
@@ -201,6 +206,8 @@ class SpeculativeDecoder:
             raise AccheadError(str(e)) from None
         if max_new_tokens < 1:
             raise AccheadError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        # Out-of-vocabulary ids and prompt + max_new_tokens past the context: one line, not junk.
+        check_prompt(prompt, max_new_tokens, [m for m in (self.target, self.draft_model) if m is not None])
         policy = self.policy
         if policy.greedy_only and not sampling.greedy:
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")

@@ -10,7 +10,9 @@ OUT/metrics.json, OUT/train_config.yaml (the resolved settings), OUT/checkpoints
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -20,6 +22,16 @@ from typing import Any
 import yaml
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.rundir import (
+    DirLock,
+    atomic_write_text,
+    claim,
+    clear_dir,
+    is_main_launch_process,
+    mark_complete,
+    remove_stale_tmp,
+    start,
+)
 from configs import config_path
 from train.settings import TrainSettings
 
@@ -71,6 +83,11 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--precision", help="Lightning precision: 32-true, bf16-mixed, 16-mixed")
     p.add_argument("--logger", choices=["csv", "tensorboard", "none"], help="training logs under OUT/logs")
     p.add_argument("--no-checkpoints", dest="checkpoints", action="store_false", help="write no checkpoints")
+    p.add_argument(
+        "--checkpoint-every",
+        type=float,
+        help="also save OUT/checkpoints/last.ckpt mid-epoch once this many seconds passed (default 60)",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
 
 
@@ -82,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_training_flags(p)
     p.add_argument("--resume", help="checkpoint to resume, or 'last' for OUT/checkpoints/last.ckpt")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT even if it holds another run (another training run's head and checkpoints, a "
+        "bench, gen-data); without it, such an OUT is refused and the same run resumes",
+    )
     return p
 
 
@@ -109,10 +132,8 @@ def resolve_settings(args: argparse.Namespace, fixed: dict[str, Any] | None = No
 
 
 def write_text(path: Path, text: str) -> None:
-    """Atomic write (tmp + os.replace): a crash never leaves a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Atomic, durable write (tmp, fsync, rename): a crash or power loss never leaves a half-written file."""
+    atomic_write_text(path, text)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -138,19 +159,80 @@ def metrics_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# Identity keys that do not change what a run computes: where things are, how it is shown or saved.
+_NOT_IDENTITY = ("data", "out", "resume", "progress", "logger", "threads", "checkpoints", "checkpoint_every",
+                 "draft", "extra")  # fmt: skip
+# Rank 0 tells the DDP worker processes it launches which checkpoint it resumes (they inherit the env).
+RESUME_ENV = "ACCHEAD_TRAIN_RESUME"
+
+
+def run_identity(settings: TrainSettings) -> dict[str, Any]:
+    """What a training run's outputs depend on: its settings, with the data named by its content.
+
+    The data directory counts by the sha256 of its gen_config.json (models, S, seed, counts), so moving it
+    keeps the run the same; paths, threads, logging and checkpointing cadence are not part of it.
+    """
+    ident = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items()}
+    ident = {k: v for k, v in ident.items() if k not in _NOT_IDENTITY}
+    try:
+        gen_config = (Path(settings.data) / "gen_config.json").read_bytes()
+    except OSError:
+        gen_config = None  # train_head reports the bad --data in one line
+    ident["data"] = hashlib.sha256(gen_config).hexdigest()[:16] if gen_config is not None else None
+    return ident
+
+
+def _report_complete(out: Path) -> int:
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        print(metrics_table(json.loads((out / "metrics.json").read_text())))
+    print(f"{out} already holds this run, complete (--overwrite retrains it)", file=sys.stderr)
+    return 0
+
+
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
-    from train.fit import quiet_lightning, train_head  # deferred: torch makes `--help` slow
+    from train.fit import LAST_CKPT, quiet_lightning, train_head  # deferred: torch makes `--help` slow
 
     args = build_parser().parse_args(argv)
+    overwrite = bool(vars(args).pop("overwrite", False))
     quiet_lightning()
     settings = TrainSettings(**resolve_settings(args))
-    result = train_head(settings)
-    if not result.is_global_zero:
-        return 0  # other DDP ranks: rank 0 writes the outputs
+    settings.check()
+    out = Path(settings.out)  # type: ignore[arg-type]
+    if not is_main_launch_process():  # a DDP worker: rank 0 holds OUT and writes the outputs
+        settings.resume = os.environ.get(RESUME_ENV) or settings.resume
+        train_head(settings)
+        return 0
+    identity = run_identity(settings)
+    last = out / "checkpoints" / LAST_CKPT
+    with DirLock(out, "acchead-train"):
+        status = claim(out, "train", identity, overwrite=overwrite)
+        for d in (out, out / "checkpoints"):
+            remove_stale_tmp(d)
+        if status == "complete":
+            return _report_complete(out)
+        if status == "resume" and settings.resume is None and last.is_file():
+            settings.resume = "last"  # the same run, killed: continue it (same as --resume last)
+            print(f"resuming {out} from {last} (same settings)", file=sys.stderr)
+        if status == "new":
+            start(out, "train", identity)
+        os.environ[RESUME_ENV] = str(last) if settings.resume == "last" else settings.resume or ""
+        try:
+            result = train_head(settings)
+        except AccheadError:
+            if status == "new" and not last.exists():
+                clear_dir(out)  # nothing was trained: a corrected rerun starts from an empty OUT
+            raise
+        finally:
+            os.environ.pop(RESUME_ENV, None)
+        _write_outputs(settings, out, result)
+        mark_complete(out, "train", identity)
+    return 0
+
+
+def _write_outputs(settings: TrainSettings, out: Path, result: Any) -> None:
     from acchead.head_io import save_head
 
-    out = Path(settings.out)  # type: ignore[arg-type]
     out.mkdir(parents=True, exist_ok=True)
     head_path = save_head(result.module.head.cpu().float(), out / "head.safetensors", meta=result.meta)
     write_json(out / "metrics.json", result.metrics)
@@ -163,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{m['epochs']} epochs in {m['fit_seconds']:.1f} s"
     )
     print(f"wrote {head_path} and {out / 'metrics.json'}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

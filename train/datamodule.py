@@ -50,6 +50,8 @@ class IndexBatches(Sampler[np.ndarray]):
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
+        self.served = 0  # batches of the current epoch handed out so far
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained) from a checkpoint
 
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning at the start of every epoch."""
@@ -64,9 +66,20 @@ class IndexBatches(Sampler[np.ndarray]):
             items = np.concatenate([items, items[:pad]])
         return items[self.rank :: self.world_size]
 
+    def state_dict(self) -> dict[str, int]:
+        """Where this epoch stands; saved in checkpoints through `ResumableLoader`."""
+        return {"epoch": self.epoch, "served": self.served}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume: the next iteration of epoch `state["epoch"]` skips the batches already served."""
+        self._resume = (int(state["epoch"]), int(state["served"]))
+
     def __iter__(self) -> Iterator[np.ndarray]:
         shard = self._shard()
-        for start in range(0, len(shard), self.batch_size):
+        skip = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
+        self._resume, self.served = None, skip
+        for start in range(skip * self.batch_size, len(shard), self.batch_size):
+            self.served += 1
             yield shard[start : start + self.batch_size]
 
     def __len__(self) -> int:
@@ -75,6 +88,21 @@ class IndexBatches(Sampler[np.ndarray]):
             math.ceil(n / self.world_size) if self.shuffle else len(range(self.rank, n, self.world_size))
         )
         return math.ceil(per_rank / self.batch_size)
+
+
+class ResumableLoader(DataLoader):
+    """The training DataLoader, checkpointed with its position in the epoch (Lightning's `_Stateful`).
+
+    Lightning saves `state_dict()` in every checkpoint and hands it back on resume, so a run resumed from a
+    mid-epoch checkpoint continues with the first batch it had not trained on, exactly as an uninterrupted
+    run would. Batches are served without prefetching (the loader is sized), so the count is exact.
+    """
+
+    def state_dict(self) -> dict[str, int]:
+        return self.sampler.state_dict()  # type: ignore[union-attr]
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sampler.load_state_dict(state)  # type: ignore[union-attr]
 
 
 class CachedPositions(Dataset):
@@ -185,7 +213,8 @@ class GenDataModule(L.LightningDataModule):
         sampler = IndexBatches(
             self.items[split], size, shuffle=train, seed=self.seed, rank=rank, world_size=world
         )
-        return DataLoader(self.dataset, sampler=sampler, batch_size=None, num_workers=0)
+        loader = ResumableLoader if train else DataLoader
+        return loader(self.dataset, sampler=sampler, batch_size=None, num_workers=0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

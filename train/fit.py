@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -16,10 +18,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 
 from acchead.errors import AccheadError
 from acchead.head_io import HeadMetadata
+from acchead.rundir import commit
 from train.data import GenData, check_draft, load_gen_data, same_draft
 from train.datamodule import GenDataModule
 from train.draft import FrozenDraft
@@ -96,7 +99,13 @@ def _resume_path(settings: TrainSettings) -> str | None:
 
 def _check_resume(ckpt: str, module: AcceptanceHeadModule) -> None:
     """A checkpoint of another head shape is refused before Lightning fails deep inside load_state_dict."""
-    hp = torch.load(ckpt, map_location="cpu", weights_only=False).get("hyper_parameters", {})
+    try:
+        hp = torch.load(ckpt, map_location="cpu", weights_only=False).get("hyper_parameters", {})
+    except Exception as e:  # truncated file, not a pickle, not a dict: torch raises many types
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AccheadError(
+            f"checkpoint {ckpt} is unreadable ({msg}); resume from another one, or rerun with --overwrite"
+        ) from None
     for key in ("hidden_size", "depth"):
         if hp.get(key) != module.hparams[key]:
             what = "head/draft hidden-size mismatch" if key == "hidden_size" else "depth mismatch"
@@ -118,6 +127,85 @@ def _logger(settings: TrainSettings):
     from lightning.pytorch.loggers import CSVLogger
 
     return CSVLogger(settings.out, name="logs")
+
+
+LAST_CKPT = "last.ckpt"
+
+
+class RunCheckpoint(Callback):
+    """Keeps `dirpath/last.ckpt` at most about `every_s` seconds of training old, written atomically.
+
+    It is saved at every epoch end and, inside an epoch, after the first training batch that ends `every_s`
+    seconds after the previous save (the decision is rank 0's, broadcast, so every DDP rank saves
+    together). The checkpoint is written beside, fsynced and renamed over last.ckpt: a kill at any moment
+    leaves the previous complete one. The training loader is resumable (`train.datamodule.IndexBatches`
+    records the batches it has served), so a run resumed from a mid-epoch checkpoint skips exactly the
+    batches already trained on and ends with the head of an uninterrupted run. This replaces Lightning's
+    ModelCheckpoint, which writes in place and names a second run's file last-v1.ckpt.
+    """
+
+    def __init__(self, dirpath: str | Path, every_s: float = 60.0) -> None:
+        self.dirpath, self.every_s = Path(dirpath), every_s
+        self._last = time.monotonic()
+
+    @property
+    def path(self) -> Path:
+        return self.dirpath / LAST_CKPT
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = time.monotonic()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        due = time.monotonic() - self._last >= self.every_s
+        if trainer.world_size > 1:
+            due = trainer.strategy.broadcast(due, src=0)
+        if due:
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer)
+
+    def save(self, trainer: L.Trainer) -> None:
+        tmp = self.dirpath / f".{LAST_CKPT}.tmp"
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+        trainer.save_checkpoint(tmp)  # every rank calls it (a collective for sharded strategies)
+        if trainer.is_global_zero:
+            commit(tmp, self.path)
+        self._last = time.monotonic()
+
+
+class _InterruptWatch(Callback):
+    """Notes a Ctrl-C: Lightning catches KeyboardInterrupt itself and turns it into `sys.exit(1)`."""
+
+    seen = False
+
+    def on_exception(self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt):
+            self.seen = True
+
+
+def _fit(
+    trainer: L.Trainer, module: AcceptanceHeadModule, dm: GenDataModule, ckpt: str | None, out: Any
+) -> None:
+    """`trainer.fit`; a Ctrl-C surfaces as a KeyboardInterrupt saying how to continue (CLI: exit 130)."""
+    watch = _InterruptWatch()
+    trainer.callbacks.append(watch)
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main_thread else None
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+    except SystemExit:
+        if not watch.seen:
+            raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, handler)  # Lightning ignores further Ctrl-C after the first
+    if watch.seen:
+        last = Path(out) / "checkpoints" / LAST_CKPT if out is not None else None
+        if last is not None and last.is_file():
+            raise KeyboardInterrupt(f"{last} holds the last checkpoint; rerun with --resume last to continue")
+        raise KeyboardInterrupt("no checkpoint was written yet")
 
 
 def train_head(
@@ -166,7 +254,7 @@ def train_head(
     if logger:
         cbs.append(LearningRateMonitor(logging_interval="step"))
     if settings.checkpoints and settings.out is not None:
-        cbs.append(ModelCheckpoint(dirpath=Path(settings.out) / "checkpoints", save_last=True))
+        cbs.append(RunCheckpoint(Path(settings.out) / "checkpoints", settings.checkpoint_every))
     trainer = L.Trainer(
         max_epochs=settings.epochs,
         accelerator=settings.accelerator,
@@ -176,7 +264,7 @@ def train_head(
         precision=settings.precision,  # type: ignore[arg-type]
         logger=logger,
         callbacks=cbs,
-        enable_checkpointing=bool(settings.checkpoints and settings.out is not None),
+        enable_checkpointing=False,  # RunCheckpoint instead of Lightning's ModelCheckpoint
         default_root_dir=settings.out,
         enable_progress_bar=settings.progress,
         enable_model_summary=False,
@@ -186,7 +274,7 @@ def train_head(
         log_every_n_steps=10,
     )
     start = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+    _fit(trainer, module, dm, ckpt, settings.out)
     fit_s = time.perf_counter() - start
     # Final evaluation of both splits with the trained head, synchronised across processes.
     module.eval_splits = ["val", "train"]

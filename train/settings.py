@@ -39,6 +39,7 @@ class TrainSettings:
     logger: str | None = "csv"
     resume: str | None = None
     checkpoints: bool = True
+    checkpoint_every: float = 60.0
     progress: bool = True
     ece_bins: int = 15
     threads: int | None = None
@@ -53,6 +54,7 @@ class TrainSettings:
             (self.depth >= 0, f"--depth must be >= 0, got {self.depth}"),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
+            (self.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {self.checkpoint_every}"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (self.batch_sequences >= 1, f"--batch-sequences must be >= 1, got {self.batch_sequences}"),
             (0 <= self.warmup < 1, f"--warmup must be in [0, 1), got {self.warmup}"),
