@@ -7,6 +7,7 @@ line overrides the file. `null` model paths mean the demo pair and the shipped h
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,9 @@ from acchead.sampling import SamplingConfig
 # Families whose per-prompt wall times enter the cost fit: the draft-model decoders that the model
 # T = t_draft·N_draft + t_target·N_target describes. The oracle peeks at the target's greedy continuation
 # and HF / extra drafters have other per-call costs, so they are measured but not fitted.
-FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence")
-FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "oracle", "hf-assisted", "extra")
+FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "adaedl", "adaedl-adapt")
+FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "adaedl", "adaedl-adapt",
+            "oracle", "hf-assisted", "extra")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="acchead-bench",
         description="Benchmark autoregressive decoding, SpecDec (fixed K), SpecDec++ (head threshold h), the "
-        "draft-confidence rule, the hindsight oracle and Hugging Face assisted generation on one prompt set; "
-        "writes OUT/results.json, OUT/pareto.png and OUT/report.md.",
+        "draft-confidence rule, the draft-entropy rule, AdaEDL (fixed and online lambda), the hindsight "
+        "oracle and Hugging Face assisted generation on one prompt set; writes OUT/results.json, "
+        "OUT/pareto.png and OUT/report.md.",
         epilog="Every flag defaults to its key in the config file (shown as [config: ...] for the shipped "
         "configs/bench.yaml); flags given on the command line override the file.",
     )
@@ -121,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--h-grid", type=_float_list, help="SpecDec++ stop thresholds h in (0, 1), comma-separated")
     a("--specdecpp-max", type=int, help="SpecDec++ cap on candidates per round")
     a("--tau-grid", type=_float_list, help="confidence-rule thresholds tau in (0, 1), comma-separated")
+    a("--entropy-tau-grid", type=_float_list, help="entropy-rule thresholds tau >= 0 in nats (stop after a "
+      "candidate whose draft distribution has entropy > tau), comma-separated")  # fmt: skip
+    a("--adaedl-lam-grid", type=_float_list, help="AdaEDL with fixed lambda in [0, 1] (stop when 1 - "
+      "sqrt(gamma * H(q)) < lambda), comma-separated")  # fmt: skip
+    a("--adaedl-adapt-grid", type=_float_list, help="AdaEDL with the paper's online lambda: initial lambda "
+      "values in [0, 1], comma-separated (method adaedl-adapt)")  # fmt: skip
+    a("--adaedl-gamma", type=float, help="AdaEDL's entropy factor gamma > 0 (the paper's 0.2)")
     a(
         "--extra-specs",
         type=_spec_list,
@@ -129,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(mag+specdec:k=10, cascade:k=4.2/10+specdec:k=6)",
     )
     a("--verifier", choices=["token", "block"], help="verification rule of our decoders")
+    a(
+        "--cost-ratios",
+        type=_float_list,
+        help="declared draft/target forward-cost ratios c = t_draft/t_target, comma-separated: every row is "
+        "also priced at each (speedup over autoregressive = N / (c*N_draft + N_target)), beside the fitted "
+        "costs, which a CPU fit does not transfer to GPUs (0.2: the paper's 7B/70B on A100)",
+    )
+    a("--plot-ratio", type=float, help="also plot the modelled speedup at this cost ratio in pareto.png")
     a("--device", help="torch device for both models (cpu, cuda)")
     a("--dtype", help="model dtype (float32, bfloat16, float16)")
     a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
@@ -177,9 +195,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 _LISTS = {"methods": _str_list, "k_grid": _int_list, "h_grid": _float_list, "tau_grid": _float_list,
-          "extra_specs": _spec_list}  # fmt: skip
+          "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list, "adaedl_adapt_grid": _float_list,
+          "cost_ratios": _float_list, "extra_specs": _spec_list}  # fmt: skip
 _INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls"}
-_FLOATS = {"temperature", "top_p"}
+_FLOATS = {"temperature", "top_p", "adaedl_gamma", "plot_ratio"}
 
 
 def _from_yaml(path: Path, key: str, value: Any) -> Any:
@@ -211,7 +230,9 @@ def _apply_zoo_defaults(args: argparse.Namespace) -> None:
     args.fresh = bool(args.fresh)
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
-    for k, default in {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0}.items():
+    defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0, "adaedl_gamma": 0.2,
+                "cost_ratios": []}  # fmt: skip
+    for k, default in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, default)
 
@@ -252,6 +273,19 @@ def _validate(args: argparse.Namespace) -> None:
         raise AccheadError(f"--h-grid needs thresholds in (0, 1), got {args.h_grid}")
     if "confidence" in args.methods and any(not 0 < t < 1 for t in args.tau_grid or [0]):
         raise AccheadError(f"--tau-grid needs thresholds in (0, 1), got {args.tau_grid}")
+    if "entropy" in args.methods and any(not 0 <= t < math.inf for t in args.entropy_tau_grid or [-1]):
+        grid = args.entropy_tau_grid
+        raise AccheadError(f"--entropy-tau-grid needs finite thresholds >= 0 (nats), got {grid}")
+    for method, flag, grid in (("adaedl", "--adaedl-lam-grid", args.adaedl_lam_grid),
+                               ("adaedl-adapt", "--adaedl-adapt-grid", args.adaedl_adapt_grid)):  # fmt: skip
+        if method in args.methods and any(not 0 <= lam <= 1 for lam in grid or [-1]):
+            raise AccheadError(f"{flag} needs lambda values in [0, 1], got {grid}")
+    if not 0 < args.adaedl_gamma < math.inf:
+        raise AccheadError(f"--adaedl-gamma must be > 0, got {args.adaedl_gamma}")
+    if any(not 0 <= c < math.inf for c in args.cost_ratios):
+        raise AccheadError(f"--cost-ratios needs finite ratios >= 0, got {args.cost_ratios}")
+    if args.plot_ratio is not None and not 0 <= args.plot_ratio < math.inf:
+        raise AccheadError(f"--plot-ratio must be a finite ratio >= 0, got {args.plot_ratio}")
 
 
 def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[list[Setting], list[str]]:
@@ -272,6 +306,16 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         ]
     if "confidence" in methods:
         settings += [Setting("confidence", f"confidence:tau={t:g}", {"tau": t}, v) for t in args.tau_grid]
+    if "entropy" in methods:
+        settings += [Setting("entropy", f"entropy:tau={t:g}", {"tau": t}, v) for t in args.entropy_tau_grid]
+    g = args.adaedl_gamma
+    for family, adapt, grid in (("adaedl", 0, args.adaedl_lam_grid),
+                                ("adaedl-adapt", 1, args.adaedl_adapt_grid)):  # fmt: skip
+        if family in methods:
+            settings += [
+                Setting(family, f"adaedl:gamma={g:g},lam={lam:g},adapt={adapt}", {"gamma": g, "lam": lam}, v)
+                for lam in grid
+            ]
     if "oracle" in methods:
         if sampling.greedy:
             settings.append(Setting("oracle", "oracle", {}, v))

@@ -8,7 +8,9 @@ and, for token verification, N_draft + N_target = N + N_discarded (eq. 2.2): eve
 kept token or a token that is thrown away. Modelled throughput is N / T (eq. 2.3). The two unit costs are
 fitted by least squares over per-prompt wall times (paper §4.2): no intercept (a run with no forwards takes
 no time) and non-negative coefficients (a forward cannot save time). The verification rate N_target / N and
-the discard rate N_discarded / N are hardware-independent and are what the Pareto plot shows.
+the discard rate N_discarded / N are hardware-independent and are what the Pareto plot shows. Beside the
+fitted costs, runs can be priced at a declared ratio c = t_draft / t_target (`ratio_speedup`), since unit
+costs fitted on one machine do not transfer to another.
 """
 
 from __future__ import annotations
@@ -123,6 +125,19 @@ class Metrics:
 def modeled_tokens_per_s(tokens: float, draft_calls: float, target_calls: float, fit: CostFit) -> float:
     """Eq. 2.3: N / (t_draft·N_draft + t_target·N_target); 0 when the modelled time is 0."""
     t = fit.predict(draft_calls, target_calls)
+    return tokens / t if t > 0 else 0.0
+
+
+def ratio_speedup(tokens: float, draft_calls: float, target_calls: float, ratio: float) -> float:
+    """Modelled speedup over autoregressive decoding at a declared cost ratio c = t_draft / t_target.
+
+    In target-forward units a run costs c·N_draft + N_target, and autoregressive decoding of the same N
+    tokens costs N (one target forward per token), so the speedup is N / (c·N_draft + N_target) — for equal
+    N, the N_ar_target / (c·N_draft + N_target) of eq. 2.3 with t_target = 1. Unlike the fitted costs, c
+    is declared: a CPU fit, where verifying L tokens costs more than verifying one, does not transfer to
+    GPUs. 0 when the run has no forward at all.
+    """
+    t = ratio * draft_calls + target_calls
     return tokens / t if t > 0 else 0.0
 
 

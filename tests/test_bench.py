@@ -11,8 +11,9 @@ from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
 from acchead.models import load_causal_lm, model_identity
+from acchead.sampling import SamplingConfig
 from inference.bench import main
-from inference.bench_config import build_parser, resolve_args
+from inference.bench_config import build_parser, build_settings, resolve_args
 
 ROW_KEYS = {
     "method",
@@ -52,7 +53,8 @@ def _argv(inp: dict[str, Path], out: Path, *extra: str) -> list[str]:
     return [
         "--prompts", str(inp["prompts"]), "--target", str(inp["target"]), "--draft", str(inp["draft"]),
         "--head", str(inp["head"]), "--out", str(out), "--max-new-tokens", "8", "--num-prompts", "0",
-        "--k-grid", "1,3", "--h-grid", "0.5", "--tau-grid", "0.4", "--overhead-calls", "5", *extra,
+        "--k-grid", "1,3", "--h-grid", "0.5", "--tau-grid", "0.4", "--entropy-tau-grid", "1.0",
+        "--adaedl-lam-grid", "0.5", "--adaedl-adapt-grid", "0.5", "--overhead-calls", "5", *extra,
     ]  # fmt: skip
 
 
@@ -67,10 +69,19 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
         "specdec",
         "specdecpp",
         "confidence",
+        "entropy",
+        "adaedl",
+        "adaedl-adapt",
         "oracle",
         "hf-assisted",
     ]
+    assert res["rows"][7]["spec"] == "adaedl:gamma=0.2,lam=0.5,adapt=1"
+    assert res["cost_ratios"] == [0.2, 0.1, 0.05]  # the shipped default
     for r in res["rows"]:
+        # Priced at each declared cost ratio: N / (c·N_draft + N_target), numbers in results.json.
+        assert r["ratio_speedups"]["0.05"] == pytest.approx(
+            r["tokens"] / (0.05 * r["draft_calls"] + r["target_calls"])
+        )
         assert set(r) >= ROW_KEYS
         assert r["draft_calls"] + r["target_calls"] == r["tokens"] + r["discarded"]  # eq. 2.2
         assert r["verification_rate"] == pytest.approx(r["target_calls"] / r["tokens"])
@@ -78,11 +89,11 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
         assert r["matches_autoregressive"] == 1.0, r["method"]
     ar = res["rows"][0]
     assert (ar["draft_calls"], ar["discarded"], ar["verification_rate"]) == (0, 0, 1.0)
-    assert res["rows"][5]["discarded"] == 0  # the oracle never drafts a rejected token
+    assert res["rows"][8]["discarded"] == 0  # the oracle never drafts a rejected token
     assert {"t_draft", "t_target", "r2"} <= set(res) and res["t_target"] > 0
     assert res["head_overhead"]["ratio"] > 0
     # transformers' default schedule is our confidence:tau=0.4,max=20: the hook counts must match ours.
-    assert res["rows"][6]["params"]["confidence_threshold"] == 0.4
+    assert res["rows"][9]["params"]["confidence_threshold"] == 0.4
     assert any("counts (N/N_target/N_draft/N_discarded) agree" in n for n in res["notes"]), res["notes"]
     assert [g["met"] is None for g in res["goals"]] == [False, False, False]
     assert (out / "pareto.png").stat().st_size > 1000
@@ -92,7 +103,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
 
     capsys.readouterr()
     assert main(_argv(bench_inputs, out)) == 0
-    assert "resuming: 14 of 14 runs" in capsys.readouterr().out
+    assert "resuming: 20 of 20 runs" in capsys.readouterr().out
     again = json.loads((out / "results.json").read_text())
     assert [r["wall_time"] for r in again["rows"]] == [r["wall_time"] for r in res["rows"]]
 
@@ -103,7 +114,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
     del data["runs"][lost]
     part.write_text(json.dumps(data))
     assert main(_argv(bench_inputs, out)) == 0
-    assert "resuming: 13 of 14 runs" in capsys.readouterr().out
+    assert "resuming: 19 of 20 runs" in capsys.readouterr().out
     assert lost in json.loads(part.read_text())["runs"]
 
 
@@ -128,6 +139,7 @@ def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
         ("--methods", "autoregressive,warp", "unknown method 'warp'"),
         ("--h-grid", "0.5,1.5", "--h-grid needs thresholds in (0, 1)"),
         ("--k-grid", "0,2", "--k-grid needs K >= 1"),
+        ("--cost-ratios", "0.2,-0.1", "--cost-ratios needs finite ratios >= 0"),
         ("--head", "{tmp}/nohead.safetensors", "head file does not exist"),
         ("--extra-specs", "ucb:arms=specdec:k=0", "specdec needs K >= 1"),
     ],
@@ -149,6 +161,16 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     assert {"autoregressive", "specdec", "specdecpp", "confidence", "oracle", "hf-assisted"} <= set(
         args.methods
     )
+    # Issue 10: the training-free entropy rules, and pricing at declared cost ratios.
+    assert {"entropy", "adaedl", "adaedl-adapt"} <= set(args.methods)
+    assert args.adaedl_lam_grid == [0.1, 0.3, 0.5, 0.7] and args.adaedl_adapt_grid == [0.5]
+    assert args.adaedl_gamma == 0.2 and args.entropy_tau_grid == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert args.cost_ratios == [0.2, 0.1, 0.05] and args.plot_ratio is None
+    settings, _ = build_settings(args, SamplingConfig(0.0))
+    specs = [s.spec for s in settings]
+    assert len(settings) == 39 and "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
+    assert sum(s.family == "adaedl" for s in settings) == 4
+    assert build_settings(args, SamplingConfig(1.0))[0][-2].family == "adaedl-adapt"  # sampling: no oracle
     user = tmp_path / "user.yaml"
     user.write_text("k_grid: [3, 5]\nextra_specs: ['ucb:arms=specdec:k=2|specdecpp:h=0.5,max=8']\n")
     args = resolve_args(build_parser().parse_args(["--config", str(user), "--k-grid", "7"]))
@@ -158,6 +180,24 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
         user.write_text(text)
         with pytest.raises(AccheadError, match=message):
             resolve_args(build_parser().parse_args(["--config", str(user)]))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--entropy-tau-grid", "-1"], "--entropy-tau-grid needs finite thresholds >= 0"),
+        (["--adaedl-lam-grid", "0.5,1.5"], "--adaedl-lam-grid needs lambda values in [0, 1]"),
+        (["--adaedl-adapt-grid", "-0.1"], "--adaedl-adapt-grid needs lambda values in [0, 1]"),
+        (["--methods", "adaedl", "--adaedl-lam-grid", ""], "--adaedl-lam-grid needs lambda values"),
+        (["--adaedl-gamma", "0"], "--adaedl-gamma must be > 0"),
+        (["--cost-ratios", "0.1,inf"], "--cost-ratios needs finite ratios >= 0"),
+        (["--plot-ratio", "-1"], "--plot-ratio must be a finite ratio >= 0"),
+    ],
+)
+def test_entropy_grids_and_cost_ratios_are_validated(argv, message):
+    with pytest.raises(AccheadError) as e:
+        resolve_args(build_parser().parse_args(argv))
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_bench_runs_extra_decoders(bench_inputs, tmp_path, monkeypatch):

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+
 import pytest
 
+from acchead.sampling import SamplingConfig
 from inference.bench_report import (
     _greedy_agreement,
     best_by_family,
+    build_results,
     evaluate_goals,
     hf_cross_check,
+    plot_pareto,
     render_report,
 )
+from inference.costmodel import CostFit
 from inference.head_timing import HeadOverhead
 
 
@@ -99,3 +106,69 @@ def test_hf_cross_check_compares_with_the_equivalent_confidence_setting():
     assert "DIFFER" in hf_cross_check([twin | {"draft_calls": 31}, hf])
     assert hf_cross_check([twin | {"params": {"tau": 0.5}}, hf]) is None
     assert hf_cross_check([twin, hf | {"matches_autoregressive": None}]) is None  # sampling: no check
+
+
+def _counted(method: str, tokens: int, target: int, draft: int, **params) -> dict:
+    """A row as `run_bench` builds it, before `build_results` (counts, rates, modelled numbers)."""
+    fit = CostFit(t_draft=1e-3, t_target=4e-3, r2=1.0, n_runs=4)
+    return {"method": method, "params": params, "spec": method, "tokens": tokens, "target_calls": target,
+            "draft_calls": draft, "discarded": draft + target - tokens, "verification_rate": target / tokens,
+            "discard_rate": (draft + target - tokens) / tokens, "wall_tokens_per_s": 1.0,
+            "modeled_tokens_per_s": tokens / fit.predict(draft, target), "outputs": ["x"]}  # fmt: skip
+
+
+def _priced_results(ratios: list[float]) -> dict:
+    rows = [
+        _counted("autoregressive", 64, 64, 0),
+        _counted("specdec", 64, 16, 64, k=4),  # 4 candidates a round
+        _counted("specdec", 64, 12, 96, k=8),  # 8 a round: fewer target forwards, more draft forwards
+    ]
+    args = argparse.Namespace(cost_ratios=ratios, plot_ratio=None, prompts="p", max_new_tokens=64, seed=0,
+                              device="cpu", dtype="float32", verifier="token", target="t", draft="d",
+                              head="h")  # fmt: skip
+    fit = CostFit(t_draft=1e-3, t_target=4e-3, r2=1.0, n_runs=4)
+    return build_results(args, rows, fit, None, [], SamplingConfig(), 1)
+
+
+def test_rows_are_priced_at_declared_cost_ratios():
+    res = _priced_results([0.2, 0.05, 0.2])  # a repeated ratio is priced once
+    assert res["cost_ratios"] == [0.2, 0.05] and res["fitted_ratio"] == pytest.approx(0.25)
+    ar, k4, k8 = res["rows"]
+    assert ar["ratio_speedups"] == {"0.2": 1.0, "0.05": 1.0}
+    assert k4["ratio_speedups"]["0.2"] == pytest.approx(64 / (0.2 * 64 + 16))
+    assert k8["ratio_speedups"]["0.05"] == pytest.approx(64 / (0.05 * 96 + 12))
+    # Stored as numbers in results.json; the fitted column is unchanged (c = 0.25 here).
+    again = json.loads(json.dumps(res))
+    assert all(isinstance(v, float) for r in again["rows"] for v in r["ratio_speedups"].values())
+    assert k4["modeled_speedup"] == pytest.approx(64 / (0.25 * 64 + 16))
+    # A cheap draft favours longer drafts: K = 4 wins at c = 0.2, K = 8 at c = 0.05.
+    assert best_by_family(res["rows"], "0.2")["specdec"]["params"] == {"k": 4}
+    assert best_by_family(res["rows"], "0.05")["specdec"]["params"] == {"k": 8}
+    assert _priced_results([])["rows"][1]["ratio_speedups"] == {}
+
+
+def test_report_has_a_column_per_declared_ratio():
+    res = _priced_results([0.2, 0.05])
+    res["config"] |= {"target": "t", "draft": "d", "head": "h"}
+    text = render_report(res)
+    assert "fitted ratio c = t_draft / t_target = 0.250" in text
+    assert "| speedup @ c=0.2 | speedup @ c=0.05 |" in text
+    lines = text.splitlines()
+    best = lines.index("## Best setting of each method at each declared cost ratio")
+    table = [line for line in lines[best:] if line.startswith("| specdec")]
+    assert table[0] == "| specdec | 2.22× (k=4) | 3.81× (k=8) |"
+    # The best-by-fitted-cost table has 8 + 2 columns, the all-settings table 9 + 2 (K = 4 is in both).
+    cells = [line.count("|") - 1 for line in lines if line.startswith("| specdec | k=4")]
+    assert cells == [10, 11]
+    header = next(line for line in lines if line.startswith("| method | setting | N |"))
+    assert header.count("|") - 1 == 11
+
+
+def test_pareto_plot_adds_a_panel_at_a_chosen_ratio(tmp_path):
+    import matplotlib.image
+
+    rows = _priced_results([0.2])["rows"]
+    plot_pareto(rows, tmp_path / "one.png")
+    plot_pareto(rows, tmp_path / "two.png", ratio=0.05)
+    one, two = (matplotlib.image.imread(tmp_path / f"{n}.png") for n in ("one", "two"))
+    assert one.shape[0] == two.shape[0] and two.shape[1] == 2 * one.shape[1]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from acchead.errors import AccheadError
-from inference.costmodel import CostFit, RunCounts, aggregate, fit_costs, modeled_tokens_per_s
+from inference.costmodel import CostFit, RunCounts, aggregate, fit_costs, modeled_tokens_per_s, ratio_speedup
 
 
 def test_fit_recovers_true_coefficients_from_noisy_runs():
@@ -83,3 +83,16 @@ def test_autoregressive_modeled_throughput_is_one_over_t_target():
     fit = CostFit(t_draft=0.01, t_target=0.05, r2=1.0, n_runs=2)
     assert modeled_tokens_per_s(100, 0, 100, fit) == pytest.approx(20.0)
     assert modeled_tokens_per_s(0, 0, 0, fit) == 0.0
+
+
+def test_ratio_speedup_prices_forwards_at_a_declared_cost_ratio():
+    """N / (c·N_draft + N_target): autoregressive is 1× at any c; a free draft (c = 0) gives N / N_target."""
+    assert ratio_speedup(64, 0, 64, 0.2) == 1.0
+    # 16 rounds of 4 drafted candidates, all accepted: 64 tokens, 64 draft and 16 target forwards.
+    assert ratio_speedup(64, 64, 16, 0.2) == pytest.approx(64 / (0.2 * 64 + 16))
+    assert ratio_speedup(64, 64, 16, 0.0) == 4.0
+    assert ratio_speedup(0, 0, 0, 0.1) == 0.0
+    # The fitted model's speedup over autoregressive when its t_draft / t_target equals c.
+    fit = CostFit(t_draft=0.002, t_target=0.02, r2=1.0, n_runs=2)
+    fitted = modeled_tokens_per_s(64, 64, 16, fit) / modeled_tokens_per_s(64, 0, 64, fit)
+    assert ratio_speedup(64, 64, 16, 0.1) == pytest.approx(fitted)
