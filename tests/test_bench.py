@@ -163,12 +163,12 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     )
     # Issue 10: the training-free entropy rules, and pricing at declared cost ratios.
     assert {"entropy", "adaedl", "adaedl-adapt"} <= set(args.methods)
-    assert args.adaedl_lam_grid == [0.1, 0.3, 0.5, 0.7] and args.adaedl_adapt_grid == [0.5]
-    assert args.adaedl_gamma == 0.2 and args.entropy_tau_grid == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert args.adaedl_lam_grid == [0.1, 0.3, 0.5, 0.7] and args.adaedl_adapt_grid == [0.1, 0.5]
+    assert args.adaedl_gamma == 0.2 and args.entropy_tau_grid == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert args.cost_ratios == [0.2, 0.1, 0.05] and args.plot_ratio is None
     settings, _ = build_settings(args, SamplingConfig(0.0))
     specs = [s.spec for s in settings]
-    assert len(settings) == 39 and "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
+    assert len(settings) == 41 and "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
     assert sum(s.family == "adaedl" for s in settings) == 4
     assert build_settings(args, SamplingConfig(1.0))[0][-2].family == "adaedl-adapt"  # sampling: no oracle
     user = tmp_path / "user.yaml"
