@@ -258,7 +258,6 @@ def claim(out: str | Path, kind: str, identity: dict[str, Any], *, overwrite: bo
     hint = "use another --out, or --overwrite to replace it"
     mine = out / manifest_name(kind)
     others = [k for k in KINDS if k != kind and (out / manifest_name(k)).is_file()]
-    names = {p.name for p in entries}
     if mine.is_file():
         manifest = _read_manifest(mine)
         if overwrite:
@@ -277,14 +276,38 @@ def claim(out: str | Path, kind: str, identity: dict[str, Any], *, overwrite: bo
             clear_dir(out)
             return "new"
         raise AccheadError(f"{out} holds a {others[0]} run, not a {kind} run; {hint}")
-    legacy = {n for k in KINDS for n in LEGACY_NAMES[k]}
-    if names <= legacy | {p.name for p in entries if p.name.startswith("data-") or p.name == ".merge"}:
+    if _legacy(entries):
         if overwrite:
             clear_dir(out)
             return "new"
         raise AccheadError(f"{out} holds acchead output without a run manifest (an older acchead); {hint}")
+    _refuse_foreign(out, kind, overwrite)
+    return "new"  # unreachable: _refuse_foreign raises
+
+
+def _legacy(entries: list[Path]) -> bool:
+    names = {p.name for p in entries}
+    legacy = {n for k in KINDS for n in LEGACY_NAMES[k]}
+    return names <= legacy | {n for n in names if n.startswith("data-") or n == ".merge"}
+
+
+def _refuse_foreign(out: Path, kind: str, overwrite: bool) -> None:
     extra = " (--overwrite replaces only acchead output)" if overwrite else ""
     raise AccheadError(f"{out} is not empty and holds no {kind} run; refusing to write into it{extra}")
+
+
+def refuse_foreign(out: str | Path, kind: str, *, overwrite: bool = False) -> None:
+    """Before taking the lock: refuse, without touching it, a non-empty OUT that holds no acchead output.
+
+    (The lock file would otherwise be left in, say, a home directory given as --out by mistake.)
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AccheadError(f"output path {out} exists and is not a directory")
+    entries = _entries(out)
+    if not entries or any((out / manifest_name(k)).is_file() for k in KINDS) or _legacy(entries):
+        return
+    _refuse_foreign(out, kind, overwrite)
 
 
 def start(out: str | Path, kind: str, identity: dict[str, Any]) -> None:
@@ -319,6 +342,7 @@ def locked_run(
 
     The lock is held until the block exits. Stale temporary files of a killed earlier attempt are removed.
     """
+    refuse_foreign(out, kind, overwrite=overwrite)
     lock = DirLock(out, prog).acquire()
     try:
         status = claim(out, kind, identity, overwrite=overwrite)

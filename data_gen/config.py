@@ -88,9 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, help="prompts per batch (part of the run's identity: it sets rounding)"
     )
     g.add_argument(
-        "--shard-size", type=int, help="prompts per shard, the unit of resumption and of process work"
+        "--shard-size",
+        type=int,
+        help="write labelled rows to disk after at most this many prompts (the most a kill can lose)",
+    )
+    g.add_argument(
+        "--flush-seconds",
+        type=float,
+        help="... or after this many seconds, whichever comes first (neither flag changes the data)",
     )
     g.add_argument("--out", help="output directory; rerunning the same command resumes an unfinished run")
+    g.add_argument(
+        "--overwrite",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replace --out even if it holds another run (without: such an OUT is refused)",
+    )
     _show_defaults(p)
     return p
 
@@ -128,6 +141,8 @@ class GenDataArgs:
     batch_size: int
     shard_size: int
     out: Path
+    flush_seconds: float = 60.0
+    overwrite: bool = False
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -177,6 +192,7 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         "max_new_tokens": int(get("max_new_tokens", 128)) >= 1,
         "batch_size": int(get("batch_size", 16)) >= 1,
         "shard_size": int(get("shard_size", 256)) >= 1,
+        "flush_seconds": float(get("flush_seconds", 60.0)) >= 0,
         "num_prompts": int(get("num_prompts") or 0) >= 0,
         "mix_ratio": 0.0 <= float(get("mix_ratio", 0.15)) <= 1.0,
     }
@@ -206,4 +222,6 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         batch_size=int(get("batch_size", 16)),
         shard_size=int(get("shard_size", 256)),
         out=Path(str(get("out"))).expanduser(),
+        flush_seconds=float(get("flush_seconds", 60.0)),
+        overwrite=bool(get("overwrite", False)),
     )

@@ -29,6 +29,7 @@ from acchead.rundir import (
     clear_dir,
     is_main_launch_process,
     mark_complete,
+    refuse_foreign,
     remove_stale_tmp,
     start,
 )
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     identity = run_identity(settings)
     last = out / "checkpoints" / LAST_CKPT
+    refuse_foreign(out, "train", overwrite=overwrite)  # before the lock file goes into it
     with DirLock(out, "acchead-train"):
         status = claim(out, "train", identity, overwrite=overwrite)
         for d in (out, out / "checkpoints"):

@@ -147,12 +147,31 @@ class RunCheckpoint(Callback):
     def __init__(self, dirpath: str | Path, every_s: float = 60.0) -> None:
         self.dirpath, self.every_s = Path(dirpath), every_s
         self._last = time.monotonic()
+        self._trainer: L.Trainer | None = None
+        self._loader_state: dict | None = None
 
     @property
     def path(self) -> Path:
         return self.dirpath / LAST_CKPT
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position in its epoch, saved with every checkpoint."""
+        sampler = getattr(self._trainer.train_dataloader, "sampler", None) if self._trainer else None
+        return {"loader": sampler.state_dict()} if hasattr(sampler, "state_dict") else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._loader_state = state_dict.get("loader")
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Applied here, not by Lightning's own loader-state restore: that one is skipped when the loader
+        # was built early (the cosine schedule asks for `estimated_stepping_batches` before the restore).
+        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        if self._loader_state is not None and hasattr(sampler, "load_state_dict"):
+            sampler.load_state_dict(self._loader_state)
+        self._loader_state = None
         self._last = time.monotonic()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -169,7 +188,7 @@ class RunCheckpoint(Callback):
         tmp = self.dirpath / f".{LAST_CKPT}.tmp"
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(tmp)  # every rank calls it (a collective for sharded strategies)
+        trainer.save_checkpoint(tmp, weights_only=False)  # every rank calls it (a collective when sharded)
         if trainer.is_global_zero:
             commit(tmp, self.path)
         self._last = time.monotonic()
@@ -204,7 +223,7 @@ def _fit(
     if watch.seen:
         last = Path(out) / "checkpoints" / LAST_CKPT if out is not None else None
         if last is not None and last.is_file():
-            raise KeyboardInterrupt(f"{last} holds the last checkpoint; rerun with --resume last to continue")
+            raise KeyboardInterrupt(f"{last} is kept; rerun with --resume last (or as before) to continue")
         raise KeyboardInterrupt("no checkpoint was written yet")
 
 
