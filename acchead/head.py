@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from acchead.lookahead import check_kind, input_size
+
 
 class ResidualBlock(nn.Module):
     """`x + SiLU(Linear(x))`, hidden size preserved."""
@@ -19,17 +21,27 @@ class ResidualBlock(nn.Module):
 
 
 class AcceptanceHead(nn.Module):
-    """Predicts the logit of the probability that the target accepts the draft token just fed.
+    """Predicts the logit of the probability that the target accepts a draft candidate.
 
     The paper's "(D+1)-layer ResNet": `depth` residual blocks with independent weights, then
-    `Linear(hidden_size, 1)`. `depth = 0` is a linear probe.
+    `Linear(hidden_size, 1)`. `depth = 0` is a linear probe. A `lookahead` head whose inputs are more than
+    the state (`acchead.lookahead`) first projects its input vector to `hidden_size` with one Linear.
 
     Args:
         hidden_size: width of the draft model's final hidden state.
         depth: number of residual blocks D (>= 0).
+        kind: "candidate" (the paper's: reads e_k after Y_k was fed) or "lookahead" (reads the state that
+            produced q_k, plus `inputs`, before Y_k is fed); see DESIGN §3.1.
+        inputs: what a lookahead head reads, a subset of ("state", "logq", "entropy", "token").
     """
 
-    def __init__(self, hidden_size: int, depth: int) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        depth: int,
+        kind: str = "candidate",
+        inputs: tuple[str, ...] | list[str] = ("state",),
+    ) -> None:
         super().__init__()
         if hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
@@ -37,14 +49,21 @@ class AcceptanceHead(nn.Module):
             raise ValueError(f"depth must be >= 0, got {depth}")
         self.hidden_size = hidden_size
         self.depth = depth
+        self.kind = kind
+        self.inputs = check_kind(kind, inputs)
+        self.input_size = input_size(self.inputs, hidden_size)
+        # A state-only head has no projection, so it is exactly the paper's architecture.
+        self.proj = nn.Linear(self.input_size, hidden_size) if self.inputs != ("state",) else None
         # A list comprehension, not `[ResidualBlock(h)] * depth`: the latter repeats ONE module, so all
         # blocks would share weights (the bug in the paper's and Medusa's code).
         self.blocks = nn.ModuleList([ResidualBlock(hidden_size) for _ in range(depth)])
         self.out = nn.Linear(hidden_size, 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (..., hidden_size) -> logits: (...)."""
+        """hidden: (..., input_size) -> logits: (...)."""
         x = hidden.to(self.out.weight.dtype)
+        if self.proj is not None:
+            x = self.proj(x)
         for block in self.blocks:
             x = block(x)
         return self.out(x).squeeze(-1)

@@ -42,6 +42,9 @@ class HeadMetadata:
             decoder should run with the same S.
         data: gen-data settings (e.g. the dataset's `gen_config.json` minus its counts, the target identity).
         extra: anything else worth keeping (training metrics, lr, epochs, ...). Must be JSON-serialisable.
+        kind: "candidate" (the paper's head) or "lookahead" (DESIGN §3.1). Heads written before head kinds
+            existed carry none and load as "candidate".
+        inputs: what the head reads (`acchead.lookahead.LOOKAHEAD_INPUTS`); ["state"] for a candidate head.
     """
 
     depth: int
@@ -52,6 +55,8 @@ class HeadMetadata:
     sampling: dict[str, Any]
     data: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    kind: str = "candidate"
+    inputs: list[str] = field(default_factory=lambda: ["state"])
 
     @property
     def sampling_config(self) -> SamplingConfig:
@@ -77,10 +82,11 @@ def save_head(head: AcceptanceHead, path: str | Path, *, meta: HeadMetadata) -> 
     `meta.depth` / `meta.hidden_size` must describe `head`, and a `meta.draft` that names a hidden size
     must agree with it: a file that lies about its head would be refused only much later.
     """
-    if (meta.depth, meta.hidden_size) != (head.depth, head.hidden_size):
+    described = (meta.depth, meta.hidden_size, meta.kind, tuple(meta.inputs))
+    actual = (head.depth, head.hidden_size, head.kind, head.inputs)
+    if described != actual:
         raise ValueError(
-            f"metadata says depth={meta.depth}, hidden_size={meta.hidden_size} but the head has "
-            f"depth={head.depth}, hidden_size={head.hidden_size}"
+            f"metadata says (depth, hidden_size, kind, inputs)={described} but the head has {actual}"
         )
     if meta.draft.get("hidden_size", meta.hidden_size) != meta.hidden_size:
         raise ValueError(f"draft hidden size {meta.draft['hidden_size']} != head's {meta.hidden_size}")
@@ -130,9 +136,9 @@ def load_head(path: str | Path, *, draft: Any = None) -> tuple[AcceptanceHead, H
         raise AccheadError(f"{path} is head format version {version}; this acchead reads 1..{FORMAT_VERSION}")
     try:
         meta = HeadMetadata.from_json(metadata[_META_KEY])
-        head = AcceptanceHead(meta.hidden_size, meta.depth)
+        head = AcceptanceHead(meta.hidden_size, meta.depth, meta.kind, meta.inputs)
         head.load_state_dict(tensors, strict=True)
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError, AccheadError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AccheadError(f"{path}: corrupt head metadata or weights: {msg}") from None
     bad = sorted(k for k, v in tensors.items() if v.is_floating_point() and not bool(v.isfinite().all()))

@@ -14,8 +14,10 @@ For a batch of tokenised prompts:
    forward over prompt+X and no second application of S (a vocabulary sort under top-p) to p, and the
    label uses exactly the p_i that X_i was drawn from rather than a recomputation equal up to rounding.
 4. `Z_i = X_i` with probability `mix_ratio`, else `Y_i`.
-5. Optionally one more draft forward over prompt+Z; the draft's `final_hidden` at each position that holds
-   a from-draft `Z_i` is the head's input there, stored as float16.
+5. Optionally one more draft forward over prompt+Z, whose `final_hidden` states feed both head kinds
+   (DESIGN §3.1), stored as float16: a `candidate` head reads the state at each position that holds a
+   from-draft `Z_i` (e_i, after Y_i was fed); a `lookahead` head reads, for EVERY response position i,
+   the state one position earlier (s_{i-1}, the one that produces q(.|x, Z_<i)) together with Y_i.
 
 Padding: a batch is laid out as `[left pad | prompt | response | right pad]`, so every prompt ends in the
 same column P and response position i sits in column P + i for every row. Pad positions are masked out of
@@ -60,6 +62,8 @@ class LabeledRow:
         from_draft: (N,) bool, Z_i is Y_i.
         accept_prob: (N,) float32, min(1, p_i(Y_i) / q_i(Y_i)).
         features: (F, H) float16 draft final hidden states at the from-draft positions of prompt+Z, or None.
+        lookahead_features: (N, H) float16 draft final hidden states of prompt+Z one position before each
+            response position (row i: the state after Z_{i-1}, or after the prompt for i = 0), or None.
     """
 
     prompt_index: int
@@ -70,6 +74,7 @@ class LabeledRow:
     from_draft: np.ndarray
     accept_prob: np.ndarray
     features: np.ndarray | None = None
+    lookahead_features: np.ndarray | None = None
 
 
 def stream_seed(seed: int, prompt_index: int, stream: str) -> int:
@@ -333,9 +338,11 @@ class Labeler:
         if self.cache_features:
             z_ids, z_mask = _sequence_batch(ids, mask, mixed, self.pad_id)
             n_max = max(len(r) for r in responses)
-            feats = draft_features(self.draft, z_ids, z_mask, n_max)  # (B, N_max, H)
+            # Column j of the (n_max + 1) last states: j = 0 after the prompt, j = i after Z_i.
+            feats = draft_features(self.draft, z_ids, z_mask, n_max + 1)  # (B, N_max + 1, H)
             for b, row in enumerate(rows):
                 n = len(row.response_ids)
                 sel = torch.from_numpy(row.from_draft).to(feats.device)
-                row.features = feats[b, :n][sel].to(torch.float16).cpu().numpy()
+                row.features = feats[b, 1 : n + 1][sel].to(torch.float16).cpu().numpy()
+                row.lookahead_features = feats[b, :n].to(torch.float16).cpu().numpy()
         return rows

@@ -105,6 +105,10 @@ class BanditPolicy(StopPolicy):
             a.to(device)
         return self
 
+    def attach_draft(self, model: torch.nn.Module) -> None:
+        for a in self.arms:
+            a.attach_draft(model)
+
     def begin(self) -> None:
         """Start of a prompt: reset the statistics unless they are carried across prompts."""
         self.history = []
@@ -118,6 +122,7 @@ class BanditPolicy(StopPolicy):
         self.history.append(self.arm)
         current = self.arms[self.arm]
         self.needs_hidden = current.needs_hidden
+        self.needs_state = current.needs_state
         self.free_token = current.free_token
         self._t0 = time.perf_counter()
         return current.start_round(position)
@@ -212,9 +217,12 @@ class SwitchDrafter:
         for d in self.drafters:
             d.begin(input_ids, sampling, generator)
 
-    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+    def propose(
+        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+    ) -> DraftStep:
         assert self.policy.arm is not None, "propose outside a round"
-        return self.drafters[self.arm_drafter[self.policy.arm]].propose(context, index, want_hidden)
+        drafter = self.drafters[self.arm_drafter[self.policy.arm]]
+        return drafter.propose(context, index, want_hidden, want_state)
 
     def rollback(self, length: int) -> None:
         for d in self.drafters:
@@ -259,9 +267,10 @@ def bandit_decoder(
                 raise AccheadError(f"drafter {name!r} needs MaG's bigram table")
             drafters.append(make_drafter(name, draft=draft, bigram=bigram, vocab_size=vocab))
     for arm, name in zip(policy.arms, policy.drafters, strict=True):
-        if arm.needs_hidden and name is not None:
+        if (arm.needs_hidden or arm.needs_state) and name is not None:
             raise AccheadError(f"arm {name}@{arm.spec} needs hidden states; only the draft model gives them")
     if draft is not None:
         policy.to(draft.device)
+        policy.attach_draft(draft)
     switch = SwitchDrafter(drafters, [names.index(n) for n in policy.drafters], policy)
     return SpeculativeDecoder(target, switch, policy=policy, verifier=verifier)

@@ -98,8 +98,9 @@ def draft_round(
 ) -> list[DraftStep]:
     """Draft up to `cap` candidates after seq[:n] and write them into seq[n:]; the policy stops the round.
 
-    `policy.start_round` has already been called (it returned the cap). A candidate's hidden state is
-    requested only when a stop decision follows it, i.e. not for the one that reaches the cap. After an
+    `policy.start_round` has already been called (it returned the cap). A candidate's hidden state (or,
+    for a lookahead head, the state that produced it) is requested only when a stop decision follows it,
+    i.e. not for the one that reaches the cap. After an
     early stop, a policy with `free_token` gets one more candidate from the q that the last forward
     already produced (a neural drafter pays no forward for it). Module-level so that the exactness tests
     enumerate this very function with a scripted drafter.
@@ -107,7 +108,9 @@ def draft_round(
     steps: list[DraftStep] = []
     while len(steps) < cap:
         k = len(steps) + 1
-        step = drafter.propose(seq[: n + k - 1], k, want_hidden=policy.needs_hidden and k < cap)
+        judged = k < cap
+        want_hidden, want_state = policy.needs_hidden and judged, policy.needs_state and judged
+        step = drafter.propose(seq[: n + k - 1], k, want_hidden=want_hidden, want_state=want_state)
         seq[n + k - 1] = step.token
         steps.append(step)
         if step.token in eos or k == cap:
@@ -161,6 +164,7 @@ class SpeculativeDecoder:
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
         if self.draft_model is not None:
             self.policy.to(self.draft_model.device)
+            self.policy.attach_draft(self.draft_model)
 
     def _resolve_head(self, head: AcceptanceHead | str | Path | None) -> AcceptanceHead | None:
         if head is None:
@@ -314,7 +318,7 @@ class SpeculativeDecoder:
         return (logits.argmax(-1).cpu() == torch.tensor(ref)).tolist()
 
     def _warn_sampling_mismatch(self, sampling: SamplingConfig) -> None:
-        if self.head_meta is None or not getattr(self.policy, "needs_hidden", False):
+        if self.head_meta is None or not (self.policy.needs_hidden or self.policy.needs_state):
             return
         trained = self.head_meta.sampling_config
         if trained != sampling:

@@ -36,6 +36,8 @@ class DraftStep:
         index: 1-based position of the candidate within its round.
         logits: (V,) the draft's raw logits, kept only where q hides its confidence (greedy: q is one-hot);
             None otherwise.
+        state: (H,) the drafter's final hidden state at the position BEFORE the candidate — the vector
+            whose LM-head output is q (a lookahead head's input, DESIGN §3.1), or None if not computed.
     """
 
     token: int
@@ -43,6 +45,7 @@ class DraftStep:
     hidden: torch.Tensor | None
     index: int
     logits: torch.Tensor | None = None
+    state: torch.Tensor | None = None
 
     @property
     def confidence(self) -> torch.Tensor | None:
@@ -66,11 +69,14 @@ class Drafter(Protocol):
         """Start a new sequence; input_ids: (T,) int64 prompt. Resets caches and `draft_calls`."""
         ...
 
-    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+    def propose(
+        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+    ) -> DraftStep:
         """Next candidate after `context` ((T,) int64: committed tokens + this round's candidates).
 
         `want_hidden` asks for the hidden state of the candidate (costs a neural drafter one forward now,
-        which it would pay at the next proposal anyway).
+        which it would pay at the next proposal anyway). `want_state` asks for the state that produced the
+        candidate's q (free: it comes out of the forward that produced q).
         """
         ...
 
@@ -106,6 +112,7 @@ class ModelDrafter:
         # Distribution (V,) for position `_cached` given the cached tokens, and nothing else; None if unknown.
         self._pending: torch.Tensor | None = None
         self._pending_logits: torch.Tensor | None = None
+        self._pending_state: torch.Tensor | None = None  # (H,) the state `_pending` came from, if computed
         self._sampling = SamplingConfig()
         self._generator: torch.Generator | None = None
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access (~1 ms per draft
@@ -137,20 +144,23 @@ class ModelDrafter:
         self._pending = probs_from_logits(logits, self._sampling)
         # Greedy q is one-hot; keep the logits so a confidence rule can read the draft's real confidence.
         self._pending_logits = logits if self._sampling.greedy else None
-        return final_hidden(out)[0, -1] if want_hidden else None
+        self._pending_state = final_hidden(out)[0, -1] if want_hidden else None
+        return self._pending_state
 
-    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+    def propose(
+        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+    ) -> DraftStep:
         n = context.numel()
         if self._cached > n:
             self.rollback(n)
-        if self._pending is None or self._cached < n:
+        if self._pending is None or self._cached < n or (want_state and self._pending_state is None):
             if self._cached == n:
-                # Cache holds the whole context but its next-token distribution was dropped: re-feed the
-                # last token (rare: only after a rollback that lands exactly on the cache's end).
+                # Cache holds the whole context but its next-token distribution (or the state behind it)
+                # is unknown: re-feed the last token (rare: a rollback landing exactly on the cache's end).
                 crop_cache(self._cache, n - 1)
                 self._cached = n - 1
-            self._feed(context[self._cached :], want_hidden=False)
-        q, logits = self._pending, self._pending_logits
+            self._feed(context[self._cached :], want_hidden=want_state)
+        q, logits, state = self._pending, self._pending_logits, self._pending_state if want_state else None
         assert q is not None
         # Greedy q is one-hot: its argmax is the sample, without multinomial's ~0.1 ms per call.
         token = int(q.argmax()) if self._sampling.greedy else int(sample(q, self._generator))
@@ -159,7 +169,7 @@ class ModelDrafter:
             hidden = self._feed(torch.tensor([token], device=self.device), want_hidden=True)
         else:
             self._pending = None  # q belonged to the position now taken by the (unfed) candidate
-        return DraftStep(token=token, q=q, hidden=hidden, index=index, logits=logits)
+        return DraftStep(token=token, q=q, hidden=hidden, index=index, logits=logits, state=state)
 
     def rollback(self, length: int) -> None:
         if self._cached > length:
@@ -187,7 +197,9 @@ class RoundBufferDrafter:
         """(token, q) pairs continuing `context` ((T,) int64); q is the true (V,) distribution of each."""
         raise NotImplementedError
 
-    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+    def propose(
+        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+    ) -> DraftStep:
         n = int(context.numel())
         if index == 1 or not 0 <= n - self._base < len(self._block):
             self._base = n

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.lookahead import candidate_stats
 from inference.drafters import DraftStep
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
@@ -63,6 +64,7 @@ class StopPolicy:
     Attributes:
         spec: canonical spec string (parse_policy(spec) rebuilds an equal policy).
         needs_hidden: the drafter must return each candidate's hidden state (head policies).
+        needs_state: the drafter must return the state that produced each candidate's q (lookahead heads).
         free_token: on an early stop, append one more candidate from the already-computed q.
         greedy_only: refuse to run with sampling (the oracle).
         needs_reference: the decoder must give the policy hindsight via `set_reference` (the oracle).
@@ -70,6 +72,7 @@ class StopPolicy:
 
     spec: str = ""
     needs_hidden: bool = False
+    needs_state: bool = False
     free_token: bool = False
     greedy_only: bool = False
     needs_reference: bool = False
@@ -92,6 +95,9 @@ class StopPolicy:
     def to(self, device: torch.device | str) -> StopPolicy:
         """Move any parameters (the head) to the draft's device; returns self."""
         return self
+
+    def attach_draft(self, model: torch.nn.Module) -> None:
+        """Read what the policy needs of the draft model (a lookahead head: its output embedding)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
@@ -125,16 +131,22 @@ def _log_sigmoid(f: float) -> float:
 
 
 class SpecDecPP(StopPolicy):
-    """SpecDec++ (paper Algorithm 2): stop when `1 - Π_j σ(f(e_j)) > h`, or at `max_draft` candidates.
+    """SpecDec++ (paper Algorithm 2): stop when `1 - Π_j σ(f_j) > h`, or at `max_draft` candidates.
+
+    With a `candidate` head (the paper's) f_j = f(e_j) reads the state after candidate Y_j was fed, so the
+    drafter feeds each judged candidate at once and the first decision needs two draft forwards; on a stop
+    the next candidate, whose q the last forward produced, is appended unjudged when `free`. With a
+    `lookahead` head (DESIGN §3.1) f_j = f(s_{j-1}, Y_j) reads the state that produced q_j (plus the
+    candidate's log q, entropy or output-embedding row, as the head was trained), right after Y_j is
+    sampled: a stop verifies Y_1..Y_j, every verified candidate was judged, and no forward is spent on
+    a candidate before it is judged, so a round can end after one draft forward. No free token then.
 
     The product P̂ is kept as a log (sum of log-sigmoids), so long rounds never underflow, and the stop
-    test is `log P̂ < log(1 - h)`. The head runs once per candidate on one (H,) vector, so its cost is
-    all per-call overhead: `head_logit` applies the head's layers as bare `addmv`/`silu`/`dot` on cached
+    test is `log P̂ < log(1 - h)`. The head runs once per candidate on one vector, so its cost is all
+    per-call overhead: `head_logit` applies the head's layers as bare `addmv`/`silu`/`dot` on cached
     weight tensors, ~2x cheaper than the module call (on CPU ~20 µs with cold caches against a ~0.8 ms
-    draft step of the demo draft, i.e. ~2.5%); it equals `head(hidden)` (pinned by a test).
+    draft step of the demo draft, i.e. ~2.5%); it equals `head(x)` (pinned by a test).
     """
-
-    needs_hidden = True
 
     def __init__(self, head: AcceptanceHead, h: float, max_draft: int = DEFAULT_MAX_DRAFT, free: bool = True):
         if not 0.0 < h < 1.0:
@@ -144,14 +156,20 @@ class SpecDecPP(StopPolicy):
         self.head = head.eval()
         self.h = h
         self.max_draft = max_draft
-        self.free_token = free
-        self.spec = f"specdecpp:h={h:g},max={max_draft},free={int(free)}"
+        self.lookahead = head.kind == "lookahead"
+        self.needs_hidden = not self.lookahead
+        self.needs_state = self.lookahead
+        self.free_token = free and not self.lookahead
+        self.spec = f"specdecpp:h={h:g},max={max_draft}" + ("" if self.lookahead else f",free={int(free)}")
         self._log_keep = math.log1p(-h)  # stop once log P̂ < log(1 - h)
         self._log_p_hat = 0.0
         self.head_calls = 0
+        self._out_emb: torch.Tensor | None = None  # (V, H) the draft's LM-head weight (lookahead "token")
         self._cache_weights()
 
     def _cache_weights(self) -> None:
+        proj = self.head.proj
+        self._proj = None if proj is None else (proj.weight.detach(), proj.bias.detach())
         self._blocks = [(b.linear.weight.detach(), b.linear.bias.detach()) for b in self.head.blocks]
         self._w_out = self.head.out.weight.detach()[0]  # (H,)
         self._b_out = float(self.head.out.bias.detach()[0])
@@ -161,27 +179,59 @@ class SpecDecPP(StopPolicy):
         self._cache_weights()
         return self
 
-    def head_logit(self, hidden: torch.Tensor) -> float:
-        """The head's logit f(e) for one hidden state (H,) — `float(self.head(hidden))`, faster.
+    def attach_draft(self, model: torch.nn.Module) -> None:
+        if "token" in self.head.inputs:
+            self._out_emb = model.get_output_embeddings().weight.detach()
+
+    def head_logit(self, x: torch.Tensor) -> float:
+        """The head's logit for one input vector (input_size,) — `float(self.head(x))`, faster.
 
         No grad-mode context of its own (entering one costs as much as a layer): the weights are
         detached, so no graph is built even outside `inference_mode`.
         """
-        x = hidden.to(self._w_out.dtype)
+        x = x.to(self._w_out.dtype)
+        if self._proj is not None:
+            x = torch.addmv(self._proj[1], self._proj[0], x)
         for w, b in self._blocks:
             # x + SiLU(W x + b); the in-place SiLU saves an allocation per block (~20% of the call).
             x = torch.add(x, F.silu(torch.addmv(b, w, x), inplace=True))
         return float(self._w_out @ x) + self._b_out
+
+    def lookahead_input(self, step: DraftStep) -> torch.Tensor:
+        """The lookahead head's input for a candidate: (input_size,), as `acchead.lookahead` builds it."""
+        if step.state is None:
+            raise AccheadError("a lookahead head needs the drafter's states; this drafter returns none")
+        inputs = self.head.inputs
+        if inputs == ("state",):
+            return step.state
+        parts = [step.state.float()]
+        if "logq" in inputs or "entropy" in inputs:
+            # Under greedy q is one-hot and `confidence` is softmax(logits): feature_probs' choice.
+            probs = step.q if step.confidence is None else step.confidence
+            stats = candidate_stats(probs[None], torch.tensor([step.token], device=probs.device))[0]
+            if "logq" in inputs:
+                parts.append(stats[:1])
+            if "entropy" in inputs:
+                parts.append(stats[1:])
+        if "token" in inputs:
+            if self._out_emb is None:
+                raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
+            parts.append(self._out_emb[step.token].float())
+        return torch.cat([p.to(self._w_out.device) for p in parts])
 
     def start_round(self, position: int) -> int:
         self._log_p_hat = 0.0
         return self.max_draft
 
     def should_stop(self, step: DraftStep) -> bool:
-        if step.hidden is None:
+        if self.lookahead:
+            x = self.lookahead_input(step)
+        elif step.hidden is None:
             raise AccheadError("specdecpp needs the drafter's hidden states; this drafter returns none")
+        else:
+            x = step.hidden
         self.head_calls += 1
-        self._log_p_hat += _log_sigmoid(self.head_logit(step.hidden))
+        self._log_p_hat += _log_sigmoid(self.head_logit(x))
         return self._log_p_hat < self._log_keep
 
 

@@ -148,11 +148,14 @@ class ScriptedDrafter:
     def begin(self, input_ids, sampling, generator) -> None:
         pass
 
-    def propose(self, context: torch.Tensor, index: int, want_hidden: bool) -> DraftStep:
+    def propose(
+        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+    ) -> DraftStep:
         ctx = tuple(context.tolist())
         token = self.script[index - 1]
         hidden = self.world.hidden((*ctx, token)) if want_hidden else None
-        return DraftStep(token=token, q=self.world.q(ctx), hidden=hidden, index=index)
+        state = self.world.hidden(ctx) if want_state else None
+        return DraftStep(token=token, q=self.world.q(ctx), hidden=hidden, index=index, state=state)
 
     def rollback(self, length: int) -> None:
         pass

@@ -50,6 +50,13 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     if not sweep:
         p.add_argument("--w-rej", type=float, help="BCE weight of the reject term, > 0 (default 6)")
         p.add_argument("--depth", type=int, help="residual blocks of the head, >= 0 (default 3)")
+        p.add_argument("--kind", choices=["candidate", "lookahead"],
+                       help="candidate: the paper's head, reads the state after a candidate was fed; "
+                            "lookahead: judges a candidate from the state that produced it, before it is "
+                            "fed (DESIGN §3.1) (default candidate)")
+        p.add_argument("--inputs",
+                       help="a lookahead head's inputs joined by +, from state, logq, entropy, token "
+                            "(default state; a candidate head reads the state only)")
     p.add_argument("--optimizer", choices=["adam", "adamw"], help="optimiser (default adam, the paper's)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3, measured; paper: 5e-5)")
     p.add_argument("--weight-decay", type=float, help="Adam L2 / AdamW decoupled weight decay (default 0)")

@@ -24,6 +24,7 @@ COLUMNS = ("prompt_index", "prompt_ids", "mixed_ids", "from_draft", "accept_prob
 HARD_LABEL_SEED = 20240601
 
 FeatureMode = Literal["cached", "on-the-fly", "auto"]
+HeadKind = Literal["candidate", "lookahead"]
 
 
 @dataclass
@@ -44,6 +45,10 @@ class GenData:
         features: (P, H) float16 memory map of features.npy, or None in on-the-fly mode.
         tokens: per row, prompt_ids + mixed_ids (int64 arrays), filled in on-the-fly mode only.
         prompt_len: (R,) int64, len(prompt_ids) per row; Z_i sits at input index prompt_len + i.
+        kind: the head kind the positions are for. "candidate": the Y-positions (Z_i = Y_i), read at Z_i;
+            "lookahead": every response position, read one input index earlier (the state producing q_i).
+        candidate: (N,) int64 Y_i of each position (the token a lookahead head judges).
+        token_embeddings: (V, H) float32 draft output embedding (lookahead, cached mode), else None.
     """
 
     path: Path
@@ -59,6 +64,18 @@ class GenData:
     feature_index: np.ndarray | None = None
     features: np.ndarray | None = None
     tokens: list[np.ndarray] = field(default_factory=list)
+    kind: str = "candidate"
+    candidate: np.ndarray | None = None
+    token_embeddings: np.ndarray | None = None
+
+    @property
+    def state_shift(self) -> int:
+        """Input index of a position's state relative to Z_i's: 0 (candidate) or -1 (lookahead)."""
+        return -1 if self.kind == "lookahead" else 0
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return self.config["sampling"]
 
     @property
     def draft(self) -> dict[str, Any]:
@@ -117,9 +134,10 @@ def check_draft(want: dict[str, Any], draft: dict[str, Any], what: str) -> None:
         )
 
 
-def _open_features(path: Path, cfg: dict[str, Any], n_positions: int) -> np.ndarray:
-    """Memory-map features.npy and check it against gen_config (draft, shape, dtype)."""
-    feat = cfg["features"]
+def _open_features(path: Path, cfg: dict[str, Any], n_positions: int, key: str = "features") -> np.ndarray:
+    """Memory-map a feature cache (`key`: "features" or "lookahead_features") and check it against
+    gen_config (draft, shape, dtype)."""
+    feat = cfg[key]
     file = path / feat.get("file", "features.npy")
     if not file.is_file():
         raise AccheadError(f"{path}: gen_config.json lists a feature cache but {file.name} is missing")
@@ -146,19 +164,29 @@ def _open_features(path: Path, cfg: dict[str, Any], n_positions: int) -> np.ndar
     return arr
 
 
-def load_gen_data(path: str | Path, mode: FeatureMode = "auto") -> GenData:
-    """Load and validate a gen-data directory; flatten its Y-positions.
+def load_gen_data(path: str | Path, mode: FeatureMode = "auto", kind: HeadKind = "candidate") -> GenData:
+    """Load and validate a gen-data directory; flatten the positions a head of `kind` trains on.
 
     Args:
         path: the directory written by acchead-gen-data.
-        mode: "cached" needs features.npy; "on-the-fly" keeps token ids for running the draft; "auto" picks
-            cached when the directory has a feature cache.
+        mode: "cached" needs the kind's feature cache; "on-the-fly" keeps token ids for running the draft;
+            "auto" picks cached when the directory has that cache.
+        kind: "candidate" trains on the Y-positions (features.npy); "lookahead" on every response position
+            (lookahead_features.npy, written by gen-data since head kinds exist).
     """
     import datasets  # deferred: importing datasets costs a second on every `--help`
 
+    if kind not in ("candidate", "lookahead"):
+        raise AccheadError(f"unknown head kind {kind!r}; choose candidate or lookahead")
     path = Path(path)
     cfg = read_gen_config(path)
-    has_cache = isinstance(cfg.get("features"), dict)
+    cache_key = "lookahead_features" if kind == "lookahead" else "features"
+    has_cache = isinstance(cfg.get(cache_key), dict)
+    if mode == "cached" and kind == "lookahead" and not has_cache and isinstance(cfg.get("features"), dict):
+        raise AccheadError(
+            f"{path} was written before lookahead heads existed (no lookahead_features.npy); rerun "
+            "acchead-gen-data, or use --features on-the-fly"
+        )
     if mode == "auto":
         mode = "cached" if has_cache else "on-the-fly"
     if mode == "cached" and not has_cache:
@@ -191,10 +219,19 @@ def load_gen_data(path: str | Path, mode: FeatureMode = "auto") -> GenData:
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     pos_all = np.arange(len(from_draft), dtype=np.int64) - starts[row_all]
 
-    row, position = row_all[from_draft], pos_all[from_draft]
-    labels = np.asarray(probs, dtype=np.float32)[from_draft]
+    # A lookahead head judges Y_i at every position (its state never saw Z_i); a candidate head only
+    # where Z_i = Y_i was fed.
+    keep = np.ones_like(from_draft) if kind == "lookahead" else from_draft
+    row, position = row_all[keep], pos_all[keep]
+    labels = np.asarray(probs, dtype=np.float32)[keep]
     if len(labels) == 0:
         raise AccheadError(f"{path} has no draft positions to train on")
+    candidate = None
+    if kind == "lookahead":
+        if "draft_ids" not in ds.column_names:
+            raise AccheadError(f"{path} has no draft_ids column; a lookahead head needs each Y_i")
+        candidate = table.column("draft_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        candidate = candidate.astype(np.int64)
     if not np.all(np.isfinite(labels)) or labels.min() < 0 or labels.max() > 1:
         raise AccheadError(f"{path}: accept_prob values outside [0, 1]")
     hard = np.random.default_rng(HARD_LABEL_SEED).random(len(labels)) < labels
@@ -211,8 +248,20 @@ def load_gen_data(path: str | Path, mode: FeatureMode = "auto") -> GenData:
         labels=labels,
         hard=hard,
         prompt_len=prompt_len.astype(np.int64),
+        kind=kind,
+        candidate=candidate,
     )
-    if mode == "cached":
+    if mode == "cached" and kind == "lookahead":
+        data.features = _open_features(path, cfg, len(labels), cache_key)
+        data.feature_index = np.arange(len(labels), dtype=np.int64)  # one state per position, in order
+        emb_file = path / cfg[cache_key].get("token_embeddings", "token_embeddings.npy")
+        try:
+            data.token_embeddings = np.load(emb_file).astype(np.float32)
+        except (ValueError, OSError) as e:
+            raise AccheadError(f"cannot read {emb_file}: {e}") from None
+        if data.token_embeddings.ndim != 2 or data.token_embeddings.shape[1] != data.hidden_size:
+            raise AccheadError(f"{emb_file} has shape {data.token_embeddings.shape}, expected (V, H)")
+    elif mode == "cached":
         data.features = _open_features(path, cfg, len(labels))
         offsets = table.column("feature_offset").to_numpy().astype(np.int64)
         # k-th Y-position of a row reads cache row feature_offset + k.

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from acchead.lookahead import lookahead_inputs
+from acchead.sampling import SamplingConfig
 from train.data import GenData, split_by_prompt
 
 
@@ -106,11 +108,20 @@ class ResumableLoader(DataLoader):
 
 
 class CachedPositions(Dataset):
-    """Item = a batch of Y-positions (index array) -> `{"features": (N, H) f16, "labels", "hard": (N,)}`."""
+    """Item = a batch of positions (index array) -> `{"features": (N, D), "labels", "hard": (N,)}`.
 
-    def __init__(self, data: GenData) -> None:
+    D = H for a state-only head (the cached float16 states as they are); a lookahead head with more inputs
+    gets them assembled here (`acchead.lookahead.lookahead_inputs`, float32).
+    """
+
+    def __init__(self, data: GenData, inputs: tuple[str, ...] = ("state",)) -> None:
         assert data.features is not None and data.feature_index is not None
         self.data = data
+        self.inputs = tuple(inputs)
+        if self.inputs != ("state",):
+            assert data.token_embeddings is not None and data.candidate is not None
+            self.out_emb = torch.from_numpy(data.token_embeddings)
+            self.sampling = SamplingConfig.from_dict(data.sampling)
 
     def __len__(self) -> int:
         return len(self.data.labels)
@@ -118,8 +129,12 @@ class CachedPositions(Dataset):
     def __getitem__(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
         idx = np.sort(idx)  # ascending cache rows: the memory map is read front to back
         rows = self.data.feature_index[idx]
+        feats = torch.from_numpy(np.ascontiguousarray(self.data.features[rows]))
+        if self.inputs != ("state",):
+            token = torch.from_numpy(self.data.candidate[idx])
+            feats = lookahead_inputs(self.inputs, feats, token, self.out_emb, self.sampling)
         return {
-            "features": torch.from_numpy(np.ascontiguousarray(self.data.features[rows])),
+            "features": feats,
             "labels": torch.from_numpy(self.data.labels[idx]),
             "hard": torch.from_numpy(self.data.hard[idx]),
         }
@@ -129,7 +144,9 @@ class SequenceRows(Dataset):
     """Item = a batch of rows (an index array), right-padded for the draft's forward.
 
     Returns `{"input_ids", "attention_mask": (B, T) long, "target_mask": (B, T) bool (True at the input
-    index of each Y-position Z_i, i.e. prompt_len + i), "labels": (B, T) float32, "hard": (B, T) bool}`.
+    index whose state the head reads: Z_i's, prompt_len + i, for a candidate head; the one before it for
+    a lookahead head), "labels": (B, T) float32, "hard": (B, T) bool, "candidates": (B, T) long (Y_i at
+    those indices; lookahead only)}`.
     """
 
     def __init__(self, data: GenData, pad_id: int = 0) -> None:
@@ -151,13 +168,17 @@ class SequenceRows(Dataset):
             "labels": torch.zeros(len(rows), width, dtype=torch.float32),
             "hard": torch.zeros(len(rows), width, dtype=torch.bool),
         }
+        if d.candidate is not None:
+            out["candidates"] = torch.zeros(len(rows), width, dtype=torch.long)
         for b, r in enumerate(rows):
             tokens = d.tokens[r]
             out["input_ids"][b, : len(tokens)] = torch.from_numpy(tokens)
             out["attention_mask"][b, : len(tokens)] = 1
             sl = slice(self.bounds[r], self.bounds[r + 1])
-            cols = torch.from_numpy(d.prompt_len[r] + d.position[sl])
+            cols = torch.from_numpy(d.prompt_len[r] + d.position[sl] + d.state_shift)
             out["target_mask"][b, cols] = True
+            if d.candidate is not None:
+                out["candidates"][b, cols] = torch.from_numpy(d.candidate[sl])
             out["labels"][b, cols] = torch.from_numpy(d.labels[sl])
             out["hard"][b, cols] = torch.from_numpy(d.hard[sl])
         return out
@@ -173,6 +194,7 @@ class GenDataModule(L.LightningDataModule):
         batch_size: Y-positions per batch (cached mode).
         batch_sequences: rows per batch (on-the-fly mode).
         eval_batch_size: positions per evaluation batch (cached mode; evaluation has no gradient).
+        inputs: the head's inputs (`acchead.lookahead`); more than ("state",) only for lookahead heads.
     """
 
     def __init__(
@@ -183,6 +205,7 @@ class GenDataModule(L.LightningDataModule):
         batch_size: int = 1024,
         batch_sequences: int = 32,
         eval_batch_size: int = 16384,
+        inputs: tuple[str, ...] = ("state",),
     ) -> None:
         super().__init__()
         self.data = data
@@ -193,7 +216,7 @@ class GenDataModule(L.LightningDataModule):
         self.val_rows = split_by_prompt(data.prompt_index, val_fraction, seed)
         self.val_fraction = val_fraction
         cached = data.mode == "cached"
-        self.dataset: Dataset = CachedPositions(data) if cached else SequenceRows(data)
+        self.dataset: Dataset = CachedPositions(data, inputs) if cached else SequenceRows(data)
         # Items are positions (cached) or rows (on the fly); each split is a sorted array of item ids.
         item_is_val = self.val_rows[data.row] if cached else self.val_rows
         self.items = {"train": np.flatnonzero(~item_is_val), "val": np.flatnonzero(item_is_val)}

@@ -106,11 +106,14 @@ def _check_resume(ckpt: str, module: AcceptanceHeadModule) -> None:
         raise AccheadError(
             f"checkpoint {ckpt} is unreadable ({msg}); resume from another one, or rerun with --overwrite"
         ) from None
-    for key in ("hidden_size", "depth"):
-        if hp.get(key) != module.hparams[key]:
-            what = "head/draft hidden-size mismatch" if key == "hidden_size" else "depth mismatch"
+    for key in ("hidden_size", "depth", "kind", "inputs"):
+        mine, theirs = module.hparams[key], hp.get(key, {"kind": "candidate", "inputs": ("state",)}.get(key))
+        if key == "inputs":
+            mine, theirs = tuple(mine), tuple(theirs or ())
+        if theirs != mine:
+            what = "head/draft hidden-size mismatch" if key == "hidden_size" else f"{key} mismatch"
             raise AccheadError(
-                f"{what}: checkpoint {ckpt} has {key}={hp.get(key)}, this run {module.hparams[key]}"
+                f"{what}: checkpoint {ckpt} has {key}={theirs}, this run {mine}"
             )
 
 
@@ -245,12 +248,17 @@ def train_head(
         # Small-MLP steps gain nothing from many threads, and on a busy machine OpenMP threads that
         # wait on each other make a step 10x slower (measured): let the user pin the count.
         torch.set_num_threads(settings.threads)
-    data = data if data is not None else load_gen_data(settings.data, settings.features)  # type: ignore[arg-type]
+    if data is None:
+        data = load_gen_data(settings.data, settings.features, settings.kind)  # type: ignore[arg-type]
+    elif data.kind != settings.kind:
+        raise AccheadError(f"the data was loaded for {data.kind} heads; this run trains {settings.kind}")
     draft = resolve_draft(settings, data)
     ckpt = _resume_path(settings)
     L.seed_everything(settings.seed, verbose=False)
+    inputs = settings.input_names
     dm = GenDataModule(
-        data, settings.val_fraction, settings.seed, settings.batch_size, settings.batch_sequences
+        data, settings.val_fraction, settings.seed, settings.batch_size, settings.batch_sequences,
+        inputs=inputs,
     )
     module = AcceptanceHeadModule(
         hidden_size=data.hidden_size,
@@ -265,6 +273,9 @@ def train_head(
         warmup=settings.warmup,
         ece_bins=settings.ece_bins,
         draft=draft,
+        kind=settings.kind,
+        inputs=inputs,
+        sampling=dict(data.sampling),
     )
     if ckpt:
         _check_resume(ckpt, module)
@@ -319,7 +330,8 @@ def _metrics(settings: TrainSettings, dm: GenDataModule, module: AcceptanceHeadM
     return {
         **splits,
         "fit_seconds": fit_s,
-        "head": {"depth": settings.depth, "w_acc": settings.w_acc, "w_rej": settings.w_rej},
+        "head": {"depth": settings.depth, "w_acc": settings.w_acc, "w_rej": settings.w_rej,
+                 "kind": settings.kind, "inputs": list(settings.input_names)},
         "features": dm.data.mode,
         "epochs": settings.epochs,
         "global_step": module.trainer.global_step,
@@ -329,7 +341,8 @@ def _metrics(settings: TrainSettings, dm: GenDataModule, module: AcceptanceHeadM
 
 def _metadata(settings: TrainSettings, data: GenData, dm: GenDataModule, metrics: dict) -> HeadMetadata:
     cfg = data.config
-    data_meta = {k: v for k, v in cfg.items() if k not in ("draft", "sampling", "features")}
+    skip = ("draft", "sampling", "features", "lookahead_features")
+    data_meta = {k: v for k, v in cfg.items() if k not in skip}
     data_meta.update(path=str(data.path), features=data.mode, **dm.summary())
     train_meta = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("data", "out", "extra")}
     return HeadMetadata(
@@ -340,6 +353,8 @@ def _metadata(settings: TrainSettings, data: GenData, dm: GenDataModule, metrics
         draft=dict(data.draft),
         sampling=dict(cfg["sampling"]),
         data=data_meta,
+        kind=settings.kind,
+        inputs=list(settings.input_names),
         extra={
             "training": train_meta,
             "val_kl": metrics["val"]["kl"],

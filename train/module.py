@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from acchead.head import AcceptanceHead
+from acchead.lookahead import lookahead_inputs
 from acchead.loss import weighted_bce_with_logits
+from acchead.sampling import SamplingConfig
 from train.draft import FrozenDraft
 from train.metrics import HeadMetrics
 
@@ -37,6 +39,10 @@ class AcceptanceHeadModule(L.LightningModule):
         ece_bins: bins of the calibration error.
         draft: frozen draft for on-the-fly features; None with cached features. Not a submodule: it stays
             out of checkpoints, the optimiser and DDP (see `train.draft`).
+        kind: "candidate" or "lookahead" (DESIGN §3.1).
+        inputs: the head's inputs (`acchead.lookahead.LOOKAHEAD_INPUTS`); ("state",) for candidate heads.
+        sampling: S of the data, as `SamplingConfig.to_dict()`; a lookahead head's log q / entropy inputs
+            are computed under it in the on-the-fly mode (the cached mode assembles inputs in the dataset).
     """
 
     def __init__(
@@ -53,10 +59,14 @@ class AcceptanceHeadModule(L.LightningModule):
         warmup: float = 0.0,
         ece_bins: int = 15,
         draft: FrozenDraft | None = None,
+        kind: str = "candidate",
+        inputs: tuple[str, ...] | list[str] = ("state",),
+        sampling: dict | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["draft"])
-        self.head = AcceptanceHead(hidden_size, depth)
+        self.head = AcceptanceHead(hidden_size, depth, kind, tuple(inputs))
+        self.sampling = SamplingConfig.from_dict(sampling) if sampling else SamplingConfig()
         self.draft = draft  # a plain attribute: FrozenDraft is not an nn.Module, so it is not registered
         # One metric collection per split, keyed "split_<name>" ("train" would shadow nn.Module.train).
         # Metric states are non-persistent: they never enter checkpoints.
@@ -69,7 +79,7 @@ class AcceptanceHeadModule(L.LightningModule):
         self.results: dict[str, dict[str, float]] = {}
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """features: (..., H) -> logits (...)."""
+        """features: (..., input_size) -> logits (...)."""
         return self.head(features)
 
     def _positions(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -82,7 +92,13 @@ class AcceptanceHeadModule(L.LightningModule):
             self.draft.to(self.device)  # Lightning moves registered submodules only
         hidden = self.draft(batch["input_ids"], batch["attention_mask"])  # (B, T, H), no grad
         mask = batch["target_mask"]
-        return hidden[mask], batch["labels"][mask], batch["hard"][mask]
+        features = hidden[mask]  # (N, H)
+        if self.head.inputs != ("state",):
+            out_emb = self.draft.model.get_output_embeddings().weight.detach()  # (V, H)
+            features = lookahead_inputs(
+                self.head.inputs, features, batch["candidates"][mask], out_emb, self.sampling
+            )
+        return features, batch["labels"][mask], batch["hard"][mask]
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         features, labels, _ = self._positions(batch)

@@ -17,6 +17,8 @@ class TrainSettings:
     w_acc: float = 1.0
     w_rej: float = 6.0
     depth: int = 3
+    kind: str = "candidate"
+    inputs: str = "state"
     optimizer: str = "adam"
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -52,6 +54,7 @@ class TrainSettings:
             (self.w_acc > 0, f"--w-acc must be > 0, got {self.w_acc}"),
             (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
             (self.depth >= 0, f"--depth must be >= 0, got {self.depth}"),
+            (self.kind in ("candidate", "lookahead"), f"--kind must be candidate or lookahead: {self.kind}"),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
             (self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}"),
             (self.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {self.checkpoint_every}"),
@@ -73,3 +76,13 @@ class TrainSettings:
         for ok, msg in checks:
             if not ok:
                 raise AccheadError(msg)
+        from acchead.lookahead import check_kind, parse_inputs
+
+        check_kind(self.kind, parse_inputs(self.inputs))
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """`inputs` parsed: e.g. "state+logq" -> ("state", "logq")."""
+        from acchead.lookahead import parse_inputs
+
+        return parse_inputs(self.inputs)

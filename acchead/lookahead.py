@@ -1,0 +1,116 @@
+"""Head kinds, and the inputs of a `lookahead` head (DESIGN §3.1).
+
+Two kinds of acceptance head read the draft's final hidden states s_j (the vectors its LM head reads):
+
+- `candidate` (the paper's): f(e_k), e_k = s_k the state AFTER candidate Y_k was fed, predicts Y_k's
+  acceptance; the first stop decision needs two draft forwards.
+- `lookahead` (ours): f(s_{k-1}, Y_k) predicts Y_k's acceptance right after Y_k was sampled from q_k, from
+  the state that produced q_k; no forward is spent on Y_k before it is judged.
+
+Under sampling the acceptance min(1, p(Y)/q(Y)) depends on which token was drawn, so a lookahead head may
+see the candidate, through inputs that cost no forward:
+
+    state     s_{k-1}                                    (H,)
+    logq      log q_k(Y_k), clamped to [-LOGQ_FLOOR, 0]  (1,)
+    entropy   H(q_k) in nats                             (1,)
+    token     the draft's output-embedding row of Y_k    (H,)  (its LM head's weight row)
+
+q_k here is the distribution S(q) the candidate was drawn from; under greedy decoding S(q) is one-hot,
+so `logq` and `entropy` read softmax(logits) instead (the draft's real confidence, as the confidence rule
+does). The same function builds the inputs at training time (from cached states, whose logits are
+`state @ out_emb.T`) and at decoding time (from the drafter's own logits), so both see the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from acchead.errors import AccheadError
+from acchead.sampling import SamplingConfig, probs_from_logits
+
+HEAD_KINDS = ("candidate", "lookahead")
+LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token")
+LOGQ_FLOOR = 30.0  # log q is clamped at -30: top-k/top-p zeros never reach the head as -inf
+
+
+def check_kind(kind: str, inputs: Sequence[str]) -> tuple[str, ...]:
+    """Validate a (kind, inputs) pair; returns inputs in canonical order. AccheadError on a bad one."""
+    if kind not in HEAD_KINDS:
+        raise AccheadError(f"unknown head kind {kind!r}; choose one of {', '.join(HEAD_KINDS)}")
+    unknown = [x for x in inputs if x not in LOOKAHEAD_INPUTS]
+    if unknown:
+        raise AccheadError(f"unknown head inputs {unknown}; choose from {', '.join(LOOKAHEAD_INPUTS)}")
+    canon = tuple(x for x in LOOKAHEAD_INPUTS if x in inputs)
+    if "state" not in canon:
+        raise AccheadError("a head's inputs must include 'state'")
+    if kind == "candidate" and canon != ("state",):
+        raise AccheadError(f"a candidate head reads the state only, got inputs {list(canon)}")
+    return canon
+
+
+def parse_inputs(text: str) -> tuple[str, ...]:
+    """'state+logq+entropy' (or comma-separated) -> ('state', 'logq', 'entropy')."""
+    parts = [p.strip() for p in text.replace(",", "+").split("+") if p.strip()]
+    return check_kind("lookahead", parts)
+
+
+def input_size(inputs: Sequence[str], hidden_size: int) -> int:
+    """Width of the head's input vector."""
+    sizes = {"state": hidden_size, "logq": 1, "entropy": 1, "token": hidden_size}
+    return sum(sizes[x] for x in inputs)
+
+
+def feature_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The distribution `logq`/`entropy` read: S(softmax(logits)), or softmax(logits) under greedy.
+
+    logits: (..., V) -> (..., V) float32.
+    """
+    if sampling.greedy:
+        return logits.float().softmax(-1)
+    return probs_from_logits(logits, sampling)
+
+
+def candidate_stats(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """[log q(token), H(q)] per row: probs (N, V), token (N,) -> (N, 2) float32."""
+    probs = probs.float()
+    logq = probs.gather(-1, token[:, None].long()).clamp_min(1e-38).log().clamp_min(-LOGQ_FLOOR)
+    plogp = torch.where(probs > 0, probs * probs.clamp_min(1e-38).log(), torch.zeros_like(probs))
+    return torch.cat([logq, -plogp.sum(-1, keepdim=True)], dim=-1)
+
+
+def lookahead_inputs(
+    inputs: Sequence[str],
+    state: torch.Tensor,
+    token: torch.Tensor,
+    out_emb: torch.Tensor,
+    sampling: SamplingConfig,
+    logits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The head's input vectors for N candidates.
+
+    Args:
+        inputs: canonical inputs (`check_kind`), e.g. ("state", "logq", "entropy", "token").
+        state: (N, H) the draft states that produced each candidate's q.
+        token: (N,) int64 candidate ids.
+        out_emb: (V, H) the draft's output embedding (LM head weight).
+        sampling: the decoding configuration S the candidates were drawn under.
+        logits: (N, V) the draft's logits at those states; None computes `state @ out_emb.T` (training from
+            cached states: exact for LM heads without bias or soft-capping, e.g. Llama).
+    Returns:
+        (N, input_size(inputs, H)) float32.
+    """
+    state = state.float()
+    parts = [state]
+    if "logq" in inputs or "entropy" in inputs:
+        if logits is None:
+            logits = state @ out_emb.float().T  # (N, V)
+        stats = candidate_stats(feature_probs(logits, sampling), token)  # (N, 2)
+        if "logq" in inputs:
+            parts.append(stats[:, :1])
+        if "entropy" in inputs:
+            parts.append(stats[:, 1:])
+    if "token" in inputs:
+        parts.append(out_emb[token.long()].float())
+    return torch.cat(parts, dim=-1)
