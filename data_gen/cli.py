@@ -1,14 +1,16 @@
 """`acchead-gen-data`: label target samples with exact acceptance probabilities (DESIGN §2).
 
 One process: `acchead-gen-data [flags]`. Several processes or GPUs: `accelerate launch [--num_processes N]
--m data_gen.cli [flags]` (or `accelerate launch $(which acchead-gen-data) ...`); each process labels whole
-shards of prompts (`PartialState.split_between_processes`) and the main process merges them. Because a
-shard's batches and every prompt's random streams are fixed by the run's settings, the rows are the same
-for any number of processes and across interruptions (rerun the same command to resume).
+-m data_gen.cli [flags]` (or `accelerate launch $(which acchead-gen-data) ...`); each process labels a
+share of the run's batches (`PartialState.split_between_processes`) and the main process merges them.
+Because the batches (planned once over all prompts) and every prompt's random streams are fixed by the
+run's settings, the rows are the same for any number of processes and across interruptions (rerun the same
+command to resume; `data_gen.shards` says what a kill can lose).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -21,7 +23,7 @@ from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenize
 from data_gen.config import GenDataArgs, parse_args
 from data_gen.labeler import Labeler
 from data_gen.prompts import encode_prompts, fit_to_context, load_prompts, prompts_digest
-from data_gen.shards import RunDir, plan_batches, plan_shards
+from data_gen.shards import TOKEN_EMBEDDINGS, PartWriter, RunDir, plan_batches, write_npy
 
 CACHE_AUTO_LIMIT = 4 * 2**30  # bytes: auto caches features if the estimated float16 cache is at most this
 
@@ -59,8 +61,14 @@ def _anonymous(identity: dict) -> dict:
 def run(args: GenDataArgs, *, progress: bool = True) -> dict:
     """Run (or resume, or just report) one gen-data job; returns the gen_config of the finished dataset.
 
-    Non-main processes return an empty dict once their shards are written.
+    Non-main processes return an empty dict once their parts are written. The main process holds OUT's
+    lock from the claim to the merge.
     """
+    with contextlib.ExitStack() as stack:
+        return _run(args, progress, stack)
+
+
+def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict:
     state = PartialState()
     if args.device_map and state.num_processes > 1:
         raise AccheadError("--device-map shards one target over all GPUs; use it with a single process")
@@ -84,7 +92,8 @@ def run(args: GenDataArgs, *, progress: bool = True) -> dict:
         )
     target_id, draft_id = model_identity(target), model_identity(draft)
     hidden = draft_id["hidden_size"]
-    estimate = len(kept) * args.max_new_tokens * (1 - args.mix_ratio) * hidden * 2
+    # Both head kinds' states: (1 - r) of the positions for candidate heads, all of them for lookahead heads.
+    estimate = len(kept) * args.max_new_tokens * (2 - args.mix_ratio) * hidden * 2
     cache = args.cache_features == "on" or (args.cache_features == "auto" and estimate <= CACHE_AUTO_LIMIT)
 
     eos = eos_ids(target, target_tok)
@@ -99,14 +108,17 @@ def run(args: GenDataArgs, *, progress: bool = True) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "eos_ids": eos,
         "batch_size": args.batch_size,
-        "shard_size": args.shard_size,
         "cache_features": cache,
+        "feature_kinds": ["candidate", "lookahead"] if cache else [],
         "prompts": prompts_digest(prompt_ids),
         "num_prompts": len(prompt_ids),
         "context": context,
     }
-    shards = plan_shards(kept, len(prompt_ids), args.shard_size)
-    run_dir = RunDir(args.out, settings, len(shards))
+    lengths = [len(ids) for ids in prompt_ids]
+    # Planned over the whole run, never per part: --shard-size, --flush-seconds and kills change when rows
+    # reach the disk, never what is batched together (and so how labels and features are rounded).
+    batches = plan_batches(kept, lengths, args.batch_size)
+    run_dir = RunDir(args.out, settings, batches)
     gen_config = {
         "target": target_id,
         "draft": draft_id,
@@ -123,6 +135,7 @@ def run(args: GenDataArgs, *, progress: bool = True) -> dict:
         },
     }
 
+    stack.enter_context(run_dir.locked(state, overwrite=args.overwrite))
     if run_dir.status() == "complete":
         if state.is_main_process:
             _summary(run_dir.load_gen_config(), run_dir.out, note="already complete")
@@ -136,9 +149,9 @@ def run(args: GenDataArgs, *, progress: bool = True) -> dict:
                 f"{context}-token context",
                 file=sys.stderr,
             )
-        if len(pending) < len(shards):
+        if len(pending) < len(batches):
             print(
-                f"resuming {run_dir.out}: {len(shards) - len(pending)}/{len(shards)} shards done",
+                f"resuming {run_dir.out}: {len(batches) - len(pending)}/{len(batches)} batches done",
                 file=sys.stderr,
             )
     state.wait_for_everyone()
@@ -154,9 +167,8 @@ def run(args: GenDataArgs, *, progress: bool = True) -> dict:
         pad_id=target_tok.pad_token_id if target_tok.pad_token_id is not None else eos[0],
         cache_features=cache,
     )
-    lengths = [len(ids) for ids in prompt_ids]
     with state.split_between_processes(pending) as mine:
-        total = sum(len(shards[k]) for k in mine)
+        total = sum(len(batches[b]) for b in mine)
         bar = tqdm(
             total=total,
             unit="prompt",
@@ -165,18 +177,23 @@ def run(args: GenDataArgs, *, progress: bool = True) -> dict:
             dynamic_ncols=True,
         )
         tokens, t0 = 0, time.perf_counter()
-        for k in mine:
-            rows = []
-            for batch in plan_batches(shards[k], lengths, args.batch_size):
-                rows += labeler.label(batch, [prompt_ids[i] for i in batch])
-                tokens += sum(len(r.response_ids) for r in rows[-len(batch) :])
-                bar.update(len(batch))
-                bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.0f} tok/s")
-            run_dir.write_shard(k, rows, hidden if cache else None)
+        writer = PartWriter(run_dir, hidden if cache else None, args.shard_size, args.flush_seconds)
+        for b in mine:
+            batch = batches[b]
+            rows = labeler.label(batch, [prompt_ids[i] for i in batch])
+            writer.add(b, rows)
+            tokens += sum(len(r.response_ids) for r in rows)
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.0f} tok/s")
+        writer.close()
         bar.close()
     state.wait_for_everyone()
     if not state.is_main_process:
         return {}
+    if cache:
+        # The lookahead head rebuilds each candidate's logits from its state: state @ out_emb.T.
+        out_emb = draft.get_output_embeddings().weight.detach().float().cpu().numpy()  # (V, H)
+        write_npy(run_dir.out / TOKEN_EMBEDDINGS, out_emb)
     result = run_dir.merge(gen_config, hidden if cache else None)
     _summary(result, run_dir.out)
     return result
@@ -194,6 +211,9 @@ def _summary(gen_config: dict, out: Path, note: str = "done") -> None:
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars: gen-data shows its own progress
     run(parse_args(argv))
     return 0
 

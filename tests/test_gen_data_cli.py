@@ -117,19 +117,20 @@ def test_resume_after_crash_equals_uninterrupted_run(
     tiny_pair_dirs, prompts_file, tmp_path, reference, monkeypatch, capsys
 ):
     out = tmp_path / "crashy"
-    real_write, written = RunDir.write_shard, []
+    real_write, written, saved = RunDir.write_shard, [], []
 
     def crash_after_two(self, k, rows, hidden):
         if len(written) == 2:
-            (self.shard_dir / f".shard-{k:05d}.arrow.tmp999").write_bytes(b"half a file")  # a kill mid-write
+            (self.shard_dir / ".part-000002-000003.tmp999.arrow").write_bytes(b"half a file")  # killed
             raise RuntimeError("simulated kill")
         real_write(self, k, rows, hidden)
         written.append(k)
+        saved.extend(r.prompt_index for r in rows)
 
     monkeypatch.setattr(RunDir, "write_shard", crash_after_two)
     with pytest.raises(RuntimeError, match="simulated kill"):
         cli.main(base_args(tiny_pair_dirs, prompts_file, out))
-    assert not (out / "gen_config.json").exists() and len(list((out / "shards").glob("*.arrow"))) == 2
+    assert not (out / "gen_config.json").exists() and len(list((out / "shards").glob("part-*.arrow"))) == 2
 
     monkeypatch.setattr(RunDir, "write_shard", real_write)
     labelled = []
@@ -138,7 +139,8 @@ def test_resume_after_crash_equals_uninterrupted_run(
         cli.Labeler, "label", lambda self, idx, p: labelled.extend(idx) or real_label(self, idx, p)
     )
     assert cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 0
-    assert sorted(labelled) == list(range(6, 10)), "only the unwritten shards are recomputed"
+    assert sorted(labelled) == sorted(set(range(10)) - set(saved)), "only the unwritten parts are recomputed"
+    assert len(saved) == 6
     rows, feats, cfg = read_run(out)
     assert rows == reference[0] and np.array_equal(feats, reference[1]) and cfg == reference[2]
     assert not (out / "shards").exists()
@@ -166,7 +168,7 @@ def test_sigkill_then_same_command_resumes(tiny_pair_dirs, prompts_file, tmp_pat
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 120
-    while not (out / "shards" / "shard-00001.arrow").exists():
+    while len(list((out / "shards").glob("part-*.arrow"))) < 2:
         assert proc.poll() is None and time.time() < deadline, "run ended before it could be killed"
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)

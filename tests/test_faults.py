@@ -1,0 +1,653 @@
+"""Fault injection (issue 12): kills and interrupts at any point, two processes on one --out, another run's
+--out, and bad inputs. Every rerun after a fault must produce what an uninterrupted run produces, and every
+bad input must be one line (`prog: error: ...`) with a non-zero exit and no traceback.
+
+The default run holds the in-process checks (simulated kills, held locks); `-m slow` adds real processes
+killed with SIGKILL / SIGINT at random points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gendata_fixture import gen_data  # noqa: F401  (pytest fixture)
+from test_gen_data_cli import PROMPTS, base_args, read_run, write_jsonl
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.head_io import HeadMetadata, load_head, save_head
+from acchead.models import load_causal_lm, model_identity
+from acchead.rundir import LOCK_NAME, DirLock, atomic_write_text, claim, start
+from data_gen import cli as gen_cli
+from data_gen.shards import PartWriter, RunDir
+from inference import bench as bench_cli
+from inference import cli_decode
+from train import cli as train_cli
+from train.fit import RunCheckpoint
+
+REPO = Path(__file__).resolve().parents[1]
+# One thread like this process (conftest): same kernels, same bits.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def one_error_line(err: str, prog: str) -> str:
+    """The single line of a refused input: `prog: error: ...`, alone on stderr, no traceback."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------ gen-data
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    return write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+
+
+@pytest.fixture
+def gen_reference(tiny_pair_dirs, prompts_file, tmp_path):
+    """An uninterrupted gen-data run (default flush settings)."""
+    out = tmp_path / "ref"
+    assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 0
+    return read_run(out)
+
+
+def _same_run(a, b) -> None:
+    assert a[0] == b[0], "rows differ"
+    assert np.array_equal(a[1], b[1]) and a[1].dtype == b[1].dtype == np.float16, "feature cache differs"
+    assert a[2] == b[2], "gen_config differs"
+
+
+def test_part_writer_flushes_by_size_by_time_and_at_gaps(tmp_path):
+    now = [0.0]
+    written = []
+
+    class FakeDir:
+        def write_shard(self, part, rows, hidden):
+            written.append((part, list(rows)))
+
+    w = PartWriter(FakeDir(), None, max_prompts=4, max_seconds=60, clock=lambda: now[0])  # type: ignore[arg-type]
+    w.add(0, ["a", "b"])
+    w.add(1, ["c", "d"])  # 4 prompts: size
+    now[0] = 61.0
+    w.add(2, ["e"])  # 61 s since the last write: time
+    w.add(3, ["f"])
+    w.add(5, ["g"])  # batch 4 is not ours (resumed run): the part [3, 4) ends first
+    w.close()
+    assert [p for p, _ in written] == [(0, 2), (2, 3), (3, 4), (5, 6)]
+    assert [r for _, rows in written for r in rows] == list("abcdefg")
+
+
+def test_feature_cache_and_rows_do_not_depend_on_shard_size_or_flush(tiny_pair_dirs, prompts_file, tmp_path):
+    # Batches are planned over the whole run: per-shard planning changed batch composition, hence rounding.
+    runs = []
+    for name, extra in (("a", ["--shard-size", "1"]), ("b", ["--shard-size", "256", "--flush-seconds", "0"]),
+                        ("c", ["--shard-size", "7", "--batch-size", "3"])):  # fmt: skip
+        out = tmp_path / name
+        assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, out, *extra)) == 0
+        runs.append(read_run(out))
+        _check_feature_rows(out)
+    _same_run(runs[0], runs[1])
+    _same_run(runs[0], runs[2])
+    la = [np.load(tmp_path / name / "lookahead_features.npy") for name in "abc"]
+    assert np.array_equal(la[0], la[1]) and np.array_equal(la[0], la[2])
+
+
+def _check_feature_rows(out: Path) -> None:
+    """Both feature caches are in dataset row order: the state after Z_j, which the candidate cache holds
+    for each from-draft j, is the lookahead cache's state before position j + 1 of the same row."""
+    rows, feats, _ = read_run(out)
+    look = np.load(out / "lookahead_features.npy")
+    start = 0
+    for fd, offset in zip(rows["from_draft"], rows["feature_offset"], strict=True):
+        drafted = np.flatnonzero(fd)
+        for k, j in enumerate(drafted):
+            if j + 1 < len(fd):
+                assert np.array_equal(feats[offset + k], look[start + j + 1])
+        start += len(fd)
+    assert start == len(look)
+
+
+def test_gen_data_kill_loses_at_most_the_unflushed_batches(
+    tiny_pair_dirs, prompts_file, tmp_path, monkeypatch
+):
+    """A run far below --shard-size prompts still reaches the disk by time (here: every batch)."""
+    ref = tmp_path / "ref"
+    assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, ref, "--shard-size", "256")) == 0
+    out = tmp_path / "killed"
+    args = base_args(tiny_pair_dirs, prompts_file, out, "--shard-size", "256", "--flush-seconds", "0")
+    real_label, labelled = gen_cli.Labeler.label, []
+
+    def label_then_die(self, idx, prompts):
+        if len(labelled) >= 6:
+            raise RuntimeError("simulated kill")
+        labelled.extend(idx)
+        return real_label(self, idx, prompts)
+
+    monkeypatch.setattr(gen_cli.Labeler, "label", label_then_die)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        gen_cli.main(args)
+    first = sorted(labelled)
+    labelled.clear()
+    monkeypatch.setattr(
+        gen_cli.Labeler, "label", lambda self, idx, p: labelled.extend(idx) or real_label(self, idx, p)
+    )
+    assert gen_cli.main(args) == 0
+    assert sorted(labelled) == sorted(set(range(len(PROMPTS))) - set(first)), "labelled batches were kept"
+    _same_run(read_run(out), read_run(ref))
+
+
+def test_truncated_part_is_relabelled_not_a_traceback(
+    tiny_pair_dirs, prompts_file, tmp_path, gen_reference, monkeypatch, capsys
+):
+    out = tmp_path / "crashed"
+    args = base_args(tiny_pair_dirs, prompts_file, out)
+    real_write, written = RunDir.write_shard, []
+
+    def die_after_three(self, k, rows, hidden):
+        if len(written) == 3:
+            raise RuntimeError("simulated kill")
+        real_write(self, k, rows, hidden)
+        written.append(k)
+
+    monkeypatch.setattr(RunDir, "write_shard", die_after_three)
+    with pytest.raises(RuntimeError):
+        gen_cli.main(args)
+    monkeypatch.setattr(RunDir, "write_shard", real_write)
+    shards = out / "shards"
+    parts = sorted(shards.glob("part-*.arrow"))
+    assert len(parts) == 3
+    # What a power loss can leave: a truncated rows file, a short feature file, an orphan feature file.
+    parts[0].write_bytes(parts[0].read_bytes()[:100])
+    npy = parts[1].with_suffix(".npy")
+    npy.write_bytes(npy.read_bytes()[:-64])
+    (shards / "part-000009-000010.npy").write_bytes(b"orphan")
+    capsys.readouterr()
+    for _ in range(2):  # and it stays fixed: a second rerun reports the finished run
+        assert gen_cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("relabelling part-") == 2 and "Traceback" not in err
+    _same_run(read_run(out), gen_reference)
+
+
+def test_gen_data_refuses_a_locked_out_naming_the_holder(tiny_pair_dirs, prompts_file, tmp_path, capsys):
+    out = tmp_path / "busy"
+    with DirLock(out, "acchead-gen-data"):
+        assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 2
+    line = one_error_line(capsys.readouterr().err, PROG)
+    assert f"pid {os.getpid()}" in line and "in use by acchead-gen-data" in line
+    assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 0  # released: runs normally
+
+
+def test_gen_data_overwrite_replaces_another_run(
+    tiny_pair_dirs, prompts_file, tmp_path, gen_reference, capsys
+):
+    out = tmp_path / "other"
+    assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, out, "--seed", "3")) == 0
+    assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 2
+    assert "differs in: seed" in capsys.readouterr().err
+    assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, out, "--overwrite")) == 0
+    _same_run(read_run(out), gen_reference)
+
+
+# --------------------------------------------------------------------------------------------------- train
+
+TRAIN_FAST = ["--epochs", "3", "--batch-size", "64", "--lr", "3e-2", "--depth", "1", "--no-progress",
+              "--threads", "1", "--logger", "none"]  # fmt: skip
+PROG = Path(sys.argv[0]).name  # what cli_errors prints as the program name in-process
+
+
+def _train(gen_data, out: Path, *extra: str) -> int:  # noqa: F811
+    return train_cli.main(["--data", str(gen_data["data"]), "--out", str(out), *TRAIN_FAST, *extra])
+
+
+def _head(out: Path) -> dict[str, torch.Tensor]:
+    head, _ = load_head(out / "head.safetensors")
+    return head.state_dict()
+
+
+def _same_head(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
+@pytest.fixture(scope="module")
+def train_reference(gen_data, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("train_ref") / "run"
+    assert _train(gen_data, out) == 0
+    return _head(out)
+
+
+def test_train_refuses_another_run_and_overwrite_replaces_it(gen_data, tmp_path, capsys, train_reference):  # noqa: F811
+    out = tmp_path / "run"
+    assert _train(gen_data, out, "--lr", "1e-2") == 0
+    (out / "checkpoints" / "last-v1.ckpt").write_bytes(b"a stale checkpoint of an older acchead")
+    before = (out / "head.safetensors").read_bytes()
+    capsys.readouterr()
+    assert _train(gen_data, out) == 2
+    line = one_error_line(capsys.readouterr().err, PROG)
+    assert "holds a different train run (differs in: lr)" in line and "--overwrite" in line
+    assert (out / "head.safetensors").read_bytes() == before
+    assert _train(gen_data, out, "--overwrite") == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["last.ckpt"]  # stale ones gone
+    _same_head(_head(out), train_reference)
+    capsys.readouterr()
+    assert _train(gen_data, out) == 0  # the same run, complete: reported, not retrained
+    assert "already holds this run, complete" in capsys.readouterr().err
+    # Neither another stage's output nor foreign files are written into.
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "thesis.txt").write_text("precious")
+    assert _train(gen_data, tmp_path / "notes", "--overwrite") == 2
+    assert "holds no train run" in capsys.readouterr().err
+    assert not (tmp_path / "notes" / LOCK_NAME).exists()
+
+
+def test_train_ctrl_c_exits_130_in_one_line_and_resumes_exactly(
+    gen_data, tmp_path, capsys, monkeypatch, train_reference  # noqa: F811
+):
+    out = tmp_path / "run"
+    real = RunCheckpoint.on_train_batch_end
+
+    def interrupt_at_step_20(self, trainer, module, *args):
+        real(self, trainer, module, *args)
+        if trainer.global_step == 20:  # mid-epoch 2 (16 steps per epoch), right after a checkpoint
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunCheckpoint, "on_train_batch_end", interrupt_at_step_20)
+    assert _train(gen_data, out, "--checkpoint-every", "0") == 130
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"{PROG}: interrupted: ") and "--resume last" in err
+    assert (out / "checkpoints" / "last.ckpt").is_file() and not (out / "head.safetensors").exists()
+    monkeypatch.setattr(RunCheckpoint, "on_train_batch_end", real)
+    assert _train(gen_data, out, "--checkpoint-every", "0", "--resume", "last") == 0
+    _same_head(_head(out), train_reference)  # a mid-epoch resume trains on exactly the batches left
+
+
+def test_train_killed_mid_epoch_resumes_by_rerunning_the_same_command(
+    gen_data, tmp_path, monkeypatch, train_reference  # noqa: F811
+):
+    out = tmp_path / "run"
+    real = RunCheckpoint.on_train_batch_end
+
+    def die_at_step_37(self, trainer, module, *args):
+        real(self, trainer, module, *args)
+        if trainer.global_step == 37:
+            raise RuntimeError("simulated kill")
+
+    monkeypatch.setattr(RunCheckpoint, "on_train_batch_end", die_at_step_37)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        _train(gen_data, out, "--checkpoint-every", "0")
+    monkeypatch.setattr(RunCheckpoint, "on_train_batch_end", real)
+    assert _train(gen_data, out) == 0  # the same settings: it resumes from last.ckpt by itself
+    _same_head(_head(out), train_reference)
+
+
+def test_train_corrupt_checkpoint_and_locked_out_are_one_line(gen_data, tmp_path, capsys):  # noqa: F811
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"PK\x03\x04 not really a checkpoint")
+    assert _train(gen_data, tmp_path / "a", "--resume", str(bad)) == 2
+    assert "is unreadable" in one_error_line(capsys.readouterr().err, PROG)
+    with DirLock(tmp_path / "b", "acchead-train"):
+        assert _train(gen_data, tmp_path / "b") == 2
+    assert f"pid {os.getpid()}" in one_error_line(capsys.readouterr().err, PROG)
+
+
+# --------------------------------------------------------------------------------------------------- bench
+
+
+@pytest.fixture(scope="module")
+def bench_inputs(tiny_pair_dirs, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fault_bench")
+    draft = load_causal_lm(tiny_pair_dirs[1])
+    meta = HeadMetadata(depth=1, hidden_size=32, w_acc=1.0, w_rej=6.0, draft=model_identity(draft),
+                        sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})  # fmt: skip
+    head = save_head(AcceptanceHead(32, 1), root / "head.safetensors", meta=meta)
+    nan_head = AcceptanceHead(32, 1)
+    with torch.no_grad():
+        nan_head.out.weight[0, 0] = float("nan")
+    save_head(nan_head, root / "nan_head.safetensors", meta=meta)
+    prompts = write_jsonl(root / "prompts.jsonl", ["def add(a, b):\n    return", "for i in range(10):\n"])
+    long = "x = [" + ", ".join(str(i) for i in range(300)) + "]\n"
+    return {"target": tiny_pair_dirs[0], "draft": tiny_pair_dirs[1], "head": head, "prompts": prompts,
+            "nan_head": root / "nan_head.safetensors", "binary": _binary(root / "binary.jsonl"),
+            "long": write_jsonl(root / "long.jsonl", [long, "y = 1\n"])}  # fmt: skip
+
+
+def _binary(path: Path) -> Path:
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe binary")
+    return path
+
+
+def _bench_argv(inp, out: Path, *extra: str) -> list[str]:
+    return ["--prompts", str(inp["prompts"]), "--target", str(inp["target"]), "--draft", str(inp["draft"]),
+            "--head", str(inp["head"]), "--out", str(out), "--max-new-tokens", "6", "--num-prompts", "0",
+            "--methods", "autoregressive,specdec", "--k-grid", "1,3", "--overhead-calls", "3",
+            *extra]  # fmt: skip
+
+
+def _counts(out: Path) -> list:
+    """Per row of results.json: its spec and counts; then every prompt's runs (counts, output digest)."""
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    keys = ("tokens", "target_calls", "draft_calls", "discarded", "output_sha")
+    runs = {}
+    for part in sorted((out / "partial").glob("prompt-*.json")):
+        for setting, run in json.loads(part.read_text())["runs"].items():
+            runs[(part.name, setting)] = [run[k] for k in keys]
+    return [[r["spec"], *(r[k] for k in keys[:4])] for r in rows] + sorted(runs.items())
+
+
+def test_bench_refuses_another_run_and_overwrite_replaces_it(bench_inputs, tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert bench_cli.main(_bench_argv(bench_inputs, out)) == 0
+    ref = _counts(out)
+    before = (out / "results.json").read_text()
+    capsys.readouterr()
+    assert bench_cli.main(_bench_argv(bench_inputs, out, "--k-grid", "2")) == 2
+    line = one_error_line(capsys.readouterr().err, PROG)
+    assert "holds a different bench run (differs in: settings)" in line
+    assert (out / "results.json").read_text() == before
+    assert bench_cli.main(_bench_argv(bench_inputs, out, "--k-grid", "2", "--overwrite")) == 0
+    assert [c[0] for c in _counts(out)[:2]] == ["autoregressive", "specdec:k=2"]
+    assert {s for (_, s), _ in _counts(out)[2:]} == {"autoregressive-token", "specdec_k=2-token"}
+    assert len(list((out / "partial").glob("*.json"))) == 2
+    # A gen-data directory is not a bench's.
+    gd = tmp_path / "gd"
+    start(gd, "gen-data", {"seed": 0})
+    capsys.readouterr()
+    assert bench_cli.main(_bench_argv(bench_inputs, gd)) == 2
+    assert "holds a gen-data run, not a bench run" in one_error_line(capsys.readouterr().err, PROG)
+    with DirLock(tmp_path / "busy", "acchead-bench"):
+        assert bench_cli.main(_bench_argv(bench_inputs, tmp_path / "busy")) == 2
+    assert f"pid {os.getpid()}" in one_error_line(capsys.readouterr().err, PROG)
+    assert ref[0] == _counts(tmp_path / "bench")[0]  # autoregressive was recomputed identically
+
+
+def test_bench_checks_the_cost_fit_before_running(bench_inputs, tmp_path, capsys):
+    t0 = time.perf_counter()
+    argv = _bench_argv(bench_inputs, tmp_path / "b", "--num-prompts", "1", "--methods",
+                       "autoregressive,oracle", "--target", str(tmp_path / "no-such-model"))  # fmt: skip
+    assert bench_cli.main(argv) == 2
+    line = one_error_line(capsys.readouterr().err, PROG)
+    assert "cost fit needs at least 2 runs" in line and "1 prompt(s) x 1 such setting(s)" in line
+    assert time.perf_counter() - t0 < 5 and not (tmp_path / "b").exists()
+
+
+def test_bench_long_prompt_is_refused_or_truncated_on_request(bench_inputs, tmp_path, capsys):
+    argv = _bench_argv(bench_inputs, tmp_path / "b", "--prompts", str(bench_inputs["long"]))
+    assert bench_cli.main(argv) == 2
+    line = one_error_line(capsys.readouterr().err, PROG)
+    assert "prompt 0 has" in line and "--truncate-prompts" in line
+    assert bench_cli.main([*argv, "--truncate-prompts"]) == 0
+    res = json.loads((tmp_path / "b" / "results.json").read_text())
+    [cut] = res["truncated_prompts"]
+    assert cut["prompt"] == 0 and cut["kept"] == 250 and cut["tokens"] > 250
+    assert res["config"]["truncate_prompts"] is True
+
+
+# ------------------------------------------------------------------------------------- decode and the API
+
+
+def _decode_argv(inp, *extra: str) -> list[str]:
+    return ["--target", str(inp["target"]), "--draft", str(inp["draft"]), "--policy", "specdec:k=2",
+            "--max-new-tokens", "6", "--json", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("binary-prompt", "is not UTF-8 text"),
+        ("long-prompt", "exceeds the model's 256-token context; pass --truncate-prompt"),
+        ("nan-head", "head weights contain NaN or Inf"),
+        ("typo-draft", "path does not exist"),
+    ],
+)
+def test_decode_bad_input_is_one_line(bench_inputs, tmp_path, capsys, case, message):
+    inp = bench_inputs
+    extra = {
+        "binary-prompt": ["--prompt-file", str(inp["binary"])],
+        "long-prompt": ["--prompt", "x = [" + ", ".join(map(str, range(300))) + "]"],
+        "nan-head": ["--policy", "specdecpp:h=0.5", "--head", str(inp["nan_head"]), "--prompt", "x = 1"],
+        "typo-draft": ["--draft", str(tmp_path / "runs-typo")],  # tmp_path exists, its child does not
+    }[case]
+    t0 = time.perf_counter()
+    assert cli_decode.main(_decode_argv(inp, *extra)) == 2
+    assert message in one_error_line(capsys.readouterr().err, PROG)
+    assert time.perf_counter() - t0 < 10
+
+
+def test_decode_truncates_a_long_prompt_only_when_asked(bench_inputs, capsys):
+    long = "x = [" + ", ".join(map(str, range(300))) + "]"
+    assert cli_decode.main(_decode_argv(bench_inputs, "--prompt", long, "--truncate-prompt")) == 0
+    captured = capsys.readouterr()
+    stats = json.loads(captured.out.strip().splitlines()[-1])
+    assert stats["prompt_tokens"] == 250 and stats["prompt_truncated_from"] > 250
+    assert "prompt truncated from" in captured.err
+
+
+def test_bench_binary_prompt_file_is_one_line(bench_inputs, tmp_path, capsys):
+    argv = _bench_argv(bench_inputs, tmp_path / "b", "--prompts", str(bench_inputs["binary"]))
+    assert bench_cli.main(argv) == 2
+    assert "is not UTF-8 text" in one_error_line(capsys.readouterr().err, PROG)
+
+
+def test_decoder_api_refuses_bad_arguments(tiny_llama_pair):
+    from inference.decoder import SpeculativeDecoder
+
+    target, draft = tiny_llama_pair
+    with pytest.raises(AccheadError, match="policy must be a spec string"):
+        SpeculativeDecoder(target, draft, policy=None)  # type: ignore[arg-type]
+    dec = SpeculativeDecoder(target, draft, policy="specdec:k=2")
+    vocab = target.get_input_embeddings().weight.shape[0]
+    with pytest.raises(AccheadError, match=f"token id {vocab} in input_ids is outside the vocabulary"):
+        dec.generate(torch.tensor([1, 2, vocab]), max_new_tokens=4, temperature=0)
+    with pytest.raises(AccheadError, match="outside the vocabulary"):
+        dec.generate(torch.tensor([1, -3]), max_new_tokens=4, temperature=0)
+    with pytest.raises(AccheadError, match=r"250 tokens \+ max_new_tokens 7 exceeds the model's 256"):
+        dec.generate(torch.ones(250, dtype=torch.long), max_new_tokens=7, temperature=0)
+    assert dec.generate(torch.ones(250, dtype=torch.long), max_new_tokens=6, temperature=0).tokens <= 6
+    nan_head = AcceptanceHead(32, 1)
+    with torch.no_grad():
+        nan_head.out.bias.fill_(float("inf"))
+    with pytest.raises(AccheadError, match="NaN or Inf"):
+        SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5", head=nan_head)
+
+
+def test_unreachable_hub_id_fails_fast_in_one_line(monkeypatch, tmp_path):
+    import acchead.models as models
+
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    t0 = time.perf_counter()
+    with pytest.raises(AccheadError, match="not in the local Hugging Face cache, and the hub is unreachable"):
+        models.load_causal_lm("no-such-org-xq/no-such-model")
+    with pytest.raises(AccheadError, match="model path does not exist: runs/pycode-draf"):
+        models.load_causal_lm("runs/pycode-draf")  # runs/ exists: a mistyped path, not a hub id
+    assert time.perf_counter() - t0 < 2
+
+
+# ------------------------------------------------------------------------------------------- the helpers
+
+
+def test_claim_decides_new_resume_complete_and_refusals(tmp_path):
+    out = tmp_path / "o"
+    assert claim(out, "bench", {"a": 1}) == "new"
+    start(out, "bench", {"a": 1})
+    assert claim(out, "bench", {"a": 1}) == "resume"
+    with pytest.raises(AccheadError, match="differs in: a, b"):
+        claim(out, "bench", {"a": 2, "b": 0})
+    with pytest.raises(AccheadError, match="holds a bench run, not a train run"):
+        claim(out, "train", {"a": 1})
+    (out / "results.json").write_text("{}")
+    assert claim(out, "train", {"a": 1}, overwrite=True) == "new" and not any(out.iterdir())
+    legacy = tmp_path / "legacy"
+    (legacy / "checkpoints").mkdir(parents=True)
+    with pytest.raises(AccheadError, match="without a run manifest"):
+        claim(legacy, "train", {})
+
+
+def test_atomic_write_leaves_the_old_file_when_the_writer_dies(tmp_path):
+    path = tmp_path / "results.json"
+    atomic_write_text(path, "old")
+
+    def die(p: Path) -> None:
+        p.write_text("half")
+        raise RuntimeError("killed")
+
+    from acchead.rundir import atomic_write
+
+    with pytest.raises(RuntimeError):
+        atomic_write(path, die)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+# ------------------------------------------------------------------------------ real processes (slow)
+
+
+def _kill_at(cmd: list[str], delay: float, sig: int = signal.SIGKILL) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=delay)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _wait_for(path_glob: tuple[Path, str], proc: subprocess.Popen, n: int = 1, timeout: float = 180) -> None:
+    root, pattern = path_glob
+    deadline = time.time() + timeout
+    while len(list(root.glob(pattern))) < n:
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_gen_data_sigkill_at_random_points_then_rerun_equals_uninterrupted(
+    tiny_pair_dirs, prompts_file, tmp_path, gen_reference
+):
+    rng = random.Random(12)
+    out = tmp_path / "killed"
+    args = base_args(tiny_pair_dirs, prompts_file, out, "--flush-seconds", "0", "--shard-size", "256")
+    cmd = [sys.executable, "-m", "data_gen.cli", *args]
+    kills = 0
+    for _ in range(3):  # kill during start-up, labelling or the merge, wherever the random delay falls
+        res = _kill_at(cmd, rng.uniform(3.0, 9.0))
+        kills += res.returncode == -signal.SIGKILL
+        assert res.returncode in (0, -signal.SIGKILL), res.stderr[-2000:]
+    res = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert kills >= 1, "no run was killed: the delays are too long for this machine"
+    _same_run(read_run(out), gen_reference)
+
+
+@pytest.mark.slow
+def test_two_gen_data_processes_on_one_out(tiny_pair_dirs, prompts_file, tmp_path, gen_reference):
+    out = tmp_path / "shared"
+    cmd = [sys.executable, "-m", "data_gen.cli", *base_args(tiny_pair_dirs, prompts_file, out)]
+    first = subprocess.Popen(
+        cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while not (out / LOCK_NAME).is_file() or not (out / LOCK_NAME).read_text().strip():
+        assert first.poll() is None and time.time() < deadline
+        time.sleep(0.01)
+    first.send_signal(signal.SIGSTOP)  # hold it mid-run, lock taken, so the two surely overlap
+    try:
+        second = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err1 = first.communicate(timeout=300)
+    assert first.returncode == 0, err1[-2000:]
+    assert second.returncode == 2
+    line = one_error_line(second.stderr, "cli.py")
+    assert f"in use by acchead-gen-data (pid {first.pid})" in line
+    _same_run(read_run(out), gen_reference)
+
+
+# Smaller batches than TRAIN_FAST (~62 steps per epoch, each followed by a checkpoint): kills land mid-run.
+TRAIN_SLOW = [*TRAIN_FAST, "--batch-size", "16", "--checkpoint-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def slow_train_reference(gen_data, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("train_slow_ref") / "run"
+    assert train_cli.main(["--data", str(gen_data["data"]), "--out", str(out), *TRAIN_SLOW]) == 0
+    return _head(out)
+
+
+@pytest.mark.slow
+def test_train_sigkill_at_random_points_then_resume_equals_uninterrupted(
+    gen_data, tmp_path, slow_train_reference  # noqa: F811
+):
+    rng = random.Random(7)
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "train.cli", "--data", str(gen_data["data"]), "--out", str(out), *TRAIN_SLOW]
+    killed_mid_run = 0
+    for _ in range(3):
+        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for((out / "checkpoints", "last.ckpt"), proc)
+        time.sleep(rng.uniform(0.0, 1.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed_mid_run += proc.returncode == -signal.SIGKILL and not (out / "head.safetensors").exists()
+    res = subprocess.run([*cmd, "--resume", "last"], cwd=REPO, env=ENV, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert killed_mid_run >= 1, "every kill came after the run had finished"
+    _same_head(_head(out), slow_train_reference)
+
+
+@pytest.mark.slow
+def test_train_sigint_exits_130_with_one_line_and_resume_last_continues(
+    gen_data, tmp_path, slow_train_reference  # noqa: F811
+):
+    out = tmp_path / "interrupted"
+    cmd = [sys.executable, "-m", "train.cli", "--data", str(gen_data["data"]), "--out", str(out), *TRAIN_SLOW]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for((out / "checkpoints", "last.ckpt"), proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("cli.py: interrupted: ") and "Traceback" not in err, err
+    assert (out / "checkpoints" / "last.ckpt").is_file() and not (out / "head.safetensors").exists()
+    res = subprocess.run([*cmd, "--resume", "last"], cwd=REPO, env=ENV, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    _same_head(_head(out), slow_train_reference)
+
+
+@pytest.mark.slow
+def test_bench_sigkill_at_random_points_then_rerun_equals_uninterrupted(bench_inputs, tmp_path):
+    ref = tmp_path / "ref"
+    methods = ("--methods", "autoregressive,specdec,specdecpp,oracle", "--max-new-tokens", "32")
+    assert bench_cli.main(_bench_argv(bench_inputs, ref, *methods)) == 0
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "inference.bench", *_bench_argv(bench_inputs, out, *methods)]
+    rng = random.Random(3)
+    killed_mid_run = 0
+    for _ in range(2):
+        proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for((out, "bench_run.json"), proc)
+        time.sleep(rng.uniform(0.0, 0.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed_mid_run += proc.returncode == -signal.SIGKILL and not (out / "results.json").exists()
+    res = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert killed_mid_run >= 1, "every kill came after the bench had finished"
+    assert _counts(out) == _counts(ref)
