@@ -8,8 +8,9 @@ confidence rule over a tau grid; the hindsight oracle; transformers' assisted ge
 specs from the config) the bench decodes the same prompts with the same per-prompt seeds and records the
 counts and wall time of every prompt. The unit costs t_draft, t_target are fitted over the per-prompt runs
 of our draft-model decoders (paper §4.2); `results.json`, `pareto.png` and `report.md` follow from them
-(see `inference.bench_report`). Each finished prompt is saved under `OUT/partial/` (atomic write), so a
-killed bench picks up where it stopped when re-run with the same settings.
+(see `inference.bench_report`). Every finished run is saved under `OUT/partial/` (atomic, fsynced write),
+so a killed bench picks up where it stopped when re-run with the same settings; OUT is locked for the run
+and another run's OUT is refused (`acchead.rundir`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from acchead.errors import AccheadError, cli_errors
-from acchead.rundir import atomic_write_json, locked_run, mark_complete
+from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 from inference.bench_config import FIT_FAMILIES, Setting, build_parser, build_settings, resolve_args
 from inference.bench_prompts import load_prompts
@@ -251,8 +252,8 @@ def run_grid(
 
     Prompt-major order (all settings on prompt 0, then prompt 1, ...), shuffled per prompt with a seeded
     generator, spreads slow drifts of the machine's load evenly over the methods instead of penalising
-    whichever method runs while a neighbour is busy. Each prompt's runs are saved atomically as soon as
-    the prompt is done.
+    whichever method runs while a neighbour is busy. A prompt's file is rewritten (atomically, fsynced)
+    after each of its runs, so a kill loses at most the run in progress.
     """
     n = len(bench.prompt_ids)
     decoders = {s.key: bench.decoder(s) for s in settings if s.family != HF_METHOD}  # bad specs fail here
@@ -270,10 +271,10 @@ def run_grid(
             for s in order:
                 bar.set_postfix_str(f"prompt {i} {s.label}")
                 done[i][s.key] = bench.run_one(s, decoders.get(s.key), i)
-                bar.update()
-            if order:
+                # Saved after every run (outside its timed region): a kill loses one run at most.
                 runs = {k: asdict(r) for k, r in done[i].items()}
                 _atomic_json({"fingerprint": fingerprint, "runs": runs}, _partial_path(out, i))
+                bar.update()
     return {s.key: [done[i][s.key] for i in range(n)] for s in settings}
 
 
@@ -315,6 +316,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     fingerprint = run_fingerprint(args, prompt_ids, target, draft, head_path)
     identity = run_identity(args, key, settings)
     with locked_run(out, "bench", identity, prog="acchead-bench", overwrite=args.overwrite):
+        remove_stale_tmp(out / "partial")  # left by a bench killed mid-write
         if truncated:
             print(f"truncated {len(truncated)} prompt(s) to their last {truncated[0]['kept']} tokens")
         results = _run_and_report(args, bench, settings, out, fingerprint, draft, head, notes, sampling)
