@@ -106,6 +106,19 @@ def save_head(head: AcceptanceHead, path: str | Path, *, meta: HeadMetadata) -> 
     return path
 
 
+def read_head_metadata(path: str | Path) -> HeadMetadata:
+    """The metadata of a head file (or a directory holding `head.safetensors`), without its weights."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = path / HEAD_FILENAME
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        return HeadMetadata.from_json(metadata[_META_KEY])
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as e:
+        raise AccheadError(f"{path} is not a readable acchead head file ({type(e).__name__}: {e})") from None
+
+
 def load_head(path: str | Path, *, draft: Any = None) -> tuple[AcceptanceHead, HeadMetadata]:
     """Rebuild the head stored at `path` (a file, or a directory holding `head.safetensors`), in eval mode.
 

@@ -226,7 +226,9 @@ def _apply_zoo_defaults(args: argparse.Namespace) -> None:
 
     args.target = args.target or str(zoo.TARGET_DIR)
     args.draft = args.draft or str(zoo.DRAFT_DIR)
-    args.head = args.head or str(zoo.HEAD_PATH)
+    if not args.head:
+        sampling = SamplingConfig(args.temperature or 0.0, args.top_k or 0, args.top_p or 1.0)
+        args.head = str(zoo.default_head(sampling) or zoo.fallback_head())
     args.fresh = bool(args.fresh)
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)

