@@ -171,13 +171,15 @@ class DirLock:
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except BlockingIOError:
                 holder = os.read(fd, 200).decode("utf-8", "replace").split()
                 os.close(fd)
                 who = f"{holder[1]} (pid {holder[0]})" if len(holder) >= 2 else "another process"
                 raise AccheadError(
                     f"{self.out} is in use by {who}; wait for it to finish or use another --out"
                 ) from None
+            except OSError as e:  # a filesystem without flock (some network mounts): run unlocked
+                print(f"{self.prog}: warning: cannot lock {self.out} ({e}); runs unlocked", file=sys.stderr)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {self.prog}\n".encode())
         self._fd = fd
@@ -365,9 +367,3 @@ def is_main_launch_process() -> bool:
         if value not in (None, "", "0"):
             return False
     return True
-
-
-def prog_name(default: str) -> str:
-    """The running console script's name, for lock files and messages."""
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return name if name.startswith("acchead") else default
