@@ -3,12 +3,14 @@
     acchead-bench --prompts humaneval --num-prompts 20 --out runs/bench
     acchead-bench --prompts my.jsonl --methods autoregressive,specdec,hf-assisted --k-grid 2,4
 
-For each method and setting (autoregressive; SpecDec over a K grid; SpecDec++ over an h grid; the draft-
-confidence rule over a tau grid; the hindsight oracle; transformers' assisted generation; any extra policy
-specs from the config) the bench decodes the same prompts with the same per-prompt seeds and records the
-counts and wall time of every prompt. The unit costs t_draft, t_target are fitted over the per-prompt runs
-of our draft-model decoders (paper §4.2); `results.json`, `pareto.png` and `report.md` follow from them
-(see `inference.bench_report`). Every finished run is saved under `OUT/partial/` (atomic, fsynced write),
+For each method and setting (autoregressive; SpecDec over a K grid; SpecDec++ over an h grid, once per
+acceptance head, so candidate and lookahead heads run side by side as families `specdecpp` and
+`specdecpp-lookahead`; the draft-confidence, entropy and AdaEDL rules over their grids; the hindsight
+oracle; transformers' assisted generation; any extra policy specs from the config) the bench decodes the
+same prompts with the same per-prompt seeds and records the counts and wall time of every prompt. The unit
+costs t_draft, t_target are fitted over the per-prompt runs of our draft-model decoders (paper §4.2);
+`results.json`, `pareto.png` and `report.md` follow from them (see `inference.bench_report`); the head
+overhead is timed per head. Every finished run is saved under `OUT/partial/` (atomic, fsynced write),
 so a killed bench picks up where it stopped when re-run with the same settings; OUT is locked for the run
 and another run's OUT is refused (`acchead.rundir`).
 """
@@ -29,7 +31,15 @@ from tqdm import tqdm
 from acchead.errors import AccheadError, cli_errors
 from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
-from inference.bench_config import FIT_FAMILIES, Setting, build_parser, build_settings, resolve_args
+from inference.bench_config import (
+    FIT_FAMILIES,
+    Setting,
+    build_parser,
+    build_settings,
+    is_fitted,
+    resolve_args,
+    used_heads,
+)
 from inference.bench_prompts import load_prompts
 from inference.costmodel import RunCounts, aggregate, fit_costs
 from inference.head_timing import time_head_overhead
@@ -65,11 +75,11 @@ def _atomic_json(obj: Any, path: Path) -> None:
 class Bench:
     """The loaded models and encoded prompts; builds a decoder per setting and runs one prompt at a time."""
 
-    def __init__(self, args: argparse.Namespace, target, draft, head_path, tokenizer, prompt_ids, eos):
+    def __init__(self, args: argparse.Namespace, target, draft, tokenizer, prompt_ids, eos):
         self.args = args
         self.tokenizer = tokenizer
         self._bigram = None
-        self.target, self.draft, self.head_path = target, draft, head_path
+        self.target, self.draft = target, draft
         self.prompt_ids = prompt_ids
         self.eos = eos
         self.sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
@@ -78,9 +88,9 @@ class Bench:
         """A fresh decoder for `setting` (fresh policy state: bandit statistics start from zero)."""
         from inference.decoder import SpeculativeDecoder
 
-        # The path, not a loaded module: the decoder then checks the head against the draft and warns when
-        # the head was trained under another sampling configuration than the bench decodes with.
-        head = self.head_path if setting.needs_head else None
+        # The setting's head path, not a loaded module: the decoder then checks the head against the draft
+        # and warns when the head was trained under another sampling configuration than the bench's.
+        head = setting.head if setting.needs_head else None
         drafter, policy = self.draft, setting.spec  # bandits (ucb:/exp3:) are policy specs too
         if "+" in setting.spec:  # DRAFTER+POLICY: MaG or a cascade instead of the draft model alone
             from inference.cascade import make_drafter
@@ -147,21 +157,27 @@ class Bench:
 
 
 def run_fingerprint(
-    args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_path
+    args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_paths: list[Path]
 ) -> str:
     """Hash of everything a partial result depends on; partials with another hash are recomputed."""
-    key = run_key(args, prompt_ids, target, draft, head_path)
+    key = run_key(args, prompt_ids, target, draft, head_paths)
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_key(args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_path) -> dict:
-    """Everything one prompt's runs depend on (models, head, prompts, S, seed, lengths, device, dtype)."""
+def run_key(
+    args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_paths: list[Path]
+) -> dict:
+    """Everything one prompt's runs depend on (models, heads, prompts, S, seed, lengths, device, dtype).
+
+    `head` is the sha256 of every head file the settings decode with, in `--head` order (None without
+    heads), so partial results of another head set are not reused.
+    """
     from acchead.models import model_identity
 
     h = hashlib.sha256()
     for ids in prompt_ids:
         h.update(ids.cpu().numpy().tobytes())
-    head_sha = hashlib.sha256(Path(head_path).read_bytes()).hexdigest() if head_path else None
+    head_sha = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in head_paths] or None
     key = {
         "max_new_tokens": args.max_new_tokens,
         "sampling": [args.temperature, args.top_k, args.top_p],
@@ -193,7 +209,7 @@ def run_identity(args: argparse.Namespace, key: dict, settings: list[Setting]) -
 
 def check_fit_possible(settings: list[Setting], n_prompts: int) -> None:
     """Refuse, before any model is loaded, a grid whose cost fit would fail after all its runs."""
-    fitted = [s for s in settings if s.family in FIT_FAMILIES]
+    fitted = [s for s in settings if is_fitted(s.family)]
     if n_prompts * len(fitted) < 2:
         raise AccheadError(
             f"the cost fit needs at least 2 runs of {', '.join(FIT_FAMILIES)}; this bench has {n_prompts} "
@@ -300,26 +316,23 @@ def run_bench(args: argparse.Namespace) -> dict:
             s.params.update(schedule_params(draft))
     tok = load_tokenizer(args.tokenizer or args.target)
     check_tokenizers_match(tok, load_tokenizer(args.tokenizer or args.draft))
-    head = head_path = None
-    if any(s.needs_head for s in settings):
-        head_path = Path(args.head).expanduser()
-        if head_path.is_dir():
-            head_path = head_path / "head.safetensors"
-        head, _ = load_head(head_path, draft=draft)
-        head = head.to(args.device)
+    heads = used_heads(args, settings)  # (family, path, kind) of every head a setting decodes with
+    head_paths = [path for _, path, _ in heads]
+    # Loaded now (checked against the draft before any run) for the per-head overhead timing.
+    loaded = {family: load_head(path, draft=draft)[0].to(args.device) for family, path, _ in heads}
 
     prompt_ids, truncated = _encode_prompts(
         prompts, tok, target, draft, args.max_new_tokens, args.device, args.truncate_prompts
     )
-    bench = Bench(args, target, draft, head_path, tok, prompt_ids, tok.eos_token_id)
-    key = run_key(args, prompt_ids, target, draft, head_path)
-    fingerprint = run_fingerprint(args, prompt_ids, target, draft, head_path)
+    bench = Bench(args, target, draft, tok, prompt_ids, tok.eos_token_id)
+    key = run_key(args, prompt_ids, target, draft, head_paths)
+    fingerprint = run_fingerprint(args, prompt_ids, target, draft, head_paths)
     identity = run_identity(args, key, settings)
     with locked_run(out, "bench", identity, prog="acchead-bench", overwrite=args.overwrite):
         remove_stale_tmp(out / "partial")  # left by a bench killed mid-write
         if truncated:
             print(f"truncated {len(truncated)} prompt(s) to their last {truncated[0]['kept']} tokens")
-        results = _run_and_report(args, bench, settings, out, fingerprint, draft, head, notes, sampling)
+        results = _run_and_report(args, bench, settings, out, fingerprint, draft, loaded, notes, sampling)
         results["truncated_prompts"] = truncated
         write_outputs(results, out)
         mark_complete(out, "bench", identity)
@@ -333,25 +346,27 @@ def _run_and_report(
     out: Path,
     fingerprint: str,
     draft: Any,
-    head: Any,
+    heads: dict[str, Any],
     notes: list[str],
     sampling: SamplingConfig,
 ) -> dict:
-    """Run the grid (resuming from partials), fit the costs, and build the results object."""
+    """Run the grid (resuming from partials), fit the costs, time each head (`heads`: loaded head by
+    family), and build the results object."""
     from inference.bench_report import build_results
 
     prompt_ids = bench.prompt_ids
     done = run_grid(bench, settings, out, fingerprint)
 
-    fit_runs = [r.counts() for s in settings if s.family in FIT_FAMILIES for r in done[s.key]]
+    fit_runs = [r.counts() for s in settings if is_fitted(s.family) for r in done[s.key]]
     if len(fit_runs) < 2:
         raise AccheadError(f"the cost fit needs runs of at least one of {', '.join(FIT_FAMILIES)}")
     fit = fit_costs(
         [r.draft_calls for r in fit_runs], [r.target_calls for r in fit_runs], [r.wall_time for r in fit_runs]
     )
-    overhead = None
-    if head is not None:
-        overhead = time_head_overhead(draft, head, prompt_ids[0], calls=args.overhead_calls)
+    overhead = {
+        family: time_head_overhead(draft, head, prompt_ids[0], calls=args.overhead_calls, sampling=sampling)
+        for family, head in heads.items()
+    } or None
     rows = []
     for s in settings:
         m = aggregate([r.counts() for r in done[s.key]], fit)

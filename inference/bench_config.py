@@ -1,7 +1,11 @@
 """Command line and config of `acchead-bench`, and the grid of (method, setting) pairs it expands to.
 
 Every flag has its default in `configs/bench.yaml` (or the file given by `--config`); a flag on the command
-line overrides the file. `null` model paths mean the demo pair and the shipped head in `acchead.zoo`.
+line overrides the file. `null` model paths mean the demo pair and the shipped heads in `acchead.zoo`.
+
+`--head` takes several heads (comma-separated; a YAML list): each expands the `specdecpp` h-grid into its
+own method family, named after the head's kind (`HEAD_FAMILIES`), so one run compares a candidate and a
+lookahead head side by side.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,11 @@ from acchead.sampling import SamplingConfig
 # Families whose per-prompt wall times enter the cost fit: the draft-model decoders that the model
 # T = t_draft·N_draft + t_target·N_target describes. The oracle peeks at the target's greedy continuation
 # and HF / extra drafters have other per-call costs, so they are measured but not fitted.
-FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "adaedl", "adaedl-adapt")
+FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "specdecpp-lookahead", "confidence", "entropy",
+                "adaedl", "adaedl-adapt")  # fmt: skip
+# The method family of a SpecDec++ head's h-grid, by head kind (`AcceptanceHead.kind`); two heads that would
+# share a family get their name appended: "specdecpp-lookahead[greedy-r1]".
+HEAD_FAMILIES = {"candidate": "specdecpp", "lookahead": "specdecpp-lookahead"}
 FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "adaedl", "adaedl-adapt",
             "oracle", "hf-assisted", "extra")  # fmt: skip
 
@@ -31,7 +40,9 @@ class Setting:
     """One row of the bench: a method family with its parameters and the policy spec that realises it.
 
     `spec` is the string `inference.policies.parse_policy` takes (empty for hf-assisted); `key` names the
-    setting's partial-result file.
+    setting's partial-result file. `head` is the acceptance-head file the setting decodes with (None for
+    settings without a head); SpecDec++ settings of several heads share specs, so their keys and labels
+    also name the family.
     """
 
     family: str
@@ -39,15 +50,103 @@ class Setting:
     params: dict[str, Any] = field(default_factory=dict)
     verifier: str = "token"
     needs_head: bool = False
+    head: str | None = None
+
+    @property
+    def _named(self) -> str:
+        if self.head is not None and re.split(r"[:+]", self.spec, maxsplit=1)[0] != self.family:
+            return f"{self.family} {self.spec}"
+        return self.spec or self.family
 
     @property
     def key(self) -> str:
-        base = self.spec or self.family
-        return re.sub(r"[^A-Za-z0-9.=-]+", "_", f"{base}-{self.verifier}")
+        return re.sub(r"[^A-Za-z0-9.=-]+", "_", f"{self._named}-{self.verifier}")
 
     @property
     def label(self) -> str:
-        return self.spec or self.family
+        return self._named
+
+
+def base_family(family: str) -> str:
+    """A method family without its head suffix: "specdecpp-lookahead[greedy-r1]" -> "specdecpp-lookahead"."""
+    return family.split("[", 1)[0]
+
+
+def is_fitted(family: str) -> bool:
+    """True if the family's per-prompt wall times enter the cost fit (`FIT_FAMILIES`)."""
+    return base_family(family) in FIT_FAMILIES
+
+
+def is_specdecpp(family: str) -> bool:
+    """True for the h-grid family of a SpecDec++ head, of either kind."""
+    return base_family(family) in HEAD_FAMILIES.values()
+
+
+def head_kind_of(family: str) -> str | None:
+    """The head kind ("candidate", "lookahead") of a SpecDec++ family; None for other families."""
+    return next((k for k, f in HEAD_FAMILIES.items() if f == base_family(family)), None)
+
+
+def head_name(path: str | Path) -> str:
+    """A head's short name: its directory for ".../<name>/head.safetensors", else the file's stem."""
+    from acchead.head_io import HEAD_FILENAME
+
+    p = Path(path)
+    return p.parent.name if p.name == HEAD_FILENAME else p.stem
+
+
+def resolve_head_path(text: str | Path) -> Path:
+    """A `--head` entry as a file path: a directory means the `head.safetensors` inside it."""
+    from acchead.head_io import HEAD_FILENAME
+
+    p = Path(text).expanduser()
+    return p / HEAD_FILENAME if p.is_dir() else p
+
+
+def head_families(heads: Sequence[str | Path]) -> list[tuple[str, Path, str]]:
+    """(family, head file, kind) for each `--head` entry, in order; reads the metadata only, not weights.
+
+    A candidate head's family is "specdecpp", a lookahead head's "specdecpp-lookahead"; when two heads would
+    get the same family, each of them is suffixed with its `head_name` ("specdecpp-lookahead[greedy-r1]").
+    AccheadError for a missing or unreadable head file, or a head listed twice.
+    """
+    from acchead.head_io import read_head_metadata
+
+    entries: list[tuple[Path, str]] = []
+    for text in heads:
+        path = resolve_head_path(text)
+        if not path.is_file():
+            raise AccheadError(f"head file does not exist: {path}")
+        if any(path.resolve() == p.resolve() for p, _ in entries):
+            raise AccheadError(f"--head lists {path} twice")
+        kind = read_head_metadata(path).kind
+        if kind not in HEAD_FAMILIES:
+            raise AccheadError(f"{path}: unknown head kind {kind!r}; expected {' or '.join(HEAD_FAMILIES)}")
+        entries.append((path, kind))
+    counts: dict[str, int] = {}
+    for _, kind in entries:
+        counts[HEAD_FAMILIES[kind]] = counts.get(HEAD_FAMILIES[kind], 0) + 1
+    out: list[tuple[str, Path, str]] = []
+    used: set[str] = set()
+    for path, kind in entries:
+        family = HEAD_FAMILIES[kind]
+        if counts[family] > 1:
+            name, n = head_name(path), 1
+            family = f"{HEAD_FAMILIES[kind]}[{name}]"
+            while family in used:  # same directory names in different places
+                n += 1
+                family = f"{HEAD_FAMILIES[kind]}[{name}-{n}]"
+        used.add(family)
+        out.append((family, path, kind))
+    return out
+
+
+def used_heads(args: argparse.Namespace, settings: Sequence[Setting]) -> list[tuple[str, Path, str]]:
+    """`head_families(args.head)` restricted to the heads some setting decodes with (in `--head` order)."""
+    wanted = {s.head for s in settings if s.needs_head and s.head is not None}
+    if not wanted:
+        return []
+    return [(f, p, k) for f, p, k in head_families(args.head) if str(p) in wanted]
 
 
 def _float_list(text: str) -> list[float]:
@@ -118,7 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--target", help="target model directory (default: the demo target in acchead.zoo)")
     a("--draft", help="draft model directory (default: the demo draft in acchead.zoo)")
     a("--tokenizer", help="tokenizer directory (default: the target's)")
-    a("--head", help="SpecDec++ acceptance head file or directory (default: the shipped head)")
+    a(
+        "--head",
+        type=_str_list,
+        help="SpecDec++ acceptance head files or directories, comma-separated; each runs the h-grid as its "
+        "own method (specdecpp for a candidate head, specdecpp-lookahead for a lookahead head; default: "
+        "every shipped head trained under the requested sampling configuration)",
+    )
     a("--methods", type=_str_list, help=f"comma-separated subset of {', '.join(FAMILIES)}")
     a("--k-grid", type=_int_list, help="SpecDec candidate lengths K, comma-separated")
     a("--h-grid", type=_float_list, help="SpecDec++ stop thresholds h in (0, 1), comma-separated")
@@ -196,7 +301,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 
 _LISTS = {"methods": _str_list, "k_grid": _int_list, "h_grid": _float_list, "tau_grid": _float_list,
           "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list, "adaedl_adapt_grid": _float_list,
-          "cost_ratios": _float_list, "extra_specs": _spec_list}  # fmt: skip
+          "cost_ratios": _float_list, "extra_specs": _spec_list, "head": _str_list}  # fmt: skip
 _INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls"}
 _FLOATS = {"temperature", "top_p", "adaedl_gamma", "plot_ratio"}
 
@@ -226,9 +331,11 @@ def _apply_zoo_defaults(args: argparse.Namespace) -> None:
 
     args.target = args.target or str(zoo.TARGET_DIR)
     args.draft = args.draft or str(zoo.DRAFT_DIR)
-    if not args.head:
+    if not args.head:  # every shipped head trained under S, its default first; else the greedy default
         sampling = SamplingConfig(args.temperature or 0.0, args.top_k or 0, args.top_p or 1.0)
-        args.head = str(zoo.default_head(sampling) or zoo.fallback_head())
+        default = zoo.default_head(sampling)
+        heads = sorted(zoo.shipped_heads(sampling), key=lambda p: p != default)
+        args.head = [str(p) for p in heads] or [str(default or zoo.fallback_head())]
     args.fresh = bool(args.fresh)
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
@@ -290,8 +397,17 @@ def _validate(args: argparse.Namespace) -> None:
         raise AccheadError(f"--plot-ratio must be a finite ratio >= 0, got {args.plot_ratio}")
 
 
+def needs_head(spec: str) -> bool:
+    """True if an extra spec (a policy, a bandit over arms, DRAFTER+POLICY) runs SpecDec++ somewhere."""
+    return "specdecpp" in spec
+
+
 def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[list[Setting], list[str]]:
-    """Expand the method list and grids into settings, in report order; returns (settings, notes)."""
+    """Expand the method list and grids into settings, in report order; returns (settings, notes).
+
+    Every head in `args.head` expands the h-grid into its own family (`head_families`); extra specs that
+    use SpecDec++ decode with the first head. Reads the heads' metadata (not their weights).
+    """
     v = args.verifier
     settings: list[Setting] = []
     notes: list[str] = []
@@ -300,12 +416,15 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         settings.append(Setting("autoregressive", "autoregressive", {}, v))
     if "specdec" in methods:
         settings += [Setting("specdec", f"specdec:k={k}", {"k": k}, v) for k in args.k_grid]
+    extras = args.extra_specs if "extra" in methods else []
+    heads = head_families(args.head) if "specdecpp" in methods or any(needs_head(x) for x in extras) else []
     if "specdecpp" in methods:
         cap = args.specdecpp_max
-        settings += [
-            Setting("specdecpp", f"specdecpp:h={h:g},max={cap}", {"h": h, "max": cap}, v, True)
-            for h in args.h_grid
-        ]
+        for family, path, _ in heads:  # one family per head: its kind, suffixed if two would collide
+            params = [{"h": h, "max": cap, "head": str(path)} for h in args.h_grid]
+            settings += [
+                Setting(family, f"specdecpp:h={pr['h']:g},max={cap}", pr, v, True, str(path)) for pr in params
+            ]
     if "confidence" in methods:
         settings += [Setting("confidence", f"confidence:tau={t:g}", {"tau": t}, v) for t in args.tau_grid]
     if "entropy" in methods:
@@ -327,10 +446,11 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         from inference.hf_assisted import METHOD
 
         settings.append(Setting(METHOD, "", {}, "token"))
-    if "extra" in methods:
-        for spec in args.extra_specs:
-            family = re.split(r"[:+]", spec, maxsplit=1)[0]
-            settings.append(Setting(family, spec, {"spec": spec}, v, "specdecpp" in spec))
+    for spec in extras:  # a bandit arm or cascade using SpecDec++ decodes with the first head
+        family = re.split(r"[:+]", spec, maxsplit=1)[0]
+        head = str(heads[0][1]) if needs_head(spec) else None
+        params = {"spec": spec} | ({"head": head} if head else {})
+        settings.append(Setting(family, spec, params, v, head is not None, head))
     if not settings:
         raise AccheadError("nothing to run: --methods selects no setting")
     return settings, notes

@@ -5,7 +5,9 @@ larger than the head (paper §4.2), so the bench times both directly: a draft de
 forward of a single token on a KV cache holding a prompt (with `output_hidden_states=True`, as SpecDec++
 needs), the cache cropped back after each call; the head call is the head on that step's final hidden
 state plus the stop rule's update, timed through `SpecDecPP.should_stop` (the exact code the decoder
-runs per candidate). Medians over many calls resist scheduler noise.
+runs per candidate). A lookahead head's call includes building its input from the candidate (log q and
+entropy from the draft's distribution, the token's output-embedding row), as in decoding. Medians over
+many calls resist scheduler noise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from transformers import DynamicCache
 
 from acchead.head import AcceptanceHead
 from acchead.models import final_hidden
+from acchead.sampling import SamplingConfig, probs_from_logits
 from inference.drafters import DraftStep
 from inference.policies import SpecDecPP
 
@@ -49,18 +52,35 @@ def _median_time(fn, calls: int) -> float:
 
 @torch.inference_mode()
 def time_head_overhead(
-    draft: nn.Module, head: AcceptanceHead, prompt_ids: torch.Tensor, calls: int = 200
+    draft: nn.Module,
+    head: AcceptanceHead,
+    prompt_ids: torch.Tensor,
+    calls: int = 200,
+    sampling: SamplingConfig | None = None,
 ) -> HeadOverhead:
-    """Time `calls` draft decode steps and `calls` head calls after `prompt_ids` (1, T); medians and ratio."""
+    """Time `calls` draft decode steps and `calls` head calls after `prompt_ids` (1, T); medians and ratio.
+
+    Works for both head kinds: a candidate head reads the final hidden state; a lookahead head reads the
+    state at the last prompt position (the one that produced q) plus its extra inputs, with the candidate's
+    q built as the drafter builds it under `sampling` (default greedy: one-hot q, logits kept).
+    """
+    sampling = sampling or SamplingConfig(temperature=0.0)
     cache = DynamicCache()
     out = draft(input_ids=prompt_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
     context = cache.get_seq_length()
-    token = out.logits[:, -1:].argmax(-1)  # (1, 1)
+    logits = out.logits[0, -1]  # (V,)
+    q = probs_from_logits(logits, sampling)
+    token = logits.argmax(-1).view(1, 1)  # (1, 1): the greedy candidate (any token costs the same)
     hidden = final_hidden(out)[0, -1]  # (H,)
     # The stop decision is ignored: every call does the full head + running-product update.
     policy = SpecDecPP(head, h=0.5).to(hidden.device)
+    policy.attach_draft(draft)  # a head reading "token" needs the draft's output embedding
     policy.start_round(0)
-    step = DraftStep(token=int(token), q=out.logits[0, -1], hidden=hidden, index=1)
+    if policy.lookahead:  # judged from the state that produced q, before the candidate is fed
+        kept = logits if sampling.greedy else None  # the drafter keeps the logits only under greedy
+        step = DraftStep(token=int(token), q=q, hidden=None, index=1, logits=kept, state=hidden)
+    else:
+        step = DraftStep(token=int(token), q=q, hidden=hidden, index=1)
     sync = torch.cuda.synchronize if prompt_ids.is_cuda else (lambda: None)
 
     def draft_step() -> None:

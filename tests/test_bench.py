@@ -6,14 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
 from acchead.models import load_causal_lm, model_identity
 from acchead.sampling import SamplingConfig
-from inference.bench import main
-from inference.bench_config import build_parser, build_settings, resolve_args
+from inference.bench import main, run_key
+from inference.bench_config import build_parser, build_settings, head_families, resolve_args, used_heads
+
+LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token")
 
 ROW_KEYS = {
     "method",
@@ -29,24 +32,34 @@ ROW_KEYS = {
 }
 
 
-@pytest.fixture(scope="module")
-def bench_inputs(tiny_pair_dirs, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("bench_inputs")
-    target_dir, draft_dir = tiny_pair_dirs
-    draft = load_causal_lm(draft_dir)
+def _save_head(path: Path, draft_identity: dict, kind: str = "candidate") -> Path:
+    """A random depth-1 head for the tiny draft (hidden 32): candidate, or lookahead reading every input."""
+    inputs = LOOKAHEAD_INPUTS if kind == "lookahead" else ("state",)
     meta = HeadMetadata(
         depth=1,
         hidden_size=32,
         w_acc=1.0,
         w_rej=6.0,
-        draft=model_identity(draft),
+        draft=draft_identity,
         sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0},
+        kind=kind,
+        inputs=list(inputs),
     )
-    head_path = save_head(AcceptanceHead(32, 1), root / "head.safetensors", meta=meta)
+    return save_head(AcceptanceHead(32, 1, kind=kind, inputs=inputs), path, meta=meta)
+
+
+@pytest.fixture(scope="module")
+def bench_inputs(tiny_pair_dirs, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bench_inputs")
+    target_dir, draft_dir = tiny_pair_dirs
+    identity = model_identity(load_causal_lm(draft_dir))
+    head_path = _save_head(root / "head.safetensors", identity)
+    look_path = _save_head(root / "greedy-lookahead" / "head.safetensors", identity, "lookahead")
     prompts = root / "prompts.jsonl"
     rows = [{"prompt": "def add(a, b):\n    return"}, {"prompt": "for i in range(10):\n", "id": 2}]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"target": target_dir, "draft": draft_dir, "head": head_path, "prompts": prompts}
+    return {"target": target_dir, "draft": draft_dir, "head": head_path, "lookahead": look_path,
+            "prompts": prompts, "identity": identity}  # fmt: skip
 
 
 def _argv(inp: dict[str, Path], out: Path, *extra: str) -> list[str]:
@@ -60,7 +73,10 @@ def _argv(inp: dict[str, Path], out: Path, *extra: str) -> list[str]:
 
 def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
     out = tmp_path / "bench"
-    assert main(_argv(bench_inputs, out)) == 0
+    # Two heads, one of each kind: each runs the h-grid as its own family, side by side.
+    heads = f"{bench_inputs['head']},{bench_inputs['lookahead'].parent}"  # a directory means its head file
+    argv = [*_argv(bench_inputs, out), "--head", heads]
+    assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     methods = [r["method"] for r in res["rows"]]
     assert methods == [
@@ -68,6 +84,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
         "specdec",
         "specdec",
         "specdecpp",
+        "specdecpp-lookahead",
         "confidence",
         "entropy",
         "adaedl",
@@ -75,7 +92,9 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
         "oracle",
         "hf-assisted",
     ]
-    assert res["rows"][7]["spec"] == "adaedl:gamma=0.2,lam=0.5,adapt=1"
+    assert res["rows"][3]["params"] == {"h": 0.5, "max": 20, "head": str(bench_inputs["head"])}
+    assert res["rows"][4]["params"]["head"] == str(bench_inputs["lookahead"])
+    assert res["rows"][8]["spec"] == "adaedl:gamma=0.2,lam=0.5,adapt=1"
     assert res["cost_ratios"] == [0.2, 0.1, 0.05]  # the shipped default
     for r in res["rows"]:
         # Priced at each declared cost ratio: N / (c·N_draft + N_target), numbers in results.json.
@@ -89,21 +108,34 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
         assert r["matches_autoregressive"] == 1.0, r["method"]
     ar = res["rows"][0]
     assert (ar["draft_calls"], ar["discarded"], ar["verification_rate"]) == (0, 0, 1.0)
-    assert res["rows"][8]["discarded"] == 0  # the oracle never drafts a rejected token
+    assert res["rows"][9]["discarded"] == 0  # the oracle never drafts a rejected token
     assert {"t_draft", "t_target", "r2"} <= set(res) and res["t_target"] > 0
-    assert res["head_overhead"]["ratio"] > 0
+    # The overhead of each head, by family, as numbers.
+    assert set(res["head_overhead"]) == {"specdecpp", "specdecpp-lookahead"}
+    for o in res["head_overhead"].values():
+        assert o["ratio"] > 0 and isinstance(o["head_s"], float) and o["calls"] == 5
     # transformers' default schedule is our confidence:tau=0.4,max=20: the hook counts must match ours.
-    assert res["rows"][9]["params"]["confidence_threshold"] == 0.4
+    assert res["rows"][10]["params"]["confidence_threshold"] == 0.4
     assert any("counts (N/N_target/N_draft/N_discarded) agree" in n for n in res["notes"]), res["notes"]
-    assert [g["met"] is None for g in res["goals"]] == [False, False, False]
+    goals = {g["goal"]: g for g in res["goals"]}
+    assert len(goals) == 8 and sum(g.startswith("greedy:") for g in goals) == 5
+    overhead_goals = [g for g in goals if g.startswith("head overhead")]
+    assert [g.rsplit("(", 1)[1] for g in overhead_goals] == ["specdecpp)", "specdecpp-lookahead)"]
+    # Every goal is measured here, except that a random tiny pair may leave no fixed-K-to-oracle gap.
+    assert all(g["met"] is not None or "no gap" in g["detail"] for g in goals.values()), goals
+    assert set(res["head_kinds"]["heads"]) == {"specdecpp", "specdecpp-lookahead"}
+    assert set(res["head_kinds"]["winners"]) == {"0.2", "0.1", "0.05", "fitted"}
+    assert any(line.startswith("head kinds at c = 0.2: ") for line in res["summary"])
     assert (out / "pareto.png").stat().st_size > 1000
     report = (out / "report.md").read_text()
-    assert "## Goals" in report and "specdecpp" in report and "hf-assisted" in report
+    assert "## Goals" in report and "specdecpp-lookahead" in report and "hf-assisted" in report
+    assert "## SpecDec++ head kinds" in report
+    assert "| specdecpp-lookahead | lookahead | greedy-lookahead |" in report
     assert len(list((out / "partial").glob("prompt-*.json"))) == 2
 
     capsys.readouterr()
-    assert main(_argv(bench_inputs, out)) == 0
-    assert "resuming: 20 of 20 runs" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "resuming: 22 of 22 runs" in capsys.readouterr().out
     again = json.loads((out / "results.json").read_text())
     assert [r["wall_time"] for r in again["rows"]] == [r["wall_time"] for r in res["rows"]]
 
@@ -113,8 +145,8 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
     lost = next(k for k in data["runs"] if k.startswith("specdec_k=3"))
     del data["runs"][lost]
     part.write_text(json.dumps(data))
-    assert main(_argv(bench_inputs, out)) == 0
-    assert "resuming: 19 of 20 runs" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "resuming: 21 of 22 runs" in capsys.readouterr().out
     assert lost in json.loads(part.read_text())["runs"]
 
 
@@ -166,9 +198,16 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     assert args.adaedl_lam_grid == [0.1, 0.3, 0.5, 0.7] and args.adaedl_adapt_grid == [0.1, 0.5]
     assert args.adaedl_gamma == 0.2 and args.entropy_tau_grid == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert args.cost_ratios == [0.2, 0.1, 0.05] and args.plot_ratio is None
+    # Default heads: every shipped head trained under greedy decoding, the zoo's default first.
+    from acchead import zoo
+
+    shipped = zoo.shipped_heads(SamplingConfig(0.0))
+    assert args.head[0] == str(zoo.default_head(SamplingConfig(0.0)))
+    assert sorted(args.head) == sorted(map(str, shipped))
     settings, _ = build_settings(args, SamplingConfig(0.0))
     specs = [s.spec for s in settings]
-    assert len(settings) == 41 and "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
+    assert len(settings) == 32 + 9 * len(args.head)  # 9 thresholds h per head
+    assert "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
     assert sum(s.family == "adaedl" for s in settings) == 4
     assert build_settings(args, SamplingConfig(1.0))[0][-2].family == "adaedl-adapt"  # sampling: no oracle
     user = tmp_path / "user.yaml"
@@ -219,3 +258,57 @@ def test_bench_runs_extra_decoders(bench_inputs, tmp_path, monkeypatch):
     mag = res["rows"][3]
     assert mag["draft_calls"] == 0 and mag["target_calls"] < mag["tokens"] + 1
     assert res["head_overhead"] is not None  # the exp3 arm uses the head
+
+
+def test_each_head_runs_the_h_grid_as_its_own_family(bench_inputs, tmp_path, tiny_llama_pair):
+    ident = bench_inputs["identity"]
+    cand, look = bench_inputs["head"], bench_inputs["lookahead"]
+    r1 = _save_head(tmp_path / "greedy-r1" / "head.safetensors", ident, "lookahead")
+    r2 = _save_head(tmp_path / "greedy-r2" / "head.safetensors", ident, "lookahead")
+    argv = ["--methods", "specdecpp,extra", "--h-grid", "0.3,0.6", "--specdecpp-max", "8",
+            "--extra-specs", "exp3:arms=specdecpp:h=0.5,max=4|specdec:k=2;specdec:k=3"]  # fmt: skip
+    # A YAML list, or comma-separated on the command line (a directory means its head.safetensors).
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(f"head: [{cand}, {r1.parent}, {r2}]\n")
+    flag = ["--head", f"{cand},{r1.parent},{r2}"]
+    for extra in (["--config", str(cfg)], flag):
+        args = resolve_args(build_parser().parse_args([*argv, *extra]))
+        settings, _ = build_settings(args, SamplingConfig(0.0))
+        # Two lookahead heads would share a family: both get their directory name.
+        families = ["specdecpp", "specdecpp-lookahead[greedy-r1]", "specdecpp-lookahead[greedy-r2]"]
+        assert [s.family for s in settings] == [f for f in families for _ in range(2)] + ["exp3", "specdec"]
+        assert [s.head for s in settings[:6]] == [str(p) for p in (cand, cand, r1, r1, r2, r2)]
+        assert all(s.needs_head and s.params["head"] == s.head for s in settings[:6])
+        assert settings[1].params == {"h": 0.6, "max": 8, "head": str(cand)}
+        assert settings[4].spec == settings[0].spec == "specdecpp:h=0.3,max=8"  # same spec, distinct keys:
+        assert len({s.key for s in settings}) == len(settings)
+        assert settings[0].key == "specdecpp_h=0.3_max=8-token"  # a lone candidate head keeps its old key
+        assert settings[2].label == "specdecpp-lookahead[greedy-r1] specdecpp:h=0.3,max=8"
+        # An extra spec using SpecDec++ decodes with the first head; one without it has no head.
+        assert (settings[6].head, settings[6].params["head"]) == (str(cand), str(cand))
+        assert (settings[7].head, settings[7].needs_head) == (None, False)
+        assert [f for f, _, _ in used_heads(args, settings)] == families
+
+    # One head of each kind: the plain family names. Same directory names elsewhere: numbered.
+    assert [f for f, _, _ in head_families([cand, look])] == ["specdecpp", "specdecpp-lookahead"]
+    other = _save_head(tmp_path / "elsewhere" / "greedy-r1" / "head.safetensors", ident, "lookahead")
+    fams = [(f, k) for f, _, k in head_families([r1, other, cand])]
+    assert fams == [("specdecpp-lookahead[greedy-r1]", "lookahead"),
+                    ("specdecpp-lookahead[greedy-r1-2]", "lookahead"),
+                    ("specdecpp", "candidate")]  # fmt: skip
+    with pytest.raises(AccheadError, match=r"--head lists .* twice"):
+        head_families([r1, r1.parent])
+    with pytest.raises(AccheadError, match="head file does not exist"):
+        head_families([cand, tmp_path / "missing.safetensors"])
+    # Without specdecpp (or an extra spec using it) no head is read: a missing one does not matter.
+    args = resolve_args(build_parser().parse_args(["--methods", "specdec", "--head", str(tmp_path / "nope")]))
+    settings, _ = build_settings(args, SamplingConfig(0.0))
+    assert used_heads(args, settings) == []
+
+    # The run key covers every head file (sha256 of each), so another head set recomputes its partials.
+    target, draft = tiny_llama_pair
+    prompt = [torch.tensor([[1, 2, 3]])]
+    keys = [run_key(args, prompt, target, draft, heads)["head"] for heads in ([cand], [cand, r1], [cand, r2])]
+    assert keys[0] is not None and len(keys[1]) == 2 and keys[1][0] == keys[0][0]
+    assert keys[1] != keys[2] or r1.read_bytes() == r2.read_bytes()
+    assert run_key(args, prompt, target, draft, [])["head"] is None
