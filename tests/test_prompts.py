@@ -61,6 +61,16 @@ def test_stdlib_functions_come_from_lm_train_files_only(tmp_path, monkeypatch):
     heldout.write_text('def unseen(x):\n    """Held out from LM training."""\n    return x\n')
     monkeypatch.setattr(prompts, "split_files", lambda: ([train], [heldout]))
     assert load_prompt_set("stdlib-functions") == ['def seen(x):\n    """In the LM-train split."""\n']
+    assert load_prompt_set("stdlib-heldout-functions") == ['def unseen(x):\n    """Held out from LM training."""\n']
+
+
+def test_heldout_functions_share_no_prompt_with_the_training_prompts(tmp_path, monkeypatch):
+    train, heldout = tmp_path / "a.py", tmp_path / "b.py"
+    same = 'def same(x):\n    """Trivial and everywhere."""\n    return x\n'
+    train.write_text(same)
+    heldout.write_text(same + 'def other(x):\n    """Only here."""\n    return x\n')
+    monkeypatch.setattr(prompts, "split_files", lambda: ([train], [heldout]))
+    assert load_prompt_set("stdlib-heldout-functions") == ['def other(x):\n    """Only here."""\n']
 
 
 def test_humaneval():
@@ -73,7 +83,7 @@ def test_humaneval():
 
 
 def test_unknown_name_and_bad_limit():
-    assert set(list_prompt_sets()) == {"stdlib-functions", "humaneval"}
+    assert set(list_prompt_sets()) == {"stdlib-functions", "stdlib-heldout-functions", "humaneval"}
     with pytest.raises(AccheadError, match="known sets: stdlib-functions, humaneval"):
         load_prompt_set("mbpp")
     with pytest.raises(AccheadError, match="limit"):
