@@ -61,7 +61,8 @@ def test_stdlib_functions_come_from_lm_train_files_only(tmp_path, monkeypatch):
     heldout.write_text('def unseen(x):\n    """Held out from LM training."""\n    return x\n')
     monkeypatch.setattr(prompts, "split_files", lambda: ([train], [heldout]))
     assert load_prompt_set("stdlib-functions") == ['def seen(x):\n    """In the LM-train split."""\n']
-    assert load_prompt_set("stdlib-heldout-functions") == ['def unseen(x):\n    """Held out from LM training."""\n']
+    unseen = 'def unseen(x):\n    """Held out from LM training."""\n'
+    assert load_prompt_set("stdlib-heldout-functions") == [unseen]
 
 
 def test_heldout_functions_share_no_prompt_with_the_training_prompts(tmp_path, monkeypatch):
@@ -84,7 +85,7 @@ def test_humaneval():
 
 def test_unknown_name_and_bad_limit():
     assert set(list_prompt_sets()) == {"stdlib-functions", "stdlib-heldout-functions", "humaneval"}
-    with pytest.raises(AccheadError, match="known sets: stdlib-functions, humaneval"):
+    with pytest.raises(AccheadError, match="known sets: stdlib-functions, stdlib-heldout-functions, humaneval"):
         load_prompt_set("mbpp")
     with pytest.raises(AccheadError, match="limit"):
         load_prompt_set("humaneval", limit=-1)
