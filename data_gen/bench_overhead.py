@@ -1,6 +1,6 @@
 """Benchmark (not a test): the cost of exact labelling relative to plain sampling from the target.
 
-    python -m data_gen.bench_overhead [--num-prompts 32 --max-new-tokens 128 --temperature 0 ...]
+    python -m acchead.data_gen.bench_overhead [--num-prompts 32 --max-new-tokens 128 --temperature 0 ...]
 
 labelling overhead = time(gen-data's labelling of the prompts, feature cache off)
                      / time(the target's `generate` of the same prompts, batches and lengths)
@@ -21,19 +21,19 @@ import time
 
 import numpy as np
 import torch
+from acchead.data_gen.cli import context_length, eos_ids
+from acchead.data_gen.labeler import Labeler, left_pad, sample_and_label, stream_uniforms
+from acchead.data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
+from acchead.data_gen.shards import plan_batches
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 from acchead.sampling import SamplingConfig
-from data_gen.cli import context_length, eos_ids
-from data_gen.labeler import Labeler, left_pad, sample_and_label, stream_uniforms
-from data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
-from data_gen.shards import plan_batches
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m data_gen.bench_overhead",
+        prog="python -m acchead.data_gen.bench_overhead",
         description="Time gen-data labelling against the target's plain `generate` on the same prompts and "
         "lengths; prints the ratio (goal <= 1.5x).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -1,11 +1,11 @@
 """`acchead-gen-data`: label target samples with exact acceptance probabilities (DESIGN §2).
 
 One process: `acchead-gen-data [flags]`. Several processes or GPUs: `accelerate launch [--num_processes N]
--m data_gen.cli [flags]` (or `accelerate launch $(which acchead-gen-data) ...`); each process labels a
+-m acchead.data_gen.cli [flags]` (or `accelerate launch $(which acchead-gen-data) ...`); each process labels a
 share of the run's batches (`PartialState.split_between_processes`) and the main process merges them.
 Because the batches (planned once over all prompts) and every prompt's random streams are fixed by the
 run's settings, the rows are the same for any number of processes and across interruptions (rerun the same
-command to resume; `data_gen.shards` says what a kill can lose).
+command to resume; `acchead.data_gen.shards` says what a kill can lose).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 
 from accelerate import PartialState
+from acchead.data_gen.config import GenDataArgs, parse_args
+from acchead.data_gen.labeler import Labeler
+from acchead.data_gen.prompts import encode_prompts, fit_to_context, load_prompts, prompts_digest
+from acchead.data_gen.shards import TOKEN_EMBEDDINGS, PartWriter, RunDir, plan_batches, write_npy
 from tqdm.auto import tqdm
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer, model_identity
-from data_gen.config import GenDataArgs, parse_args
-from data_gen.labeler import Labeler
-from data_gen.prompts import encode_prompts, fit_to_context, load_prompts, prompts_digest
-from data_gen.shards import TOKEN_EMBEDDINGS, PartWriter, RunDir, plan_batches, write_npy
 
 CACHE_AUTO_LIMIT = 4 * 2**30  # bytes: auto caches features if the estimated float16 cache is at most this
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from acchead.data_gen.prompts import PromptSource
 
 from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig
-from data_gen.prompts import PromptSource
 
 SOURCE_KEYS = ("prompt_set", "prompts", "dataset")
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Defaults in [brackets] come from configs/gen_data.yaml; a flag overrides its key. Draft and "
         "target must share one tokenizer (the same token->id map and EOS id). Prompts too long for "
         "len(prompt) + max_new_tokens <= context are skipped and counted; empty prompts are refused. "
-        "Several processes: accelerate launch [--num_processes N] -m data_gen.cli [flags].",
+        "Several processes: accelerate launch [--num_processes N] -m acchead.data_gen.cli [flags].",
     )
     a = p.add_argument
     a("--config", default=None, help="YAML with defaults for every flag (default: configs/gen_data.yaml)")
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
     """Append each flag's value in the shipped YAML to its help (argparse's own defaults are all None)."""
-    from configs import config_path
+    from acchead.configs import config_path
 
     try:
         defaults = load_yaml(config_path("gen_data"))
@@ -158,7 +158,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> GenDataArgs:
     """Flags over YAML defaults -> validated `GenDataArgs`."""
-    from configs import config_path
+    from acchead.configs import config_path
 
     parser = build_parser()
     ns = parser.parse_args(argv)

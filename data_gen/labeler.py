@@ -23,7 +23,7 @@ Padding: a batch is laid out as `[left pad | prompt | response | right pad]`, so
 same column P and response position i sits in column P + i for every row. Pad positions are masked out of
 attention and position ids count only real tokens (`cumsum(mask) - 1`), so a row's numbers do not depend
 on how much padding its batch needed beyond float rounding. Callers batch prompts of similar length to
-keep that padding small (`data_gen.shards.plan_batches`).
+keep that padding small (`acchead.data_gen.shards.plan_batches`).
 
 Randomness: each prompt has three independent streams of float64 uniforms (generation, draft sample,
 mixing) seeded from `(seed, prompt_index, stream)` and drawn on the CPU, so a row does not depend on which

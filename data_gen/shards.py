@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from acchead.data_gen.labeler import LabeledRow
 
 from acchead.errors import AccheadError
 from acchead.rundir import (
@@ -53,7 +54,6 @@ from acchead.rundir import (
     remove_stale_tmp,
     start,
 )
-from data_gen.labeler import LabeledRow
 
 FORMAT, VERSION = "acchead-gen-data", 1
 KIND = "gen-data"  # the run kind of its manifest (`acchead.rundir`)

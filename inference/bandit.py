@@ -21,7 +21,7 @@ A tokens-per-second reward is an option (the public code's choice). Its range is
 losses and the UCB width use the largest rate seen so far as the upper end of the range, with 0 as the
 lower end — a heuristic, said so here; the theory covers the accepted-token reward only.
 
-This module holds the selectors only; `inference.bandit_policy` plugs them into the decoder.
+This module holds the selectors only; `acchead.inference.bandit_policy` plugs them into the decoder.
 """
 
 from __future__ import annotations

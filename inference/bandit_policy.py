@@ -22,14 +22,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from acchead.inference.bandit import RewardKind, make_selector
+from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
+from acchead.inference.policies import Autoregressive, FixedK, StopPolicy, parse_policy
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.sampling import SamplingConfig
-from inference.bandit import RewardKind, make_selector
-from inference.drafters import Drafter, DraftStep, ModelDrafter
-from inference.policies import Autoregressive, FixedK, StopPolicy, parse_policy
 
 
 def max_speculation(policy: StopPolicy) -> int:
@@ -57,7 +57,8 @@ class BanditPolicy(StopPolicy):
 
     Args:
         arms: the candidate policies (no oracle: it needs hindsight).
-        drafters: per arm, a drafter spec (`inference.cascade.make_drafter`) or None for the draft model.
+        drafters: per arm, a drafter spec (`acchead.inference.cascade.make_drafter`) or None for the draft
+            model.
         selector: "ucb" or "exp3".
         delta: UCBSpec's confidence parameter.
         seed: EXP3Spec's own generator seed (independent of token sampling).
@@ -243,11 +244,12 @@ def bandit_decoder(
     Args:
         target, draft: the models; `draft` serves arms without a drafter and reviews in cascades.
         spec: e.g. "ucb:arms=specdec:k=3|mag@specdec:k=8|cascade:k=4.2/10@specdec:k=6".
-        bigram: MaG's bigram table, needed by `mag`/`cascade` arms (`inference.mag.corpus_bigram_table`).
+        bigram: MaG's bigram table, needed by `mag`/`cascade` arms
+            (`acchead.inference.mag.corpus_bigram_table`).
         head: for specdecpp arms (which must use the draft model: MaG and cascades have no hidden states).
     """
-    from inference.cascade import make_drafter
-    from inference.decoder import SpeculativeDecoder
+    from acchead.inference.cascade import make_drafter
+    from acchead.inference.decoder import SpeculativeDecoder
 
     if head is not None and not isinstance(head, AcceptanceHead):
         from acchead.head_io import load_head

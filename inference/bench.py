@@ -9,7 +9,7 @@ acceptance head, so candidate and lookahead heads run side by side as families `
 oracle; transformers' assisted generation; any extra policy specs from the config) the bench decodes the
 same prompts with the same per-prompt seeds and records the counts and wall time of every prompt. The unit
 costs t_draft, t_target are fitted over the per-prompt runs of our draft-model decoders (paper §4.2);
-`results.json`, `pareto.png` and `report.md` follow from them (see `inference.bench_report`); the head
+`results.json`, `pareto.png` and `report.md` follow from them (see `acchead.inference.bench_report`); the head
 overhead is timed per head. Every finished run is saved under `OUT/partial/` (atomic, fsynced write),
 so a killed bench picks up where it stopped when re-run with the same settings; OUT is locked for the run
 and another run's OUT is refused (`acchead.rundir`).
@@ -26,12 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
-
-from acchead.errors import AccheadError, cli_errors
-from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
-from acchead.sampling import SamplingConfig
-from inference.bench_config import (
+from acchead.inference.bench_config import (
     FIT_FAMILIES,
     Setting,
     build_parser,
@@ -40,11 +35,16 @@ from inference.bench_config import (
     resolve_args,
     used_heads,
 )
-from inference.bench_prompts import load_prompts
-from inference.costmodel import RunCounts, aggregate, fit_costs
-from inference.head_timing import time_head_overhead
-from inference.hf_assisted import METHOD as HF_METHOD
-from inference.hf_assisted import hf_assisted_generate, schedule_params
+from acchead.inference.bench_prompts import load_prompts
+from acchead.inference.costmodel import RunCounts, aggregate, fit_costs
+from acchead.inference.head_timing import time_head_overhead
+from acchead.inference.hf_assisted import METHOD as HF_METHOD
+from acchead.inference.hf_assisted import hf_assisted_generate, schedule_params
+from tqdm import tqdm
+
+from acchead.errors import AccheadError, cli_errors
+from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
+from acchead.sampling import SamplingConfig
 
 
 @dataclass
@@ -86,14 +86,14 @@ class Bench:
 
     def decoder(self, setting: Setting):
         """A fresh decoder for `setting` (fresh policy state: bandit statistics start from zero)."""
-        from inference.decoder import SpeculativeDecoder
+        from acchead.inference.decoder import SpeculativeDecoder
 
         # The setting's head path, not a loaded module: the decoder then checks the head against the draft
         # and warns when the head was trained under another sampling configuration than the bench's.
         head = setting.head if setting.needs_head else None
         drafter, policy = self.draft, setting.spec  # bandits (ucb:/exp3:) are policy specs too
         if "+" in setting.spec:  # DRAFTER+POLICY: MaG or a cascade instead of the draft model alone
-            from inference.cascade import make_drafter
+            from acchead.inference.cascade import make_drafter
 
             drafter_spec, policy = setting.spec.split("+", 1)
             drafter = make_drafter(
@@ -104,7 +104,7 @@ class Bench:
     def bigram(self):
         """MaG's bigram table over the demo corpus under our tokenizer (built once, cached on disk)."""
         if self._bigram is None:
-            from inference.mag import corpus_bigram_table
+            from acchead.inference.mag import corpus_bigram_table
 
             self._bigram = corpus_bigram_table(self.tokenizer)
         return self._bigram
@@ -300,9 +300,10 @@ def _partial_path(out: Path, i: int) -> Path:
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Load everything, run the grid (resuming from partials), fit, and write the three outputs."""
+    from acchead.inference.bench_report import write_outputs
+
     from acchead.head_io import load_head
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
-    from inference.bench_report import write_outputs
 
     out = Path(args.out)
     prompts = load_prompts(args.prompts, args.num_prompts)
@@ -352,7 +353,7 @@ def _run_and_report(
 ) -> dict:
     """Run the grid (resuming from partials), fit the costs, time each head (`heads`: loaded head by
     family), and build the results object."""
-    from inference.bench_report import build_results
+    from acchead.inference.bench_report import build_results
 
     prompt_ids = bench.prompt_ids
     done = run_grid(bench, settings, out, fingerprint)

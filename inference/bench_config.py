@@ -39,8 +39,8 @@ FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "
 class Setting:
     """One row of the bench: a method family with its parameters and the policy spec that realises it.
 
-    `spec` is the string `inference.policies.parse_policy` takes (empty for hf-assisted); `key` names the
-    setting's partial-result file. `head` is the acceptance-head file the setting decodes with (None for
+    `spec` is the string `acchead.inference.policies.parse_policy` takes (empty for hf-assisted); `key` names
+    the setting's partial-result file. `head` is the acceptance-head file the setting decodes with (None for
     settings without a head); SpecDec++ settings of several heads share specs, so their keys and labels
     also name the family.
     """
@@ -173,7 +173,7 @@ def _spec_list(text: str) -> list[str]:
 
 
 def _shipped_defaults() -> dict[str, Any]:
-    from configs import config_path
+    from acchead.configs import config_path
 
     try:
         return yaml.safe_load(config_path("bench").read_text()) or {}
@@ -285,7 +285,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 
     A user config may set only some keys; the others keep the shipped defaults.
     """
-    from configs import config_path
+    from acchead.configs import config_path
 
     known = {k for k in vars(args) if k != "config"}
     cfg = _read_config(config_path("bench"), known)
@@ -443,7 +443,7 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         else:
             notes.append(f"oracle skipped: it is defined for greedy decoding only (sampling is {sampling}).")
     if "hf-assisted" in methods:
-        from inference.hf_assisted import METHOD
+        from acchead.inference.hf_assisted import METHOD
 
         settings.append(Setting(METHOD, "", {}, "token"))
     for spec in extras:  # a bandit arm or cascade using SpecDec++ decodes with the first head

@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from acchead.inference.bench_config import FIT_FAMILIES, head_kind_of, head_name, is_specdecpp
+from acchead.inference.costmodel import CostFit, ratio_speedup
+from acchead.inference.head_timing import HeadOverhead
+
 from acchead.rundir import atomic_write_text, commit
 from acchead.sampling import SamplingConfig
-from inference.bench_config import FIT_FAMILIES, head_kind_of, head_name, is_specdecpp
-from inference.costmodel import CostFit, ratio_speedup
-from inference.head_timing import HeadOverhead
 
 # Targets of issue 10 (SpecDec++ with a lookahead head, judged at GPU-like cost ratios).
 GOAL_RATIO = 0.2  # the declared c = t_draft / t_target the goals are judged at (the paper's 7B/70B, A100)

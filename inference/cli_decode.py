@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import torch
+from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
+from acchead.inference.policies import needs_head, parse_policy
 from transformers import TextStreamer
 from transformers.utils import logging as hf_logging
 
@@ -29,8 +31,6 @@ from acchead.models import (
 )
 from acchead.sampling import SamplingConfig
 from acchead.zoo import DRAFT_DIR, TARGET_DIR, default_head, fallback_head
-from inference.decoder import GenerationResult, SpeculativeDecoder
-from inference.policies import needs_head, parse_policy
 
 DEFAULT_PROMPT = (
     'def is_palindrome(text: str) -> bool:\n'

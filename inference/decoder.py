@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter, crop_cache
+from acchead.inference.policies import Autoregressive, StopPolicy, parse_policy
+from acchead.inference.verification import VERIFIERS
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig, probs_from_logits
-from inference.drafters import Drafter, DraftStep, ModelDrafter, crop_cache
-from inference.policies import Autoregressive, StopPolicy, parse_policy
-from inference.verification import VERIFIERS
 
 
 @dataclass
@@ -131,7 +131,7 @@ class SpeculativeDecoder:
         target: the target causal LM (eval mode).
         draft: the draft causal LM (wrapped in a `ModelDrafter` with its own KV cache), or any `Drafter`
             (e.g. MaG, a cascade), or None for `autoregressive`.
-        policy: a spec string (see `inference.policies`) or a `StopPolicy`.
+        policy: a spec string (see `acchead.inference.policies`) or a `StopPolicy`.
         head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
             draft=draft)` so that a head trained for another draft is refused.
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).

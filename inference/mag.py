@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from acchead.inference.drafters import RoundBufferDrafter
 
 from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig
-from inference.drafters import RoundBufferDrafter
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("ACCHEAD_CACHE", Path.home() / ".cache" / "acchead"))
 
@@ -219,7 +219,7 @@ class MaxGram:
 
 
 class MaGDrafter(RoundBufferDrafter):
-    """MaG as a `Drafter` (inference.drafters): one-hot q, no hidden state, no model forwards.
+    """MaG as a `Drafter` (acchead.inference.drafters): one-hot q, no hidden state, no model forwards.
 
     Each proposal block is computed once from the context at the start of a round (or when the policy
     drafts past it) and handed out token by token; the block is a deterministic function of the context,

@@ -46,11 +46,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from acchead.inference.drafters import DraftStep
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.lookahead import candidate_stats
-from inference.drafters import DraftStep
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
@@ -500,7 +500,7 @@ def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) 
     name, _, body = spec.strip().partition(":")
     name = name.strip().lower()
     if name in ("ucb", "exp3"):  # BanditSpec: a selector over policy arms, ucb:arms=specdec:k=2|...
-        from inference.bandit_policy import parse_bandit
+        from acchead.inference.bandit_policy import parse_bandit
 
         return parse_bandit(spec, head=head)
     if name not in _KEYS:

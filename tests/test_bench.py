@@ -7,14 +7,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from acchead.inference.bench import main, run_key
+from acchead.inference.bench_config import (
+    build_parser,
+    build_settings,
+    head_families,
+    resolve_args,
+    used_heads,
+)
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
 from acchead.models import load_causal_lm, model_identity
 from acchead.sampling import SamplingConfig
-from inference.bench import main, run_key
-from inference.bench_config import build_parser, build_settings, head_families, resolve_args, used_heads
 
 LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token")
 
@@ -241,8 +247,8 @@ def test_entropy_grids_and_cost_ratios_are_validated(argv, message):
 
 def test_bench_runs_extra_decoders(bench_inputs, tmp_path, monkeypatch):
     # MaG's corpus table takes a minute to build; a table from the prompts exercises the same plumbing.
-    from inference.bench import Bench
-    from inference.mag import build_bigram_table
+    from acchead.inference.bench import Bench
+    from acchead.inference.mag import build_bigram_table
 
     def bigram(self: Bench):
         return build_bigram_table([p[0].tolist() for p in self.prompt_ids], self.target.config.vocab_size)

@@ -6,9 +6,7 @@ import argparse
 import json
 
 import pytest
-
-from acchead.sampling import SamplingConfig
-from inference.bench_report import (
+from acchead.inference.bench_report import (
     _greedy_agreement,
     _kind_lines,
     best_by_family,
@@ -20,8 +18,10 @@ from inference.bench_report import (
     plot_pareto,
     render_report,
 )
-from inference.costmodel import CostFit
-from inference.head_timing import HeadOverhead
+from acchead.inference.costmodel import CostFit
+from acchead.inference.head_timing import HeadOverhead
+
+from acchead.sampling import SamplingConfig
 
 
 def _row(method: str, modeled: float, wall: float, **params) -> dict:

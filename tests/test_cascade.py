@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import itertools
 
+import acchead.inference.cascade as cascade_mod
 import numpy as np
 import pytest
 import torch
+from acchead.inference.cascade import CascadeDrafter, make_drafter, parse_k, review_out_dists
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.drafters import Drafter
+from acchead.inference.mag import MaxGram, build_bigram_table
 from conftest import make_tiny_llama
 
-import inference.cascade as cascade_mod
 from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig, probs_from_logits
-from inference.cascade import CascadeDrafter, make_drafter, parse_k, review_out_dists
-from inference.decoder import SpeculativeDecoder
-from inference.drafters import Drafter
-from inference.mag import MaxGram, build_bigram_table
 
 
 def _enumerated_law(r: torch.Tensor, p: torch.Tensor, leniency: float) -> torch.Tensor:
@@ -211,7 +211,7 @@ def test_bad_k_and_drafter_specs(tiny_llama_pair):
 @pytest.mark.slow
 def test_sampling_bandit_over_drafters_samples_the_target():
     """Rounds switching between the draft model, MaG and a lenient cascade still sample the target."""
-    from inference.bandit_policy import bandit_decoder
+    from acchead.inference.bandit_policy import bandit_decoder
 
     target = make_tiny_llama(VOCAB, hidden_size=32, num_layers=2, seed=11)
     draft = make_tiny_llama(VOCAB, hidden_size=32, num_layers=1, seed=12)

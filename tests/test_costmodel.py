@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from acchead.inference.costmodel import (
+    CostFit,
+    RunCounts,
+    aggregate,
+    fit_costs,
+    modeled_tokens_per_s,
+    ratio_speedup,
+)
 
 from acchead.errors import AccheadError
-from inference.costmodel import CostFit, RunCounts, aggregate, fit_costs, modeled_tokens_per_s, ratio_speedup
 
 
 def test_fit_recovers_true_coefficients_from_noisy_runs():

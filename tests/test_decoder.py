@@ -6,15 +6,15 @@ import json
 
 import pytest
 import torch
+from acchead.inference import SpeculativeDecoder, parse_policy
+from acchead.inference.cli_decode import main as decode_main
+from acchead.inference.policies import Confidence, FixedK, Oracle, SpecDecPP
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
 from acchead.models import model_identity
 from acchead.sampling import SamplingConfig
-from inference import SpeculativeDecoder, parse_policy
-from inference.cli_decode import main as decode_main
-from inference.policies import Confidence, FixedK, Oracle, SpecDecPP
 
 # ------------------------------------------------------------------------------------------- policies
 
@@ -232,7 +232,7 @@ def test_specdecpp_fast_head_path_equals_the_module():
         with torch.no_grad():
             assert abs(policy.head_logit(e) - float(head(e))) < 1e-5
     # log σ in plain floats stays finite and exact in both tails.
-    from inference.policies import _log_sigmoid
+    from acchead.inference.policies import _log_sigmoid
 
     for f in (-800.0, -3.0, 0.0, 2.5, 800.0):
         exact = float(torch.nn.functional.logsigmoid(torch.tensor(f, dtype=torch.float64)))

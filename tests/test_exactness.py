@@ -23,14 +23,11 @@ from typing import ClassVar
 
 import pytest
 import torch
-
-from acchead.head import AcceptanceHead
-from acchead.sampling import SamplingConfig, probs_from_logits
-from inference import SpeculativeDecoder, parse_policy
-from inference.decoder import draft_round
-from inference.drafters import DraftStep
-from inference.policies import AdaEDL, StopPolicy
-from inference.verification import (
+from acchead.inference import SpeculativeDecoder, parse_policy
+from acchead.inference.decoder import draft_round
+from acchead.inference.drafters import DraftStep
+from acchead.inference.policies import AdaEDL, StopPolicy
+from acchead.inference.verification import (
     block_h,
     block_next_dist,
     block_rho,
@@ -38,6 +35,9 @@ from inference.verification import (
     token_next_dist,
     token_tau_probs,
 )
+
+from acchead.head import AcceptanceHead
+from acchead.sampling import SamplingConfig, probs_from_logits
 
 # ------------------------------------------------------------------------------------------- toy world
 

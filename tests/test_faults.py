@@ -20,6 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from acchead.data_gen import cli as gen_cli
+from acchead.data_gen.shards import PartWriter, RunDir
+from acchead.inference import bench as bench_cli
+from acchead.inference import cli_decode
+from acchead.train import cli as train_cli
+from acchead.train.fit import RunCheckpoint
 from gendata_fixture import gen_data  # noqa: F401  (pytest fixture)
 from test_gen_data_cli import PROMPTS, base_args, read_run, write_jsonl
 
@@ -28,12 +34,6 @@ from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, load_head, save_head
 from acchead.models import load_causal_lm, model_identity
 from acchead.rundir import LOCK_NAME, DirLock, atomic_write_text, claim, start
-from data_gen import cli as gen_cli
-from data_gen.shards import PartWriter, RunDir
-from inference import bench as bench_cli
-from inference import cli_decode
-from train import cli as train_cli
-from train.fit import RunCheckpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # One thread like this process (conftest): same kernels, same bits.
@@ -444,7 +444,7 @@ def test_bench_binary_prompt_file_is_one_line(bench_inputs, tmp_path, capsys):
 
 
 def test_decoder_api_refuses_bad_arguments(tiny_llama_pair):
-    from inference.decoder import SpeculativeDecoder
+    from acchead.inference.decoder import SpeculativeDecoder
 
     target, draft = tiny_llama_pair
     with pytest.raises(AccheadError, match="policy must be a spec string"):
@@ -542,7 +542,7 @@ def test_gen_data_sigkill_at_random_points_then_rerun_equals_uninterrupted(
     rng = random.Random(12)
     out = tmp_path / "killed"
     args = base_args(tiny_pair_dirs, prompts_file, out, "--flush-seconds", "0", "--shard-size", "256")
-    cmd = [sys.executable, "-m", "data_gen.cli", *args]
+    cmd = [sys.executable, "-m", "acchead.data_gen.cli", *args]
     kills = 0
     for _ in range(3):  # kill during start-up, labelling or the merge, wherever the random delay falls
         res = _kill_at(cmd, rng.uniform(3.0, 9.0))
@@ -557,7 +557,7 @@ def test_gen_data_sigkill_at_random_points_then_rerun_equals_uninterrupted(
 @pytest.mark.slow
 def test_two_gen_data_processes_on_one_out(tiny_pair_dirs, prompts_file, tmp_path, gen_reference):
     out = tmp_path / "shared"
-    cmd = [sys.executable, "-m", "data_gen.cli", *base_args(tiny_pair_dirs, prompts_file, out)]
+    cmd = [sys.executable, "-m", "acchead.data_gen.cli", *base_args(tiny_pair_dirs, prompts_file, out)]
     first = subprocess.Popen(
         cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -595,7 +595,8 @@ def test_train_sigkill_at_random_points_then_resume_equals_uninterrupted(
 ):
     rng = random.Random(7)
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "train.cli", "--data", str(gen_data["data"]), "--out", str(out), *TRAIN_SLOW]
+    cmd = [sys.executable, "-m", "acchead.train.cli", "--data", str(gen_data["data"]), "--out", str(out),
+           *TRAIN_SLOW]
     killed_mid_run = 0
     for _ in range(3):
         proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -616,7 +617,8 @@ def test_train_sigint_exits_130_with_one_line_and_resume_last_continues(
     gen_data, tmp_path, slow_train_reference  # noqa: F811
 ):
     out = tmp_path / "interrupted"
-    cmd = [sys.executable, "-m", "train.cli", "--data", str(gen_data["data"]), "--out", str(out), *TRAIN_SLOW]
+    cmd = [sys.executable, "-m", "acchead.train.cli", "--data", str(gen_data["data"]), "--out", str(out),
+           *TRAIN_SLOW]
     proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for((out / "checkpoints", "last.ckpt"), proc)
     proc.send_signal(signal.SIGINT)
@@ -637,7 +639,7 @@ def test_bench_sigkill_at_random_points_then_rerun_equals_uninterrupted(bench_in
     methods = ("--methods", "autoregressive,specdec,specdecpp,oracle", "--max-new-tokens", "32")
     assert bench_cli.main(_bench_argv(bench_inputs, ref, *methods)) == 0
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "inference.bench", *_bench_argv(bench_inputs, out, *methods)]
+    cmd = [sys.executable, "-m", "acchead.inference.bench", *_bench_argv(bench_inputs, out, *methods)]
     rng = random.Random(3)
     killed_mid_run = 0
     for _ in range(2):

@@ -1,4 +1,4 @@
-"""The labelling math of data_gen.labeler, checked against independent unbatched computations.
+"""The labelling math of acchead.data_gen.labeler, checked against independent unbatched computations.
 
 accept_prob is recomputed with transformers' own logits warpers on full-sequence logits of unbatched
 forwards; greedy responses are compared with `generate`; rows must not depend on batch composition.
@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from acchead.data_gen.labeler import Labeler, sample_inverse_cdf, stream_uniforms
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from acchead.models import final_hidden
 from acchead.sampling import SamplingConfig
-from data_gen.labeler import Labeler, sample_inverse_cdf, stream_uniforms
 
 PROMPTS = [
     "def add(a, b):\n    return",

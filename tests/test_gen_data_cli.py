@@ -15,12 +15,11 @@ import datasets
 import numpy as np
 import pytest
 import yaml
+from acchead.configs import config_path
+from acchead.data_gen import cli
+from acchead.data_gen.config import build_parser, parse_args
+from acchead.data_gen.shards import RunDir
 from conftest import make_tiny_tokenizer
-
-from configs import config_path
-from data_gen import cli
-from data_gen.config import build_parser, parse_args
-from data_gen.shards import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"def f{i}(x):\n    return x + {i}" + " * y" * (i % 4) for i in range(10)]
@@ -161,7 +160,7 @@ def test_sigkill_then_same_command_resumes(tiny_pair_dirs, prompts_file, tmp_pat
     out = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # like this process (conftest): same kernels, same bits
     proc = subprocess.Popen(
-        [sys.executable, "-m", "data_gen.cli", *args],
+        [sys.executable, "-m", "acchead.data_gen.cli", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -201,7 +200,7 @@ def test_two_accelerate_processes_give_the_same_rows_as_one(
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the reference ran with one thread: same kernels, same bits
     res = subprocess.run(
-        [*launch, "-m", "data_gen.cli", *base_args(tiny_pair_dirs, prompts_file, out)],
+        [*launch, "-m", "acchead.data_gen.cli", *base_args(tiny_pair_dirs, prompts_file, out)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -9,9 +9,15 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from acchead.data_gen.prompts import (
+    PromptSource,
+    encode_prompts,
+    fit_to_context,
+    load_prompts,
+    prompts_digest,
+)
 
 from acchead.errors import AccheadError
-from data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts, prompts_digest
 
 PROMPTS = ["def f(x):\n    return x", "class A:\n    pass", "import os"]
 

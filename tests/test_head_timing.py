@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from acchead.inference.head_timing import time_head_overhead
+from acchead.inference.policies import SpecDecPP
 
 from acchead.head import AcceptanceHead
 from acchead.sampling import SamplingConfig
-from inference.head_timing import time_head_overhead
-from inference.policies import SpecDecPP
 
 LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token")
 

@@ -6,10 +6,15 @@ import copy
 
 import pytest
 import torch
+from acchead.inference.hf_assisted import (
+    ForwardCounter,
+    hf_assisted_generate,
+    sampling_kwargs,
+    schedule_params,
+)
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from acchead.sampling import SamplingConfig
-from inference.hf_assisted import ForwardCounter, hf_assisted_generate, sampling_kwargs, schedule_params
 
 
 def _tiny_lm(seed: int) -> LlamaForCausalLM:

@@ -8,6 +8,12 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from acchead.data_gen import cli as gen_cli
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.drafters import ModelDrafter
+from acchead.inference.policies import SpecDecPP, parse_policy
+from acchead.train import cli as train_cli
+from acchead.train.data import load_gen_data
 from test_exactness import (
     VERIFIERS,
     WORLDS,
@@ -26,12 +32,6 @@ from acchead.head_io import HeadMetadata, load_head, save_head
 from acchead.lookahead import check_kind, input_size, lookahead_inputs, parse_inputs
 from acchead.models import model_identity
 from acchead.sampling import SamplingConfig
-from data_gen import cli as gen_cli
-from inference.decoder import SpeculativeDecoder
-from inference.drafters import ModelDrafter
-from inference.policies import SpecDecPP, parse_policy
-from train import cli as train_cli
-from train.data import load_gen_data
 
 ALL_INPUTS = ("state", "logq", "entropy", "token")
 
@@ -247,8 +247,8 @@ def test_train_lookahead_head_end_to_end(lookahead_data, tiny_pair_dirs, tmp_pat
 
 def test_cached_and_on_the_fly_lookahead_inputs_agree(lookahead_data, tiny_pair_dirs):
     """Both feature modes hand the head the same inputs for the same positions (up to float16 states)."""
-    from train.datamodule import CachedPositions, SequenceRows
-    from train.draft import FrozenDraft
+    from acchead.train.datamodule import CachedPositions, SequenceRows
+    from acchead.train.draft import FrozenDraft
 
     cached = load_gen_data(lookahead_data, "cached", kind="lookahead")
     fly = load_gen_data(lookahead_data, "on-the-fly", kind="lookahead")

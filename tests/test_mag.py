@@ -5,12 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from acchead.errors import AccheadError
-from acchead.sampling import SamplingConfig
-from inference.decoder import SpeculativeDecoder
-from inference.drafters import Drafter
-from inference.mag import (
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.drafters import Drafter
+from acchead.inference.mag import (
     MaGDrafter,
     MaxGram,
     _scan_suffix_match,
@@ -18,6 +15,9 @@ from inference.mag import (
     corpus_bigram_table,
     longest_suffix_match,
 )
+
+from acchead.errors import AccheadError
+from acchead.sampling import SamplingConfig
 
 
 def test_longest_suffix_match_is_longest_then_leftmost():

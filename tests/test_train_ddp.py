@@ -18,7 +18,7 @@ def test_ddp_two_cpu_processes_train_and_sync_metrics(gen_data, tmp_path):  # no
     cmd = [
         sys.executable,
         "-m",
-        "train.cli",
+        "acchead.train.cli",
         "--data",
         str(gen_data["data"]),
         "--out",

@@ -7,15 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from acchead.train.data import load_gen_data, split_by_prompt
+from acchead.train.datamodule import CachedPositions, IndexBatches, SequenceRows
+from acchead.train.draft import FrozenDraft
+from acchead.train.fit import train_head
+from acchead.train.settings import TrainSettings
+from acchead.train.sweep import main as sweep_main
 from gendata_fixture import gen_data  # noqa: F401  (pytest fixture)
 from lightning.pytorch.callbacks import Callback
-
-from train.data import load_gen_data, split_by_prompt
-from train.datamodule import CachedPositions, IndexBatches, SequenceRows
-from train.draft import FrozenDraft
-from train.fit import train_head
-from train.settings import TrainSettings
-from train.sweep import main as sweep_main
 
 
 def _settings(gen_data, **kw) -> TrainSettings:  # noqa: F811

@@ -1,6 +1,6 @@
 """Benchmark (not a test): one training epoch on cached features vs on the fly, same data, one run.
 
-    python -m train.bench_features --data DIR [--draft DRAFT_DIR]
+    python -m acchead.train.bench_features --data DIR [--draft DRAFT_DIR]
 
 Both runs train the same head on the same training split for one epoch with validation off; each mode
 uses its own batch semantics (cached: `--batch-size` positions, on the fly: `--batch-sequences` rows, the
@@ -19,9 +19,8 @@ from acchead.errors import cli_errors
 def _epoch_seconds(data, args: argparse.Namespace, draft) -> tuple[float, float]:
     """(wall, CPU) seconds of one training epoch; CPU time is the honest figure on a shared machine."""
     import lightning as L
-
-    from train.datamodule import GenDataModule
-    from train.module import AcceptanceHeadModule
+    from acchead.train.datamodule import GenDataModule
+    from acchead.train.module import AcceptanceHeadModule
 
     L.seed_everything(args.seed, verbose=False)
     dm = GenDataModule(data, args.val_fraction, args.seed, args.batch_size, args.batch_sequences)
@@ -45,7 +44,9 @@ def _epoch_seconds(data, args: argparse.Namespace, draft) -> tuple[float, float]
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.bench_features", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m acchead.train.bench_features", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--data", required=True, help="gen-data directory WITH a feature cache")
     p.add_argument(
         "--draft", help="draft model directory for the on-the-fly run (default: the zoo's demo draft)"
@@ -66,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     args = p.parse_args(argv)
 
-    from train.data import check_draft, load_gen_data, split_by_prompt
-    from train.draft import FrozenDraft
-    from train.fit import quiet_lightning
+    from acchead.train.data import check_draft, load_gen_data, split_by_prompt
+    from acchead.train.draft import FrozenDraft
+    from acchead.train.fit import quiet_lightning
 
     quiet_lightning()
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from acchead.configs import config_path
+from acchead.train.settings import TrainSettings
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.rundir import (
@@ -33,8 +35,6 @@ from acchead.rundir import (
     remove_stale_tmp,
     start,
 )
-from configs import config_path
-from train.settings import TrainSettings
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainSettings)}
 
@@ -150,7 +150,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 def metrics_table(metrics: dict[str, Any]) -> str:
     """Markdown table: head vs the best constant predictor, on validation and train."""
-    from train.metrics import METRIC_NAMES
+    from acchead.train.metrics import METRIC_NAMES
 
     lines = [
         "| metric | val head | val best constant | train head | train best constant |",
@@ -199,7 +199,11 @@ def _report_complete(out: Path) -> int:
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
-    from train.fit import LAST_CKPT, quiet_lightning, train_head  # deferred: torch makes `--help` slow
+    from acchead.train.fit import (  # deferred: torch makes `--help` slow
+        LAST_CKPT,
+        quiet_lightning,
+        train_head,
+    )
 
     args = build_parser().parse_args(argv)
     overwrite = bool(vars(args).pop("overwrite", False))

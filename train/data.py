@@ -1,7 +1,7 @@
 """Reading and validating an `acchead-gen-data` directory (the format: README, "The gen-data format").
 
 Everything the trainer needs is flattened here into per-Y-position arrays (label, feature row, row id,
-position) plus per-row token lists for the on-the-fly mode, so the datasets in `train.datamodule` are
+position) plus per-row token lists for the on-the-fly mode, so the datasets in `acchead.train.datamodule` are
 thin views. Every way the directory can be wrong is one `AccheadError` line.
 """
 

@@ -21,11 +21,11 @@ from collections.abc import Iterator
 import lightning as L
 import numpy as np
 import torch
+from acchead.train.data import GenData, split_by_prompt
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from acchead.lookahead import lookahead_inputs
 from acchead.sampling import SamplingConfig
-from train.data import GenData, split_by_prompt
 
 
 class IndexBatches(Sampler[np.ndarray]):
@@ -188,7 +188,7 @@ class GenDataModule(L.LightningDataModule):
     """Train/validation loaders over a loaded gen-data directory.
 
     Args:
-        data: the loaded directory (`train.data.load_gen_data`).
+        data: the loaded directory (`acchead.train.data.load_gen_data`).
         val_fraction: share of prompts held out for validation.
         seed: seed of the split and of the per-epoch shuffles.
         batch_size: Y-positions per batch (cached mode).

@@ -18,17 +18,17 @@ from typing import Any
 
 import lightning as L
 import torch
+from acchead.train.data import GenData, check_draft, load_gen_data, same_draft
+from acchead.train.datamodule import GenDataModule
+from acchead.train.draft import FrozenDraft
+from acchead.train.metrics import best_constant
+from acchead.train.module import AcceptanceHeadModule
+from acchead.train.settings import TrainSettings
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 
 from acchead.errors import AccheadError
 from acchead.head_io import HeadMetadata
 from acchead.rundir import commit
-from train.data import GenData, check_draft, load_gen_data, same_draft
-from train.datamodule import GenDataModule
-from train.draft import FrozenDraft
-from train.metrics import best_constant
-from train.module import AcceptanceHeadModule
-from train.settings import TrainSettings
 
 
 @dataclass
@@ -141,10 +141,11 @@ class RunCheckpoint(Callback):
     It is saved at every epoch end and, inside an epoch, after the first training batch that ends `every_s`
     seconds after the previous save (the decision is rank 0's, broadcast, so every DDP rank saves
     together). The checkpoint is written beside, fsynced and renamed over last.ckpt: a kill at any moment
-    leaves the previous complete one. The training loader is resumable (`train.datamodule.IndexBatches`
-    records the batches it has served), so a run resumed from a mid-epoch checkpoint skips exactly the
-    batches already trained on and ends with the head of an uninterrupted run. This replaces Lightning's
-    ModelCheckpoint, which writes in place and names a second run's file last-v1.ckpt.
+    leaves the previous complete one. The training loader is resumable
+    (`acchead.train.datamodule.IndexBatches` records the batches it has served), so a run resumed from a
+    mid-epoch checkpoint skips exactly the batches already trained on and ends with the head of an
+    uninterrupted run. This replaces Lightning's ModelCheckpoint, which writes in place and names a second
+    run's file last-v1.ckpt.
     """
 
     def __init__(self, dirpath: str | Path, every_s: float = 60.0) -> None:
@@ -299,7 +300,7 @@ def train_head(
         enable_progress_bar=settings.progress,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        # Our samplers shard by rank themselves (see train.datamodule.IndexBatches).
+        # Our samplers shard by rank themselves (see acchead.train.datamodule.IndexBatches).
         use_distributed_sampler=False,
         log_every_n_steps=10,
     )

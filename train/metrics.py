@@ -4,8 +4,8 @@ plus the analytic best constant predictor that every trained head must beat.
 Two kinds of targets per Y-position:
 - the soft label P (the exact acceptance probability): binary KL, weighted BCE and the Brier score;
 - a hard label: the realised accept/reject event, a Bernoulli(P) draw made once per position with a fixed
-  seed (see `train.data.hard_labels`). That is the event the decoder actually sees, so calibration error
-  and AUROC are measured against it. Thresholding 1[P >= 0.5] instead would throw away exactly the
+  seed (see `acchead.train.data.hard_labels`). That is the event the decoder actually sees, so calibration
+  error and AUROC are measured against it. Thresholding 1[P >= 0.5] instead would throw away exactly the
   uncertainty the head is meant to predict (a P = 0.55 position is "accept" 45% of the time), and the
   fixed per-position draw keeps the metric repeatable and independent of batching and process count.
 """

@@ -2,8 +2,8 @@
 
 A batch is either cached features (`{"features": (N, H), "labels": (N,), "hard": (N,)}`) or token rows for
 the on-the-fly mode (`{"input_ids", "attention_mask", "target_mask", "labels", "hard"}`, all (B, T)); in the
-latter the frozen draft turns rows into features inside the step (see `train.draft`). Either way the head
-sees (N, H) features of Y-positions only, so both modes share every line after `_positions`.
+latter the frozen draft turns rows into features inside the step (see `acchead.train.draft`). Either way the
+head sees (N, H) features of Y-positions only, so both modes share every line after `_positions`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Literal
 
 import lightning as L
 import torch
+from acchead.train.draft import FrozenDraft
+from acchead.train.metrics import HeadMetrics
 from torch import nn
 
 from acchead.head import AcceptanceHead
 from acchead.lookahead import lookahead_inputs
 from acchead.loss import weighted_bce_with_logits
 from acchead.sampling import SamplingConfig
-from train.draft import FrozenDraft
-from train.metrics import HeadMetrics
 
 
 class AcceptanceHeadModule(L.LightningModule):
@@ -38,7 +38,7 @@ class AcceptanceHeadModule(L.LightningModule):
         warmup: fraction of all steps spent in linear warm-up from 0.
         ece_bins: bins of the calibration error.
         draft: frozen draft for on-the-fly features; None with cached features. Not a submodule: it stays
-            out of checkpoints, the optimiser and DDP (see `train.draft`).
+            out of checkpoints, the optimiser and DDP (see `acchead.train.draft`).
         kind: "candidate" or "lookahead" (DESIGN §3.1).
         inputs: the head's inputs (`acchead.lookahead.LOOKAHEAD_INPUTS`); ("state",) for candidate heads.
         sampling: S of the data, as `SamplingConfig.to_dict()`; a lookahead head's log q / entropy inputs
