@@ -1,4 +1,9 @@
-"""Speculative decoders (token/block verification; fixed-K, SpecDec++, confidence, oracle) and the bench."""
+"""Speculative decoders (token/block verification; fixed-K, SpecDec++, confidence, oracle, bandits).
+
+The decoding loop is `decoder`, its stop policies `policies` (bandits: `bandit`, `bandit_policy`), its
+drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_decode` is `acchead-decode`.
+The benchmark that measures them, `acchead-bench`, is the subpackage `acchead.inference.bench`.
+"""
 
 from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter

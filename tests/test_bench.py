@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from acchead.inference.bench import main, run_key
-from acchead.inference.bench_config import (
+from acchead.inference.bench.config import (
     build_parser,
     build_settings,
     head_families,
     resolve_args,
     used_heads,
 )
+from acchead.inference.bench.run import main, run_key
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
@@ -247,7 +247,7 @@ def test_entropy_grids_and_cost_ratios_are_validated(argv, message):
 
 def test_bench_runs_extra_decoders(bench_inputs, tmp_path, monkeypatch):
     # MaG's corpus table takes a minute to build; a table from the prompts exercises the same plumbing.
-    from acchead.inference.bench import Bench
+    from acchead.inference.bench.run import Bench
     from acchead.inference.mag import build_bigram_table
 
     def bigram(self: Bench):

@@ -6,7 +6,9 @@ import argparse
 import json
 
 import pytest
-from acchead.inference.bench_report import (
+from acchead.inference.bench.costmodel import CostFit
+from acchead.inference.bench.head_timing import HeadOverhead
+from acchead.inference.bench.report import (
     _greedy_agreement,
     _kind_lines,
     best_by_family,
@@ -18,8 +20,6 @@ from acchead.inference.bench_report import (
     plot_pareto,
     render_report,
 )
-from acchead.inference.costmodel import CostFit
-from acchead.inference.head_timing import HeadOverhead
 
 from acchead.sampling import SamplingConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from acchead.inference.costmodel import (
+from acchead.inference.bench.costmodel import (
     CostFit,
     RunCounts,
     aggregate,

@@ -639,7 +639,7 @@ def test_bench_sigkill_at_random_points_then_rerun_equals_uninterrupted(bench_in
     methods = ("--methods", "autoregressive,specdec,specdecpp,oracle", "--max-new-tokens", "32")
     assert bench_cli.main(_bench_argv(bench_inputs, ref, *methods)) == 0
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "acchead.inference.bench", *_bench_argv(bench_inputs, out, *methods)]
+    cmd = [sys.executable, "-m", "acchead.inference.bench.run", *_bench_argv(bench_inputs, out, *methods)]
     rng = random.Random(3)
     killed_mid_run = 0
     for _ in range(2):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from acchead.inference.head_timing import time_head_overhead
+from acchead.inference.bench.head_timing import time_head_overhead
 from acchead.inference.policies import SpecDecPP
 
 from acchead.head import AcceptanceHead

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from acchead.inference.hf_assisted import (
+from acchead.inference.bench.hf_assisted import (
     ForwardCounter,
     hf_assisted_generate,
     sampling_kwargs,

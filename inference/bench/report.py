@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from acchead.inference.bench_config import FIT_FAMILIES, head_kind_of, head_name, is_specdecpp
-from acchead.inference.costmodel import CostFit, ratio_speedup
-from acchead.inference.head_timing import HeadOverhead
+from acchead.inference.bench.config import FIT_FAMILIES, head_kind_of, head_name, is_specdecpp
+from acchead.inference.bench.costmodel import CostFit, ratio_speedup
+from acchead.inference.bench.head_timing import HeadOverhead
 
 from acchead.rundir import atomic_write_text, commit
 from acchead.sampling import SamplingConfig

@@ -9,7 +9,7 @@ acceptance head, so candidate and lookahead heads run side by side as families `
 oracle; transformers' assisted generation; any extra policy specs from the config) the bench decodes the
 same prompts with the same per-prompt seeds and records the counts and wall time of every prompt. The unit
 costs t_draft, t_target are fitted over the per-prompt runs of our draft-model decoders (paper §4.2);
-`results.json`, `pareto.png` and `report.md` follow from them (see `acchead.inference.bench_report`); the head
+`results.json`, `pareto.png` and `report.md` follow from them (see `acchead.inference.bench.report`); the head
 overhead is timed per head. Every finished run is saved under `OUT/partial/` (atomic, fsynced write),
 so a killed bench picks up where it stopped when re-run with the same settings; OUT is locked for the run
 and another run's OUT is refused (`acchead.rundir`).
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from acchead.inference.bench_config import (
+from acchead.inference.bench.config import (
     FIT_FAMILIES,
     Setting,
     build_parser,
@@ -35,11 +35,11 @@ from acchead.inference.bench_config import (
     resolve_args,
     used_heads,
 )
-from acchead.inference.bench_prompts import load_prompts
-from acchead.inference.costmodel import RunCounts, aggregate, fit_costs
-from acchead.inference.head_timing import time_head_overhead
-from acchead.inference.hf_assisted import METHOD as HF_METHOD
-from acchead.inference.hf_assisted import hf_assisted_generate, schedule_params
+from acchead.inference.bench.costmodel import RunCounts, aggregate, fit_costs
+from acchead.inference.bench.head_timing import time_head_overhead
+from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
+from acchead.inference.bench.hf_assisted import hf_assisted_generate, schedule_params
+from acchead.inference.bench.prompts import load_prompts
 from tqdm import tqdm
 
 from acchead.errors import AccheadError, cli_errors
@@ -300,7 +300,7 @@ def _partial_path(out: Path, i: int) -> Path:
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Load everything, run the grid (resuming from partials), fit, and write the three outputs."""
-    from acchead.inference.bench_report import write_outputs
+    from acchead.inference.bench.report import write_outputs
 
     from acchead.head_io import load_head
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
@@ -353,7 +353,7 @@ def _run_and_report(
 ) -> dict:
     """Run the grid (resuming from partials), fit the costs, time each head (`heads`: loaded head by
     family), and build the results object."""
-    from acchead.inference.bench_report import build_results
+    from acchead.inference.bench.report import build_results
 
     prompt_ids = bench.prompt_ids
     done = run_grid(bench, settings, out, fingerprint)

@@ -443,7 +443,7 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         else:
             notes.append(f"oracle skipped: it is defined for greedy decoding only (sampling is {sampling}).")
     if "hf-assisted" in methods:
-        from acchead.inference.hf_assisted import METHOD
+        from acchead.inference.bench.hf_assisted import METHOD
 
         settings.append(Setting(METHOD, "", {}, "token"))
     for spec in extras:  # a bandit arm or cascade using SpecDec++ decodes with the first head
