@@ -21,11 +21,11 @@ import time
 
 import numpy as np
 import torch
+
 from acchead.data_gen.cli import context_length, eos_ids
 from acchead.data_gen.labeler import Labeler, left_pad, sample_and_label, stream_uniforms
 from acchead.data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
 from acchead.data_gen.shards import plan_batches
-
 from acchead.errors import AccheadError, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 from acchead.sampling import SamplingConfig

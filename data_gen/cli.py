@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 from accelerate import PartialState
+from tqdm.auto import tqdm
+
 from acchead.data_gen.config import GenDataArgs, parse_args
 from acchead.data_gen.labeler import Labeler
 from acchead.data_gen.prompts import encode_prompts, fit_to_context, load_prompts, prompts_digest
 from acchead.data_gen.shards import TOKEN_EMBEDDINGS, PartWriter, RunDir, plan_batches, write_npy
-from tqdm.auto import tqdm
-
 from acchead.errors import AccheadError, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer, model_identity
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from acchead.data_gen.prompts import PromptSource
 
+from acchead.data_gen.prompts import PromptSource
 from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig
 

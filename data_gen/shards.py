@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from acchead.data_gen.labeler import LabeledRow
 
+from acchead.data_gen.labeler import LabeledRow
 from acchead.errors import AccheadError
 from acchead.rundir import (
     DirLock,

@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from acchead.inference.bandit import RewardKind, make_selector
-from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
-from acchead.inference.policies import Autoregressive, FixedK, StopPolicy, parse_policy
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.bandit import RewardKind, make_selector
+from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
+from acchead.inference.policies import Autoregressive, FixedK, StopPolicy, parse_policy
 from acchead.sampling import SamplingConfig
 
 

@@ -28,12 +28,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from acchead.inference.drafters import RoundBufferDrafter, crop_cache
-from acchead.inference.mag import MaGDrafter, MaxGram
-from acchead.inference.verification import token_next_dist, token_tau_probs
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
+from acchead.inference.drafters import RoundBufferDrafter, crop_cache
+from acchead.inference.mag import MaGDrafter, MaxGram
+from acchead.inference.verification import token_next_dist, token_tau_probs
 from acchead.sampling import SamplingConfig, probs_from_logits, sample
 
 Step = tuple[int, torch.Tensor]  # (token, q: (V,) its true law)

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import torch
-from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
-from acchead.inference.policies import needs_head, parse_policy
 from transformers import TextStreamer
 from transformers.utils import logging as hf_logging
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
+from acchead.inference.policies import needs_head, parse_policy
 from acchead.models import (
     check_prompt,
     check_tokenizers_match,

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter, crop_cache
-from acchead.inference.policies import Autoregressive, StopPolicy, parse_policy
-from acchead.inference.verification import VERIFIERS
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter, crop_cache
+from acchead.inference.policies import Autoregressive, StopPolicy, parse_policy
+from acchead.inference.verification import VERIFIERS
 from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig, probs_from_logits
 

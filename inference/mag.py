@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from acchead.inference.drafters import RoundBufferDrafter
 
 from acchead.errors import AccheadError
+from acchead.inference.drafters import RoundBufferDrafter
 from acchead.sampling import SamplingConfig
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("ACCHEAD_CACHE", Path.home() / ".cache" / "acchead"))

@@ -46,10 +46,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from acchead.inference.drafters import DraftStep
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.drafters import DraftStep
 from acchead.lookahead import candidate_stats
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default

@@ -154,10 +154,9 @@ def direct_val_metrics(
 
     The reference the trainer's (possibly multi-process) torchmetrics values must reproduce.
     """
-    from acchead.train.data import load_gen_data, split_by_prompt
-
     from acchead.head_io import load_head
     from acchead.loss import binary_kl, weighted_bce_with_logits
+    from acchead.train.data import load_gen_data, split_by_prompt
 
     data = load_gen_data(data_dir, "cached")
     val = split_by_prompt(data.prompt_index, val_fraction, seed)[data.row]

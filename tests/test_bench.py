@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.head_io import HeadMetadata, save_head
 from acchead.inference.bench.config import (
     build_parser,
     build_settings,
@@ -15,10 +19,6 @@ from acchead.inference.bench.config import (
     used_heads,
 )
 from acchead.inference.bench.run import main, run_key
-
-from acchead.errors import AccheadError
-from acchead.head import AcceptanceHead
-from acchead.head_io import HeadMetadata, save_head
 from acchead.models import load_causal_lm, model_identity
 from acchead.sampling import SamplingConfig
 

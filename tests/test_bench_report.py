@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+
 from acchead.inference.bench.costmodel import CostFit
 from acchead.inference.bench.head_timing import HeadOverhead
 from acchead.inference.bench.report import (
@@ -20,7 +21,6 @@ from acchead.inference.bench.report import (
     plot_pareto,
     render_report,
 )
-
 from acchead.sampling import SamplingConfig
 
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import itertools
 
-import acchead.inference.cascade as cascade_mod
 import numpy as np
 import pytest
 import torch
+from conftest import make_tiny_llama
+
+import acchead.inference.cascade as cascade_mod
+from acchead.errors import AccheadError
 from acchead.inference.cascade import CascadeDrafter, make_drafter, parse_k, review_out_dists
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafters import Drafter
 from acchead.inference.mag import MaxGram, build_bigram_table
-from conftest import make_tiny_llama
-
-from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from acchead.errors import AccheadError
 from acchead.inference.bench.costmodel import (
     CostFit,
     RunCounts,
@@ -12,8 +14,6 @@ from acchead.inference.bench.costmodel import (
     modeled_tokens_per_s,
     ratio_speedup,
 )
-
-from acchead.errors import AccheadError
 
 
 def test_fit_recovers_true_coefficients_from_noisy_runs():

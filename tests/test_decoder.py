@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
-from acchead.inference import SpeculativeDecoder, parse_policy
-from acchead.inference.cli_decode import main as decode_main
-from acchead.inference.policies import Confidence, FixedK, Oracle, SpecDecPP
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
+from acchead.inference import SpeculativeDecoder, parse_policy
+from acchead.inference.cli_decode import main as decode_main
+from acchead.inference.policies import Confidence, FixedK, Oracle, SpecDecPP
 from acchead.models import model_identity
 from acchead.sampling import SamplingConfig
 

@@ -23,6 +23,8 @@ from typing import ClassVar
 
 import pytest
 import torch
+
+from acchead.head import AcceptanceHead
 from acchead.inference import SpeculativeDecoder, parse_policy
 from acchead.inference.decoder import draft_round
 from acchead.inference.drafters import DraftStep
@@ -35,8 +37,6 @@ from acchead.inference.verification import (
     token_next_dist,
     token_tau_probs,
 )
-
-from acchead.head import AcceptanceHead
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 # ------------------------------------------------------------------------------------------- toy world

@@ -20,20 +20,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from acchead.data_gen import cli as gen_cli
-from acchead.data_gen.shards import PartWriter, RunDir
-from acchead.inference import bench as bench_cli
-from acchead.inference import cli_decode
-from acchead.train import cli as train_cli
-from acchead.train.fit import RunCheckpoint
 from gendata_fixture import gen_data  # noqa: F401  (pytest fixture)
 from test_gen_data_cli import PROMPTS, base_args, read_run, write_jsonl
 
+from acchead.data_gen import cli as gen_cli
+from acchead.data_gen.shards import PartWriter, RunDir
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, load_head, save_head
+from acchead.inference import bench as bench_cli
+from acchead.inference import cli_decode
 from acchead.models import load_causal_lm, model_identity
 from acchead.rundir import LOCK_NAME, DirLock, atomic_write_text, claim, start
+from acchead.train import cli as train_cli
+from acchead.train.fit import RunCheckpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # One thread like this process (conftest): same kernels, same bits.

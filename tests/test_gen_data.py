@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from acchead.data_gen.labeler import Labeler, sample_inverse_cdf, stream_uniforms
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from acchead.data_gen.labeler import Labeler, sample_inverse_cdf, stream_uniforms
 from acchead.models import final_hidden
 from acchead.sampling import SamplingConfig
 

@@ -15,11 +15,12 @@ import datasets
 import numpy as np
 import pytest
 import yaml
+from conftest import make_tiny_tokenizer
+
 from acchead.configs import config_path
 from acchead.data_gen import cli
 from acchead.data_gen.config import build_parser, parse_args
 from acchead.data_gen.shards import RunDir
-from conftest import make_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"def f{i}(x):\n    return x + {i}" + " * y" * (i % 4) for i in range(10)]

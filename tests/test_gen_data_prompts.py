@@ -9,6 +9,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from acchead.data_gen.prompts import (
     PromptSource,
     encode_prompts,
@@ -16,7 +17,6 @@ from acchead.data_gen.prompts import (
     load_prompts,
     prompts_digest,
 )
-
 from acchead.errors import AccheadError
 
 PROMPTS = ["def f(x):\n    return x", "class A:\n    pass", "import os"]

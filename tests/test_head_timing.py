@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from acchead.inference.bench.head_timing import time_head_overhead
-from acchead.inference.policies import SpecDecPP
 
 from acchead.head import AcceptanceHead
+from acchead.inference.bench.head_timing import time_head_overhead
+from acchead.inference.policies import SpecDecPP
 from acchead.sampling import SamplingConfig
 
 LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token")

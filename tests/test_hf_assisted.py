@@ -6,14 +6,14 @@ import copy
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
 from acchead.inference.bench.hf_assisted import (
     ForwardCounter,
     hf_assisted_generate,
     sampling_kwargs,
     schedule_params,
 )
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from acchead.sampling import SamplingConfig
 
 

@@ -8,12 +8,6 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from acchead.data_gen import cli as gen_cli
-from acchead.inference.decoder import SpeculativeDecoder
-from acchead.inference.drafters import ModelDrafter
-from acchead.inference.policies import SpecDecPP, parse_policy
-from acchead.train import cli as train_cli
-from acchead.train.data import load_gen_data
 from test_exactness import (
     VERIFIERS,
     WORLDS,
@@ -26,12 +20,18 @@ from test_exactness import (
 from test_gen_data_cli import PROMPTS, base_args, write_jsonl
 
 import acchead
+from acchead.data_gen import cli as gen_cli
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, load_head, save_head
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.drafters import ModelDrafter
+from acchead.inference.policies import SpecDecPP, parse_policy
 from acchead.lookahead import check_kind, input_size, lookahead_inputs, parse_inputs
 from acchead.models import model_identity
 from acchead.sampling import SamplingConfig
+from acchead.train import cli as train_cli
+from acchead.train.data import load_gen_data
 
 ALL_INPUTS = ("state", "logq", "entropy", "token")
 

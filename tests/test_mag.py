@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
+from acchead.errors import AccheadError
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafters import Drafter
 from acchead.inference.mag import (
@@ -15,8 +17,6 @@ from acchead.inference.mag import (
     corpus_bigram_table,
     longest_suffix_match,
 )
-
-from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig
 
 

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+
+from acchead.errors import AccheadError
 from acchead.inference import SpeculativeDecoder, parse_policy
 from acchead.inference.drafters import DraftStep
 from acchead.inference.policies import AdaEDL, Entropy, draft_entropy
-
-from acchead.errors import AccheadError
 
 
 def _step(q: list[float] | torch.Tensor, logits: torch.Tensor | None = None, index: int = 1) -> DraftStep:

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from gendata_fixture import direct_val_metrics, gen_data  # noqa: F401  (pytest fixture)
+
 from acchead.configs import config_path
+from acchead.head_io import load_head
 from acchead.train.cli import main as train_main
 from acchead.train.metrics import best_constant
 from acchead.train.settings import TrainSettings
-from gendata_fixture import direct_val_metrics, gen_data  # noqa: F401  (pytest fixture)
-
-from acchead.head_io import load_head
 
 # The fixture has ~1k training positions: small batches and a high lr give the head enough steps.
 FAST = ["--epochs", "4", "--batch-size", "64", "--lr", "3e-2", "--no-progress", "--threads", "1"]

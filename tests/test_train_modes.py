@@ -7,14 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from gendata_fixture import gen_data  # noqa: F401  (pytest fixture)
+from lightning.pytorch.callbacks import Callback
+
 from acchead.train.data import load_gen_data, split_by_prompt
 from acchead.train.datamodule import CachedPositions, IndexBatches, SequenceRows
 from acchead.train.draft import FrozenDraft
 from acchead.train.fit import train_head
 from acchead.train.settings import TrainSettings
 from acchead.train.sweep import main as sweep_main
-from gendata_fixture import gen_data  # noqa: F401  (pytest fixture)
-from lightning.pytorch.callbacks import Callback
 
 
 def _settings(gen_data, **kw) -> TrainSettings:  # noqa: F811

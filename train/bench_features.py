@@ -19,6 +19,7 @@ from acchead.errors import cli_errors
 def _epoch_seconds(data, args: argparse.Namespace, draft) -> tuple[float, float]:
     """(wall, CPU) seconds of one training epoch; CPU time is the honest figure on a shared machine."""
     import lightning as L
+
     from acchead.train.datamodule import GenDataModule
     from acchead.train.module import AcceptanceHeadModule
 

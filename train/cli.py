@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from acchead.configs import config_path
-from acchead.train.settings import TrainSettings
 
+from acchead.configs import config_path
 from acchead.errors import AccheadError, cli_errors
 from acchead.rundir import (
     DirLock,
@@ -35,6 +34,7 @@ from acchead.rundir import (
     remove_stale_tmp,
     start,
 )
+from acchead.train.settings import TrainSettings
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainSettings)}
 

@@ -21,11 +21,11 @@ from collections.abc import Iterator
 import lightning as L
 import numpy as np
 import torch
-from acchead.train.data import GenData, split_by_prompt
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from acchead.lookahead import lookahead_inputs
 from acchead.sampling import SamplingConfig
+from acchead.train.data import GenData, split_by_prompt
 
 
 class IndexBatches(Sampler[np.ndarray]):

@@ -18,17 +18,17 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+
+from acchead.errors import AccheadError
+from acchead.head_io import HeadMetadata
+from acchead.rundir import commit
 from acchead.train.data import GenData, check_draft, load_gen_data, same_draft
 from acchead.train.datamodule import GenDataModule
 from acchead.train.draft import FrozenDraft
 from acchead.train.metrics import best_constant
 from acchead.train.module import AcceptanceHeadModule
 from acchead.train.settings import TrainSettings
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor
-
-from acchead.errors import AccheadError
-from acchead.head_io import HeadMetadata
-from acchead.rundir import commit
 
 
 @dataclass

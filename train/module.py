@@ -13,14 +13,14 @@ from typing import Literal
 
 import lightning as L
 import torch
-from acchead.train.draft import FrozenDraft
-from acchead.train.metrics import HeadMetrics
 from torch import nn
 
 from acchead.head import AcceptanceHead
 from acchead.lookahead import lookahead_inputs
 from acchead.loss import weighted_bce_with_logits
 from acchead.sampling import SamplingConfig
+from acchead.train.draft import FrozenDraft
+from acchead.train.metrics import HeadMetrics
 
 
 class AcceptanceHeadModule(L.LightningModule):

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from acchead.errors import AccheadError, cli_errors
 from acchead.train.cli import add_training_flags, resolve_settings, write_json, write_text
 from acchead.train.settings import TrainSettings
-
-from acchead.errors import AccheadError, cli_errors
 
 W_REJ = (1.0, 3.0, 6.0, 12.0)
 DEPTHS = (0, 1, 2, 3, 4)
@@ -58,10 +57,9 @@ def sweep_table(cells: list[dict[str, Any]], w_rejs: list[float], depths: list[i
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
+    from acchead.head_io import save_head  # deferred: torch/lightning make `--help` slow
     from acchead.train.data import load_gen_data
     from acchead.train.fit import quiet_lightning, train_head
-
-    from acchead.head_io import save_head  # deferred: torch/lightning make `--help` slow
 
     args = build_parser().parse_args(argv)
     quiet_lightning()

@@ -17,12 +17,12 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from acchead.inference.drafters import DraftStep
-from acchead.inference.policies import SpecDecPP
 from torch import nn
 from transformers import DynamicCache
 
 from acchead.head import AcceptanceHead
+from acchead.inference.drafters import DraftStep
+from acchead.inference.policies import SpecDecPP
 from acchead.models import final_hidden
 from acchead.sampling import SamplingConfig, probs_from_logits
 

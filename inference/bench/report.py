@@ -24,7 +24,6 @@ from typing import Any
 from acchead.inference.bench.config import FIT_FAMILIES, head_kind_of, head_name, is_specdecpp
 from acchead.inference.bench.costmodel import CostFit, ratio_speedup
 from acchead.inference.bench.head_timing import HeadOverhead
-
 from acchead.rundir import atomic_write_text, commit
 from acchead.sampling import SamplingConfig
 

@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
+
+from acchead.errors import AccheadError, cli_errors
 from acchead.inference.bench.config import (
     FIT_FAMILIES,
     Setting,
@@ -40,9 +43,6 @@ from acchead.inference.bench.head_timing import time_head_overhead
 from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
 from acchead.inference.bench.hf_assisted import hf_assisted_generate, schedule_params
 from acchead.inference.bench.prompts import load_prompts
-from tqdm import tqdm
-
-from acchead.errors import AccheadError, cli_errors
 from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 
@@ -300,9 +300,8 @@ def _partial_path(out: Path, i: int) -> Path:
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Load everything, run the grid (resuming from partials), fit, and write the three outputs."""
-    from acchead.inference.bench.report import write_outputs
-
     from acchead.head_io import load_head
+    from acchead.inference.bench.report import write_outputs
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 
     out = Path(args.out)
