@@ -85,7 +85,8 @@ def test_humaneval():
 
 def test_unknown_name_and_bad_limit():
     assert set(list_prompt_sets()) == {"stdlib-functions", "stdlib-heldout-functions", "humaneval"}
-    with pytest.raises(AccheadError, match="known sets: stdlib-functions, stdlib-heldout-functions, humaneval"):
+    known = "known sets: stdlib-functions, stdlib-heldout-functions, humaneval"
+    with pytest.raises(AccheadError, match=known):
         load_prompt_set("mbpp")
     with pytest.raises(AccheadError, match="limit"):
         load_prompt_set("humaneval", limit=-1)
