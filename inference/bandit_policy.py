@@ -7,8 +7,8 @@ Spec strings (the CLIs' `--policy`, also accepted by `parse_policy`):
     ucb:reward=rate,arms=...                                      reward = tokens per wall second
     ucb:carry=1,arms=...                                          keep statistics across prompts
     ucb:arms=specdec:k=3|mag@specdec:k=8|cascade:k=4.2/10@specdec:k=6
-                                                                  arms with their own drafters
-                                                                  (build with `bandit_decoder`)
+                                                                  arms with their own drafters (build
+                                                                  with `decoder.bandit_decoder`)
 
 `arms=` comes last (arm specs contain commas). Each round, the chosen arm's policy (and drafter) runs the
 round; the reward y = accepted + 1 goes back to the selector. Choices depend only on finished rounds, so
@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
-from acchead.head import AcceptanceHead
 from acchead.inference.bandit import RewardKind, make_selector
-from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
-from acchead.inference.policies import Autoregressive, FixedK, StopPolicy, parse_policy
+from acchead.inference.drafters import Drafter, DraftStep
+from acchead.inference.policies import COMPOSITE_PARSERS, Autoregressive, FixedK, StopPolicy, parse_policy
 from acchead.sampling import SamplingConfig
 
 
@@ -53,7 +50,8 @@ class BanditPolicy(StopPolicy):
     with different needs mix freely.
 
     An arm may also name its own drafter (`mag@specdec:k=8`, `cascade:k=4.2/10@specdec:k=6`); such a
-    bandit needs `bandit_decoder`, which gives the decoder a `SwitchDrafter` over the arms' drafters.
+    bandit needs `acchead.inference.decoder.bandit_decoder`, which gives the decoder a `SwitchDrafter` over
+    the arms' drafters.
 
     Args:
         arms: the candidate policies (no oracle: it needs hindsight).
@@ -157,7 +155,7 @@ def parse_bandit(spec: str, *, head=None, allow_drafters: bool = False) -> Bandi
 
     `arms=` comes last and takes the rest of the string (arm specs contain commas); arms are split on
     '|' and parsed by `parse_policy` (so `head` serves specdecpp arms); `DRAFTER@POLICY` gives an arm its
-    own drafter, allowed only when the caller builds the drafters (`bandit_decoder`). `exp3` takes
+    own drafter, allowed only when the caller builds the drafters (`decoder.bandit_decoder`). `exp3` takes
     `seed=` instead of `delta=`.
     """
     name, _, body = spec.strip().partition(":")
@@ -230,49 +228,6 @@ class SwitchDrafter:
             d.rollback(length)
 
 
-def bandit_decoder(
-    target: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    spec: str,
-    *,
-    bigram=None,
-    head: AcceptanceHead | str | Path | None = None,
-    verifier: str = "token",
-):
-    """A `SpeculativeDecoder` whose rounds a bandit assigns to (drafter, stop policy) arms.
-
-    Args:
-        target, draft: the models; `draft` serves arms without a drafter and reviews in cascades.
-        spec: e.g. "ucb:arms=specdec:k=3|mag@specdec:k=8|cascade:k=4.2/10@specdec:k=6".
-        bigram: MaG's bigram table, needed by `mag`/`cascade` arms
-            (`acchead.inference.mag.corpus_bigram_table`).
-        head: for specdecpp arms (which must use the draft model: MaG and cascades have no hidden states).
-    """
-    from acchead.inference.cascade import make_drafter
-    from acchead.inference.decoder import SpeculativeDecoder
-
-    if head is not None and not isinstance(head, AcceptanceHead):
-        from acchead.head_io import load_head
-
-        head, _ = load_head(head, draft=draft)
-    policy = parse_bandit(spec, head=head, allow_drafters=True)
-    names = list(dict.fromkeys(policy.drafters))  # distinct drafter specs, first-seen order
-    vocab = target.config.vocab_size
-    drafters: list[Drafter] = []
-    for name in names:
-        if name is None:
-            if draft is None:
-                raise AccheadError(f"bandit {spec!r} has arms that need a draft model")
-            drafters.append(ModelDrafter(draft))
-        else:
-            if bigram is None:
-                raise AccheadError(f"drafter {name!r} needs MaG's bigram table")
-            drafters.append(make_drafter(name, draft=draft, bigram=bigram, vocab_size=vocab))
-    for arm, name in zip(policy.arms, policy.drafters, strict=True):
-        if (arm.needs_hidden or arm.needs_state) and name is not None:
-            raise AccheadError(f"arm {name}@{arm.spec} needs hidden states; only the draft model gives them")
-    if draft is not None:
-        policy.to(draft.device)
-        policy.attach_draft(draft)
-    switch = SwitchDrafter(drafters, [names.index(n) for n in policy.drafters], policy)
-    return SpeculativeDecoder(target, switch, policy=policy, verifier=verifier)
+# `parse_policy` reads ucb:/exp3: specs with this parser; `policies` cannot import this module, which
+# imports it.
+COMPOSITE_PARSERS.update(dict.fromkeys(_OPTION_KEYS, parse_bandit))

@@ -42,6 +42,7 @@ fixed-K SpecDec, which is the accounting the cost model (DESIGN §4) assumes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -485,6 +486,13 @@ def needs_head(spec: str) -> bool:
     return spec.strip().partition(":")[0].strip().lower() == "specdecpp"
 
 
+# Parsers of composite specs by name: `ucb`/`exp3` (BanditSpec, in `acchead.inference.bandit_policy`). A
+# composite is built from the policies of this module, so its module imports this one and registers its
+# parser here (importing it from here would close an import cycle). The package `acchead.inference` imports
+# bandit_policy, so these names are known whichever module a caller imports first.
+COMPOSITE_PARSERS: dict[str, Callable[..., StopPolicy]] = {}
+
+
 def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) -> StopPolicy:
     """Build a fresh StopPolicy from its spec string (see the module docstring for the grammar).
 
@@ -499,10 +507,8 @@ def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) 
     """
     name, _, body = spec.strip().partition(":")
     name = name.strip().lower()
-    if name in ("ucb", "exp3"):  # BanditSpec: a selector over policy arms, ucb:arms=specdec:k=2|...
-        from acchead.inference.bandit_policy import parse_bandit
-
-        return parse_bandit(spec, head=head)
+    if name in COMPOSITE_PARSERS:  # BanditSpec: a selector over policy arms, ucb:arms=specdec:k=2|...
+        return COMPOSITE_PARSERS[name](spec, head=head)
     if name not in _KEYS:
         names = ", ".join(_EXAMPLES.values())
         raise AccheadError(f"cannot parse policy {spec!r}: unknown name {name!r}; one of {names}")
