@@ -1,0 +1,190 @@
+"""The package layout: one import name, the stage dependency rule (DESIGN §1), and no import cycles.
+
+The modules are read with `ast`, not imported, and the import graph counts every import statement of a
+module (those inside functions too: a lazy import hides a cycle, it does not remove it), except those under
+`if TYPE_CHECKING:`, which never run. Folders map onto module names as `pyproject.toml` installs them.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
+PACKAGES: list[str] = SETUPTOOLS["packages"]
+PACKAGE_DIR: dict[str, str] = SETUPTOOLS.get("package-dir", {})
+STAGES = ("acchead.data_gen", "acchead.train", "acchead.inference")
+BENCH = "acchead.inference.bench"  # measures the decoders; they never import it
+# The repository-root folders, by the top-level names they must never be imported under.
+OLD_NAMES = {"data_gen", "train", "inference", "configs"}
+
+
+def package_folder(package: str) -> Path:
+    """The source folder of `package` under pyproject's package-dir (longest mapped prefix wins)."""
+    parts = package.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in PACKAGE_DIR:
+            return REPO / PACKAGE_DIR[prefix] / Path(*parts[n:])
+    return REPO / PACKAGE_DIR.get("", ".") / Path(*parts)
+
+
+def modules() -> dict[str, Path]:
+    """Every installed module name -> its source file (a package's own name -> its __init__.py)."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted(package_folder(package).glob("*.py")):
+            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return out
+
+
+MODULES = modules()
+
+
+def _runtime_imports(tree: ast.Module):
+    """Import nodes anywhere in `tree` except under `if TYPE_CHECKING:`."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def imported_names(module: str, path: Path) -> set[str]:
+    """Absolute names of everything `module` imports: modules, and `from X import Y` as X.Y when a module."""
+    names = set()
+    for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:  # relative: resolve against the importing module's package
+            package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+            anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            base = f"{anchor}.{base}" if base else anchor
+        names.add(base)
+        names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def graph() -> dict[str, set[str]]:
+    """First-party import graph: module -> the modules of this project it imports."""
+    return {m: {n for n in imported_names(m, p) if n in MODULES and n != m} for m, p in MODULES.items()}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def stage_of(module: str) -> str | None:
+    return next((s for s in STAGES if _in(module, s)), None)
+
+
+def test_every_source_package_is_installed():
+    """Every folder with an __init__.py under the mapped folders is in pyproject's package list."""
+    for package in PACKAGES:
+        assert (package_folder(package) / "__init__.py").is_file(), f"{package}: no {package_folder(package)}"
+    roots = {package_folder(p) for p in PACKAGES if p.count(".") <= 1}
+    found = {init.parent for root in roots for init in root.rglob("__init__.py")}
+    missing = sorted(str(f.relative_to(REPO)) for f in found - {package_folder(p) for p in PACKAGES})
+    assert not missing, f"folders with __init__.py that pyproject does not install: {missing}"
+
+
+def test_one_top_level_name():
+    """Installed under `acchead` only, and no module or test imports the root folders as top-level names."""
+    assert {p.split(".")[0] for p in PACKAGES} == {"acchead"}
+    assert all(target.split(".")[0] == "acchead" for target in PYPROJECT["project"]["scripts"].values())
+    files = [(m, p) for m, p in MODULES.items()]
+    files += [(f"tests.{p.stem}", p) for p in sorted((REPO / "tests").glob("*.py"))]
+    offenders = sorted(
+        f"{path.relative_to(REPO)}: {name}"
+        for module, path in files
+        for name in imported_names(module, path)
+        if name.split(".")[0] in OLD_NAMES
+    )
+    assert not offenders, f"imports of the old top-level names: {offenders}"
+
+
+def test_console_scripts_name_a_main():
+    """Every console script points at an installed module that defines its function (read, not imported)."""
+    for script, target in PYPROJECT["project"]["scripts"].items():
+        module, _, func = target.partition(":")
+        assert module in MODULES, f"{script}: no module {module}"
+        tree = ast.parse(MODULES[module].read_text())
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert func in defined, f"{script}: {module} defines no {func}()"
+
+
+def test_dependency_rule():
+    """The core of `acchead` imports no stage, no stage imports another (DESIGN §1), and the decoders do
+    not import the benchmark that measures them."""
+    bad = []
+    for module, imports in graph().items():
+        for target in imports:
+            source_stage, target_stage = stage_of(module), stage_of(target)
+            if target_stage is not None and source_stage != target_stage:
+                bad.append(f"{module} -> {target}")
+            if _in(target, BENCH) and not _in(module, BENCH):
+                bad.append(f"{module} -> {target}")
+    assert not bad, f"imports across the stage boundaries: {sorted(bad)}"
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph as [a, b, ..., a], or None if it is acyclic (iterative DFS)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    for root in sorted(edges):
+        if root in state:
+            continue
+        path, iters = [root], [iter(sorted(edges[root]))]
+        state[root] = 1
+        while path:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                iters.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                iters.append(iter(sorted(edges.get(nxt, ()))))
+    return None
+
+
+def test_find_cycle_finds_lazy_and_long_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    tree = ast.parse("import os\ndef f():\n    from pkg.x import y\nif TYPE_CHECKING:\n    import pkg.z\n")
+    assert sorted(type(n).__name__ for n in _runtime_imports(tree)) == ["Import", "ImportFrom"]
+
+
+def test_no_module_imports_in_a_circle():
+    edges = graph()
+    assert edges["acchead.inference.decoder"], "the graph lost its edges (a parsing bug?)"
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_import_acchead_stays_light():
+    """`import acchead` loads neither transformers nor any stage."""
+    code = (
+        "import sys, acchead; heavy = [m for m in sys.modules if m.split('.')[0] == 'transformers' "
+        f"or m.startswith({STAGES!r})]; print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip() == "[]"
