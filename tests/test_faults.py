@@ -28,8 +28,8 @@ from acchead.data_gen.shards import PartWriter, RunDir
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, load_head, save_head
-from acchead.inference import bench as bench_cli
 from acchead.inference import cli_decode
+from acchead.inference.bench import run as bench_cli
 from acchead.models import load_causal_lm, model_identity
 from acchead.rundir import LOCK_NAME, DirLock, atomic_write_text, claim, start
 from acchead.train import cli as train_cli
