@@ -73,12 +73,12 @@ def installed_path(rel: str) -> str | None:
     return "/".join([*package.split("."), *path.relative_to(package_folder(package)).parts])
 
 
-def site_dirs_outside_repo() -> list[str]:
-    """The current interpreter's site-packages directories (none inside this checkout)."""
+def current_site_dirs() -> list[str]:
+    """The current interpreter's site-packages directories (also `make`'s .venv inside this checkout)."""
     out = []
     for entry in sys.path:
         path = Path(entry or ".").resolve()
-        if path.name in ("site-packages", "dist-packages") and path.is_dir() and REPO not in path.parents:
+        if path.name in ("site-packages", "dist-packages") and path.is_dir():
             out.append(str(path))
     return list(dict.fromkeys(out))
 
@@ -107,7 +107,7 @@ def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
     # Beside the current site-packages (a venv's --system-site-packages reaches only the base interpreter's):
     # listed after the venv's own, and without running their .pth files, so an editable install of this
     # checkout stays invisible.
-    Path(purelib.stdout.strip(), "zz_current_env.pth").write_text("\n".join(site_dirs_outside_repo()) + "\n")
+    Path(purelib.stdout.strip(), "zz_current_env.pth").write_text("\n".join(current_site_dirs()) + "\n")
     _run([python, "-m", "pip", "install", "--no-deps", "--ignore-installed", "--no-index", wheel], cwd=root)
     return wheel, python
 
