@@ -125,3 +125,7 @@ def test_build_zoo_help_names_the_recipes(capsys):
         build.main(["--help"])
     out = capsys.readouterr().out
     assert "--draft-recipe" in out and "--distill-init" in out and "report" in out
+
+
+def test_decode_step_cost_keeps_the_context_fixed(teacher):
+    assert build.decode_step_ms(teacher, context=12, calls=5) > 0

@@ -345,7 +345,7 @@ def decode_step_ms(model: torch.nn.Module, context: int = 256, calls: int = 100)
         model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
         if i >= 10:
             times.append(time.perf_counter() - t)
-        cache.crop(context)
+        cache.crop(-1)  # transformers 5 takes the number of tokens to remove as a negative count
     return 1e3 * sorted(times)[len(times) // 2]
 
 
