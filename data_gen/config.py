@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens", type=int, help="response length cap; EOS ends a response earlier (kept)"
     )
     g.add_argument(
-        "--mix-ratio", type=float, help="probability r that Z_i is the target's X_i rather than Y_i"
+        "--mix-ratio",
+        help="probability r that Z_i is the target's X_i rather than Y_i, or 'auto': the measured best per "
+        f"S ({', '.join(f'{k} {v:g}' for k, v in DEFAULT_MIX_RATIO.items())}; README, 'Mixing ratio')",
     )
     g.add_argument("--seed", type=int, help="run seed; prompt i's random streams derive from (seed, i)")
     g.add_argument(
@@ -119,6 +121,22 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.help and defaults.get(action.dest) is not None:
             action.help += f" [{defaults[action.dest]}]"
+
+
+# r chosen per S by measurement (README, "Mixing ratio"): under greedy decoding a candidate only matters
+# when every earlier candidate was accepted, i.e. equal to the target's token, so contexts of target tokens
+# (r = 1) match what the decoder conditions on; under sampling the accepted prefix lies between p and q.
+DEFAULT_MIX_RATIO = {"greedy": 1.0, "sampling": 0.15}
+
+
+def resolve_mix_ratio(value: object, sampling: SamplingConfig) -> float:
+    """`value` as a float, or the per-S default for "auto"/None; AccheadError if neither."""
+    if value is None or str(value).strip().lower() == "auto":
+        return DEFAULT_MIX_RATIO["greedy" if sampling.greedy else "sampling"]
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise AccheadError(f"--mix-ratio must be a number in [0, 1] or 'auto', got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -188,13 +206,14 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         )
     except ValueError as e:
         raise AccheadError(str(e)) from e
+    mix_ratio = resolve_mix_ratio(get("mix_ratio", "auto"), sampling)
     checks = {
         "max_new_tokens": int(get("max_new_tokens", 128)) >= 1,
         "batch_size": int(get("batch_size", 16)) >= 1,
         "shard_size": int(get("shard_size", 256)) >= 1,
         "flush_seconds": float(get("flush_seconds", 60.0)) >= 0,
         "num_prompts": int(get("num_prompts") or 0) >= 0,
-        "mix_ratio": 0.0 <= float(get("mix_ratio", 0.15)) <= 1.0,
+        "mix_ratio": 0.0 <= mix_ratio <= 1.0,
     }
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
@@ -216,7 +235,7 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         num_prompts=int(get("num_prompts") or 0),
         sampling=sampling,
         max_new_tokens=int(get("max_new_tokens", 128)),
-        mix_ratio=float(get("mix_ratio", 0.15)),
+        mix_ratio=mix_ratio,
         seed=int(get("seed", 0)),
         cache_features=cache,
         batch_size=int(get("batch_size", 16)),

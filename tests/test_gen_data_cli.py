@@ -19,8 +19,9 @@ from conftest import make_tiny_tokenizer
 
 from acchead.configs import config_path
 from acchead.data_gen import cli
-from acchead.data_gen.config import build_parser, parse_args
+from acchead.data_gen.config import DEFAULT_MIX_RATIO, build_parser, parse_args
 from acchead.data_gen.shards import RunDir
+from acchead.errors import AccheadError
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"def f{i}(x):\n    return x + {i}" + " * y" * (i % 4) for i in range(10)]
@@ -297,7 +298,14 @@ def test_shipped_yaml_loads_and_every_key_is_a_commented_flag():
             assert " # " in line, f"uncommented key: {line}"
     args = parse_args([])
     assert args.source.kind == "builtin" and args.source.name == "stdlib-functions"
-    assert args.mix_ratio == 0.15 and args.target is None and args.cache_features == "auto"
+    assert args.target is None and args.cache_features == "auto"
+    # r = auto: the measured default per S
+    assert args.mix_ratio == DEFAULT_MIX_RATIO["greedy" if args.sampling.greedy else "sampling"]
+    assert parse_args(["--temperature", "0"]).mix_ratio == DEFAULT_MIX_RATIO["greedy"]
+    assert parse_args(["--temperature", "1", "--top-k", "50"]).mix_ratio == DEFAULT_MIX_RATIO["sampling"]
+    assert parse_args(["--mix-ratio", "0.15"]).mix_ratio == 0.15
+    with pytest.raises(AccheadError, match="'auto'"):
+        parse_args(["--mix-ratio", "half"])
 
 
 def test_flags_override_the_config_file(tmp_path):
