@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The head-kind study and the final benches of the README, as they were run (from the repository root).
+# Stages: gen-data (S x r), heads, dev bench, final benches. Each stage resumes when rerun.
+set -u
+
+# ---- work/exp/gen.sh
+# gen-data for (S, r), two processes at a time, one thread each
+B=.venv/bin
+T=runs/zoo/pycode-target; D=runs/zoo/pycode-draft
+run() {  # S-name, sampling flags, r
+  OMP_NUM_THREADS=1 $B/acchead-gen-data --target $T --draft $D --prompt-set stdlib-functions --num-prompts ${NP:-1500} \
+    --max-new-tokens 96 $2 --mix-ratio $3 --cache-features on --out work/exp/data/$1-r$3 > work/exp/log-gen-$1-r$3.txt 2>&1
+}
+run greedy "--temperature 0" 1.0 & run t1k50 "--temperature 1 --top-k 50" 1.0 & wait
+run greedy "--temperature 0" 0.15 & run t1k50 "--temperature 1 --top-k 50" 0.15 & wait
+run greedy "--temperature 0" 0.5 & run t1k50 "--temperature 1 --top-k 50" 0.5 & wait
+echo GEN DONE
+
+# ---- work/exp/train.sh
+# heads for every (S, r): the paper's candidate head and lookahead heads with each input set
+B=.venv/bin
+one() {  # data-dir out kind inputs w_rej
+  [ -f $2/head.safetensors ] && return
+  $B/acchead-train --data $1 --out $2 --kind $3 --inputs $4 --w-rej $5 --depth 3 --epochs ${EPOCHS:-4} \
+     --threads 1 --no-progress --logger none > $2.log 2>&1 || echo "FAILED $2"
+}
+for S in ${SS:-greedy t1k50}; do
+  for r in ${RS:-1.0 0.15 0.5}; do
+    d=work/exp/data/$S-r$r; [ -f $d/gen_config.json ] || continue
+    h=work/exp/heads/$S/r$r; mkdir -p work/exp/heads/$S
+    [ $r != 1.0 ] && one $d $h-candidate candidate state 6 &
+    one $d $h-la-state lookahead state 3 &
+    wait
+    one $d $h-la-stats lookahead state+logq+entropy 3 &
+    one $d $h-la-token lookahead state+token 3 &
+    wait
+    one $d $h-la-all lookahead state+logq+entropy+token 3
+  done
+done
+echo TRAIN DONE
+
+# ---- work/exp/dev_bench.sh
+# dev-set bench (16 stdlib-functions prompts the heads never saw, never HumanEval or held-out files):
+# every trained head of one S, the h grid, fixed K for reference
+S=$1; SFLAGS=$2
+heads=$(ls -d work/exp/heads/$S/*/head.safetensors | paste -sd, -)
+OMP_NUM_THREADS=1 .venv/bin/acchead-bench --prompts work/exp/dev.jsonl --num-prompts ${NP:-16} --max-new-tokens 64 $SFLAGS \
+  --target runs/zoo/pycode-target --draft runs/zoo/pycode-draft --head "$heads" \
+  --methods autoregressive,specdec,specdecpp,confidence --k-grid 1,2,3,4,6 --h-grid 0.2,0.35,0.5,0.65,0.8 \
+  --tau-grid 0.1,0.3,0.5,0.7,0.9 --threads 1 --out work/exp/dev-$S > work/exp/log-dev-$S.txt 2>&1
+echo DEV DONE $S
+
+# ---- work/exp/final_bench.sh
+# The final benches: every method on HumanEval and on held-out stdlib functions, for one S
+S=$1; SFLAGS=$2; SET=$3; EXTRA=${4:-}
+OMP_NUM_THREADS=1 .venv/bin/acchead-bench --prompts $SET --num-prompts ${NP:-20} --max-new-tokens 96 $SFLAGS \
+  --threads 1 --out work/exp/final-$S-$SET ${EXTRA:+--extra-specs "$EXTRA"} \
+  --methods autoregressive,specdec,specdecpp,confidence,entropy,adaedl,adaedl-adapt,oracle,hf-assisted,extra \
+  > work/exp/log-final-$S-$SET.txt 2>&1
+echo FINAL DONE $S $SET
+
+# dev prompts: python -c "import json; from acchead.zoo.prompts import load_prompt_set; [print(json.dumps({\"prompt\": p})) for p in load_prompt_set(\"stdlib-functions\")[5000:5016]]" > work/exp/dev.jsonl
