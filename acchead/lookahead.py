@@ -83,6 +83,34 @@ def candidate_stats(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return torch.cat([logq, torch.special.entr(probs).sum(-1, keepdim=True)], dim=-1)
 
 
+def needs_stats(inputs: Sequence[str]) -> bool:
+    """Whether the inputs read `candidate_stats` (log q or the entropy)."""
+    return "logq" in inputs or "entropy" in inputs
+
+
+def assemble_inputs(
+    inputs: Sequence[str],
+    state: torch.Tensor,
+    token: torch.Tensor,
+    out_emb: torch.Tensor | None,
+    stats: torch.Tensor | None,
+) -> torch.Tensor:
+    """Concatenate the head's inputs in canonical order: state (N, H), token (N,), out_emb (V, H) (read only
+    for "token"), stats (N, 2) from `candidate_stats` (read only for "logq"/"entropy") -> (N, D) float32.
+
+    The one place that lays the vector out; training (`lookahead_inputs`, the cached dataset) and the
+    decoder's stop rule all go through it.
+    """
+    parts = [state.float()]
+    if "logq" in inputs:
+        parts.append(stats[:, :1])
+    if "entropy" in inputs:
+        parts.append(stats[:, 1:])
+    if "token" in inputs:
+        parts.append(out_emb[token.long()].float())
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
 def lookahead_inputs(
     inputs: Sequence[str],
     state: torch.Tensor,
@@ -104,16 +132,9 @@ def lookahead_inputs(
     Returns:
         (N, input_size(inputs, H)) float32.
     """
-    state = state.float()
-    parts = [state]
-    if "logq" in inputs or "entropy" in inputs:
+    stats = None
+    if needs_stats(inputs):
         if logits is None:
-            logits = state @ out_emb.float().T  # (N, V)
+            logits = state.float() @ out_emb.float().T  # (N, V)
         stats = candidate_stats(feature_probs(logits, sampling), token)  # (N, 2)
-        if "logq" in inputs:
-            parts.append(stats[:, :1])
-        if "entropy" in inputs:
-            parts.append(stats[:, 1:])
-    if "token" in inputs:
-        parts.append(out_emb[token.long()].float())
-    return torch.cat(parts, dim=-1)
+    return assemble_inputs(inputs, state, token, out_emb, stats)

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.lookahead import candidate_stats
+from acchead.lookahead import assemble_inputs, candidate_stats, needs_stats
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
@@ -205,20 +205,15 @@ class SpecDecPP(StopPolicy):
         inputs = self.head.inputs
         if inputs == ("state",):
             return step.state
-        parts = [step.state.float()]
-        if "logq" in inputs or "entropy" in inputs:
+        if "token" in inputs and self._out_emb is None:
+            raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
+        token = torch.tensor([step.token], device=step.state.device)
+        stats = None
+        if needs_stats(inputs):
             # Under greedy q is one-hot and `confidence` is softmax(logits): feature_probs' choice.
             probs = step.q if step.confidence is None else step.confidence
-            stats = candidate_stats(probs[None], torch.tensor([step.token], device=probs.device))[0]
-            if "logq" in inputs:
-                parts.append(stats[:1])
-            if "entropy" in inputs:
-                parts.append(stats[1:])
-        if "token" in inputs:
-            if self._out_emb is None:
-                raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
-            parts.append(self._out_emb[step.token].float())
-        return torch.cat([p.to(self._w_out.device) for p in parts])
+            stats = candidate_stats(probs[None], token.to(probs.device)).to(step.state.device)
+        return assemble_inputs(inputs, step.state[None], token, self._out_emb, stats)[0]
 
     def start_round(self, position: int) -> int:
         self._log_p_hat = 0.0

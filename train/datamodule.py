@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from acchead.lookahead import lookahead_inputs
+from acchead.lookahead import assemble_inputs, candidate_stats, feature_probs, needs_stats
 from acchead.sampling import SamplingConfig
 from acchead.train.data import GenData, split_by_prompt
 
@@ -111,7 +111,8 @@ class CachedPositions(Dataset):
     """Item = a batch of positions (index array) -> `{"features": (N, D), "labels", "hard": (N,)}`.
 
     D = H for a state-only head (the cached float16 states as they are); a lookahead head with more inputs
-    gets them assembled here (`acchead.lookahead.lookahead_inputs`, float32).
+    gets them assembled here (`acchead.lookahead.assemble_inputs`, float32). Log q and the entropy need the
+    (N, V) logits of every state; they are computed once here, not in every batch of every epoch.
     """
 
     def __init__(self, data: GenData, inputs: tuple[str, ...] = ("state",)) -> None:
@@ -121,7 +122,18 @@ class CachedPositions(Dataset):
         if self.inputs != ("state",):
             assert data.token_embeddings is not None and data.candidate is not None
             self.out_emb = torch.from_numpy(data.token_embeddings)
-            self.sampling = SamplingConfig.from_dict(data.sampling)
+            self.stats = self._stats(SamplingConfig.from_dict(data.sampling)) if needs_stats(inputs) else None
+
+    def _stats(self, sampling: SamplingConfig, chunk: int = 16384) -> torch.Tensor:
+        """(N, 2) [log q, entropy] of every position, in position order, from its cached state."""
+        d, out = self.data, []
+        for s in range(0, len(d.labels), chunk):
+            rows = d.feature_index[s : s + chunk]
+            state = torch.from_numpy(np.ascontiguousarray(d.features[rows])).float()
+            logits = state @ self.out_emb.T  # (n, V)
+            token = torch.from_numpy(d.candidate[s : s + chunk])
+            out.append(candidate_stats(feature_probs(logits, sampling), token))
+        return torch.cat(out)
 
     def __len__(self) -> int:
         return len(self.data.labels)
@@ -132,7 +144,8 @@ class CachedPositions(Dataset):
         feats = torch.from_numpy(np.ascontiguousarray(self.data.features[rows]))
         if self.inputs != ("state",):
             token = torch.from_numpy(self.data.candidate[idx])
-            feats = lookahead_inputs(self.inputs, feats, token, self.out_emb, self.sampling)
+            stats = None if self.stats is None else self.stats[torch.from_numpy(idx)]
+            feats = assemble_inputs(self.inputs, feats, token, self.out_emb, stats)
         return {
             "features": feats,
             "labels": torch.from_numpy(self.data.labels[idx]),

@@ -309,10 +309,9 @@ def distill_draft(
     cache = build_teacher_cache(target, train_ids, args.seq_len, args.teacher_topk,
                                 args.work_dir / f"teacher-top{args.teacher_topk}")
     teacher_minutes = (time.time() - t0) / 60
-    kd_cache = cache
 
     def sampler(gen: torch.Generator) -> Batch:
-        return sample_kd_batch(kd_cache, train_ids, args.batch_size, gen)
+        return sample_kd_batch(cache, train_ids, args.batch_size, gen)
 
     def probe(model: torch.nn.Module) -> dict[str, float]:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
