@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.rundir import atomic_write_json
 from acchead.zoo import ZOO_DIR
 from acchead.zoo.corpus import read_source, split_files
 from acchead.zoo.distill import (
@@ -293,7 +294,7 @@ def train_lm(
         **(extra_report or {}),
         "curve": state["curve"],
     }
-    (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(out_dir / "training_report.json", report, sort_keys=False)
     print(json.dumps({k: v for k, v in report.items() if k != "curve"}, indent=2))
     return report
 
@@ -380,7 +381,7 @@ def pair_report(args, heldout_ids: np.ndarray) -> dict:
     report["target"] = {"decode_step_ms": round(decode_step_ms(target), 3)}
     threads = torch.get_num_threads()
     report["machine"] = f"{platform.machine()}, {threads} CPU threads, torch {torch.__version__}"
-    (args.out_dir / "pair_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(args.out_dir / "pair_report.json", report, sort_keys=False)
     print(json.dumps(report, indent=2))
     return report
 

@@ -21,7 +21,6 @@ on the ids that carry the teacher's mass. The constant sum p log p is dropped fr
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
+
+from acchead.rundir import atomic_write_json
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,11 @@ def build_teacher_cache(
             if time.time() - last > ckpt_seconds or w1 == n:
                 ids.flush()
                 logp.flush()
-                _write_json(progress_file, {"meta": meta, "windows_done": w1})
+                atomic_write_json(progress_file, {"meta": meta, "windows_done": w1})
                 last = time.time()
     bar.close()
     del ids, logp
-    _write_json(done_marker, meta)
+    atomic_write_json(done_marker, meta)
     return load_teacher_cache(path)
 
 
@@ -181,17 +182,8 @@ def teacher_forced_agreement(
     return {"agreement": agree / tot, "acceptance_t1": acc / tot, "kl_target_draft": kl / tot, "tokens": tot}
 
 
-def _write_json(path: Path, obj: object) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def kd_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """The training objective on one `sample_kd_batch` / `sample_window_batch` batch."""
+    """The training objective on one `sample_kd_batch` batch (an optional 4th entry: a (B, T) loss mask)."""
     x, tid, tlp, *mask = batch
     return topk_kl(model(x).logits, tid, tlp, mask[0] if mask else None)
 
@@ -266,30 +258,6 @@ def generate_windows(
             last = target(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
             keep(slice(b0, b1), slice(t, t + 1), last[:, None])
     return GeneratedWindows(tokens=tokens, ids=ids, logp=logp, start=start, context=context)
-
-
-def save_windows(w: GeneratedWindows, path: Path) -> None:
-    """One atomic .npz."""
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, tokens=w.tokens, ids=w.ids, logp=w.logp, start=w.start, context=np.int64(w.context))
-    os.replace(tmp, path)
-
-
-def load_windows(path: Path) -> GeneratedWindows:
-    z = np.load(path)
-    return GeneratedWindows(z["tokens"], z["ids"], z["logp"], z["start"], int(z["context"]))
-
-
-def sample_window_batch(
-    w: GeneratedWindows, batch_size: int, gen: torch.Generator
-) -> tuple[torch.Tensor, ...]:
-    """(input ids (B, W), teacher ids, teacher log-probs (B, W, k), mask (B, W)) of random windows."""
-    idx = torch.randint(0, len(w.tokens), (batch_size,), generator=gen).numpy()
-    width = w.tokens.shape[1]
-    # Position t predicts token t + 1: it counts once the window holds a real token at t.
-    mask = np.arange(width)[None, :] >= w.start[idx, None]
-    return (torch.from_numpy(w.tokens[idx].astype(np.int64)), torch.from_numpy(w.ids[idx].astype(np.int64)),
-            torch.from_numpy(w.logp[idx].astype(np.float32)), torch.from_numpy(mask))
 
 
 @torch.no_grad()
