@@ -543,9 +543,16 @@ def test_gen_data_sigkill_at_random_points_then_rerun_equals_uninterrupted(
     out = tmp_path / "killed"
     args = base_args(tiny_pair_dirs, prompts_file, out, "--flush-seconds", "0", "--shard-size", "256")
     cmd = [sys.executable, "-m", "acchead.data_gen.cli", *args]
+    # Delays as fractions of an uninterrupted run on this machine: fixed seconds either never land (a fast,
+    # quiet machine finishes first) or always land in start-up (a busy one).
+    start = time.perf_counter()
+    timed = [sys.executable, "-m", "acchead.data_gen.cli", *base_args(
+        tiny_pair_dirs, prompts_file, tmp_path / "timed", "--flush-seconds", "0", "--shard-size", "256")]
+    assert subprocess.run(timed, cwd=REPO, env=ENV, capture_output=True, timeout=300).returncode == 0
+    full = time.perf_counter() - start
     kills = 0
     for _ in range(3):  # kill during start-up, labelling or the merge, wherever the random delay falls
-        res = _kill_at(cmd, rng.uniform(3.0, 9.0))
+        res = _kill_at(cmd, rng.uniform(0.3, 0.9) * full)
         kills += res.returncode == -signal.SIGKILL
         assert res.returncode in (0, -signal.SIGKILL), res.stderr[-2000:]
     res = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
