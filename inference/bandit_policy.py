@@ -108,6 +108,10 @@ class BanditPolicy(StopPolicy):
         for a in self.arms:
             a.attach_draft(model)
 
+    @property
+    def max_cap(self) -> int:
+        return max(a.max_cap for a in self.arms)
+
     def begin(self) -> None:
         """Start of a prompt: reset the statistics unless they are carried across prompts."""
         self.history = []

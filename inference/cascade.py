@@ -31,8 +31,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
-from acchead.inference.drafters import RoundBufferDrafter, crop_cache
+from acchead.inference.drafters import RoundBufferDrafter
 from acchead.inference.mag import MaGDrafter, MaxGram
+from acchead.inference.model_runner import crop_cache
 from acchead.inference.verification import token_next_dist, token_tau_probs
 from acchead.sampling import SamplingConfig, probs_from_logits, sample
 

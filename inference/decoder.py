@@ -8,9 +8,14 @@ One round, with n tokens committed (prompt + generated) and the target's cache h
     2. ONE target forward over [x_n, X_1..X_L] gives p_1..p_{L+1} (= S(target logits), the same
        `probs_from_logits` gen-data uses);
     3. the verifier keeps τ candidates and emits one more token (correction or bonus);
-    4. both caches are cropped back to the n + τ tokens they share with the new sequence (`.crop()`).
+    4. both caches are rolled back to the n + τ tokens they share with the new sequence.
 Output is distributed exactly as the target's under S (greedy: token-for-token the target's greedy
 decoding), whatever the policy, because the policy only sees the past (tests/test_exactness.py).
+
+Two paths run the models (`acchead.inference.model_runner`): eager (`DynamicCache`, cropped) and fast
+(`fast=True`: static caches, rollback by moving a position, every forward shape compiled once and
+replayed; CUDA graphs on a GPU). Same algorithm, same counts; the fast path is the default on CUDA. On
+the CPU it is opt-in: it pays tens of seconds of compilation per model before its first decode.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
-from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter, crop_cache
+from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
+from acchead.inference.model_runner import make_runner
 from acchead.inference.policies import Autoregressive, StopPolicy, parse_policy
 from acchead.inference.verification import VERIFIERS
 from acchead.models import check_prompt
@@ -135,6 +141,11 @@ class SpeculativeDecoder:
         head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
             draft=draft)` so that a head trained for another draft is refused.
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
+        fast: run the target (and a draft model given as a `PreTrainedModel`) on the fast path: static KV
+            caches and compiled forwards (`acchead.inference.model_runner.StaticRunner`). None: on when
+            the target is on CUDA. Call `warm_up` before timing it.
+        compile: on the fast path, capture the forwards (False runs the static caches eagerly: the same
+            cache logic without compilation, for tests and debugging).
     """
 
     def __init__(
@@ -144,12 +155,16 @@ class SpeculativeDecoder:
         policy: str | StopPolicy = "specdec:k=4",
         head: AcceptanceHead | str | Path | None = None,
         verifier: str = "token",
+        fast: bool | None = None,
+        compile: bool = True,
     ) -> None:
         if verifier not in VERIFIERS:
             raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
         self.target = target
+        self.fast = target.device.type == "cuda" if fast is None else bool(fast)
+        self._runner = make_runner(target, self.fast, compile)
         if isinstance(draft, PreTrainedModel):
-            draft = ModelDrafter(draft)
+            draft = ModelDrafter(draft, fast=self.fast, compile=compile)
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
         self.draft_model = draft.model if isinstance(draft, ModelDrafter) else None
         self.drafter: Drafter | None = draft
@@ -182,6 +197,19 @@ class SpeculativeDecoder:
                     f"the head reads hidden states of size {head.hidden_size}, the draft's are {hidden}"
                 )
         return head
+
+    def warm_up(self, max_length: int) -> None:
+        """Compile, on the fast path, every forward shape a decode of up to `max_length` tokens (prompt +
+        new tokens) can use: the target's verification of 1..cap + 1 tokens and the draft model's steps.
+        Without it each shape compiles on first use, inside a timed decode. Eager: nothing to do."""
+        if not self.fast:
+            return
+        with torch.inference_mode():
+            self._runner.reset(max_length + 1)
+            self._runner.warm_up(range(1, self.policy.max_cap + 2), keep_all=True)
+            if isinstance(self.drafter, ModelDrafter):
+                hidden = (False, True) if self.policy.needs_hidden or self.policy.needs_state else (False,)
+                self.drafter.warm_up(max_length + self.policy.max_cap + 1, hidden)
 
     # ------------------------------------------------------------------------------------------ generate
 
@@ -234,8 +262,8 @@ class SpeculativeDecoder:
         seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long)
         seq[: prompt.numel()] = prompt
         n = prompt.numel()  # committed length
-        cache = DynamicCache()
-        cached = 0  # tokens in the target's cache
+        runner = self._runner  # the target's KV cache: holds runner.length tokens
+        runner.reset(n + max_new_tokens + 1)
         if streamer is not None:
             streamer.put(prompt[None])
         done = False
@@ -244,13 +272,8 @@ class SpeculativeDecoder:
             cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
             steps = draft_round(self.drafter, policy, seq, n, cap, eos) if cap > 0 else []
             num = len(steps)
-            out = self.target(
-                input_ids=seq[cached : n + num].to(t_dev)[None],
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=num + 1,
-            )
-            p = probs_from_logits(out.logits[0, -(num + 1) :], sampling)  # (L+1, V)
+            logits, _ = runner.feed(seq[runner.length : n + num], keep=num + 1)
+            p = probs_from_logits(logits, sampling)  # (L+1, V)
             tokens = seq[n : n + num]
             tau, nxt = self._verify(tokens, self._stack_q(steps, p), p, gen_t)
             new = [*tokens[:tau].tolist(), nxt]
@@ -260,8 +283,7 @@ class SpeculativeDecoder:
                     break
             seq[n + tau] = nxt
             # Both caches keep exactly the committed tokens they have seen: prefix + accepted candidates.
-            crop_cache(cache, n + tau)
-            cached = n + tau
+            runner.rollback(n + tau)
             if self.drafter is not None:
                 self.drafter.rollback(n + tau)
             n += len(new)
@@ -337,6 +359,7 @@ def bandit_decoder(
     bigram=None,
     head: AcceptanceHead | str | Path | None = None,
     verifier: str = "token",
+    fast: bool | None = None,
 ) -> SpeculativeDecoder:
     """A `SpeculativeDecoder` whose rounds a bandit assigns to (drafter, stop policy) arms.
 
@@ -346,6 +369,7 @@ def bandit_decoder(
         bigram: MaG's bigram table, needed by `mag`/`cascade` arms
             (`acchead.inference.mag.corpus_bigram_table`).
         head: for specdecpp arms (which must use the draft model: MaG and cascades have no hidden states).
+        fast: as for `SpeculativeDecoder` (the draft model's arms and the target; MaG and cascades are eager).
     """
     from acchead.inference.bandit_policy import SwitchDrafter, parse_bandit
     from acchead.inference.cascade import make_drafter
@@ -362,7 +386,8 @@ def bandit_decoder(
         if name is None:
             if draft is None:
                 raise AccheadError(f"bandit {spec!r} has arms that need a draft model")
-            drafters.append(ModelDrafter(draft))
+            fast_draft = target.device.type == "cuda" if fast is None else fast
+            drafters.append(ModelDrafter(draft, fast=fast_draft))
         else:
             if bigram is None:
                 raise AccheadError(f"drafter {name!r} needs MaG's bigram table")
@@ -374,4 +399,4 @@ def bandit_decoder(
         policy.to(draft.device)
         policy.attach_draft(draft)
     switch = SwitchDrafter(drafters, [names.index(n) for n in policy.drafters], policy)
-    return SpeculativeDecoder(target, switch, policy=policy, verifier=verifier)
+    return SpeculativeDecoder(target, switch, policy=policy, verifier=verifier, fast=fast)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from acchead.models import final_hidden
+from acchead.inference.model_runner import make_runner
 from acchead.sampling import SamplingConfig, probs_from_logits, sample
 
 
@@ -85,16 +85,8 @@ class Drafter(Protocol):
         ...
 
 
-def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Crop a transformers cache to its first `length` positions through the public `.crop()`."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        # Negative = number of tokens to remove: the meaning in transformers 5 and also accepted by 4.x.
-        cache.crop(-extra)
-
-
 class ModelDrafter:
-    """A causal LM as drafter, with its own KV cache (`DynamicCache`), cropped on rollback.
+    """A causal LM as drafter, with its own KV cache (a `ModelRunner`), rolled back after verification.
 
     The cache always holds a prefix of the context. After feeding tokens, the distribution for the next
     position is kept as `pending` so that the next proposal costs no forward: e.g. computing candidate
@@ -102,14 +94,16 @@ class ModelDrafter:
 
     Args:
         model: the draft model (eval mode, any device/dtype).
+        fast: run it on the fast path (`StaticRunner`: static cache, compiled forwards) instead of eager.
+        compile: on the fast path, capture the forwards (False: the static cache alone, for tests).
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, fast: bool = False, compile: bool = True) -> None:
         self.model = model
         self.draft_calls = 0
-        self._cache = DynamicCache()
-        self._cached = 0  # tokens in the cache
-        # Distribution (V,) for position `_cached` given the cached tokens, and nothing else; None if unknown.
+        self.runner = make_runner(model, fast, compile)
+        # Distribution (V,) for position `runner.length` given the cached tokens, and nothing else; None if
+        # unknown.
         self._pending: torch.Tensor | None = None
         self._pending_logits: torch.Tensor | None = None
         self._pending_state: torch.Tensor | None = None  # (H,) the state `_pending` came from, if computed
@@ -122,44 +116,45 @@ class ModelDrafter:
     def begin(
         self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> None:
-        self._cache = DynamicCache()
-        self._cached = 0
+        self.runner.reset(input_ids.numel() + 1)  # a static cache grows as the sequence does
         self._pending = None
         self._sampling = sampling
         self._generator = generator
         self.draft_calls = 0
 
+    def warm_up(self, max_length: int, hidden: tuple[bool, ...]) -> None:
+        """Prepare (fast path: compile) the draft's decode-time forwards for sequences up to `max_length`:
+        1 token per proposal, 2 after a round whose candidates were all accepted (the last candidate and
+        the bonus token)."""
+        self.runner.reset(max_length)
+        self.runner.warm_up((1, 2), keep_all=False, hidden=hidden)
+
     def _feed(self, tokens: torch.Tensor, want_hidden: bool) -> torch.Tensor | None:
         """Run the draft on `tokens` ((n,) after the cached prefix); sets `_pending`, returns (H,) hidden."""
-        out = self.model(
-            input_ids=tokens.to(self.device)[None],
-            past_key_values=self._cache,
-            use_cache=True,
-            output_hidden_states=want_hidden,
-            logits_to_keep=1,
-        )
+        logits, hidden = self.runner.feed(tokens, keep=1, want_hidden=want_hidden)
         self.draft_calls += 1
-        self._cached += tokens.numel()
-        logits = out.logits[0, -1]
+        logits = logits[-1]
         self._pending = probs_from_logits(logits, self._sampling)
         # Greedy q is one-hot; keep the logits so a confidence rule can read the draft's real confidence.
         self._pending_logits = logits if self._sampling.greedy else None
-        self._pending_state = final_hidden(out)[0, -1] if want_hidden else None
-        return self._pending_state
+        self._pending_state = hidden
+        return hidden
 
     def propose(
         self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
     ) -> DraftStep:
         n = context.numel()
-        if self._cached > n:
+        cached = self.runner.length
+        if cached > n:
             self.rollback(n)
-        if self._pending is None or self._cached < n or (want_state and self._pending_state is None):
-            if self._cached == n:
+            cached = n
+        if self._pending is None or cached < n or (want_state and self._pending_state is None):
+            if cached == n:
                 # Cache holds the whole context but its next-token distribution (or the state behind it)
                 # is unknown: re-feed the last token (rare: a rollback landing exactly on the cache's end).
-                crop_cache(self._cache, n - 1)
-                self._cached = n - 1
-            self._feed(context[self._cached :], want_hidden=want_state)
+                self.runner.rollback(n - 1)
+                cached = n - 1
+            self._feed(context[cached:], want_hidden=want_state)
         q, logits, state = self._pending, self._pending_logits, self._pending_state if want_state else None
         assert q is not None
         # Greedy q is one-hot: its argmax is the sample, without multinomial's ~0.1 ms per call.
@@ -172,9 +167,8 @@ class ModelDrafter:
         return DraftStep(token=token, q=q, hidden=hidden, index=index, logits=logits, state=state)
 
     def rollback(self, length: int) -> None:
-        if self._cached > length:
-            crop_cache(self._cache, length)
-            self._cached = length
+        if self.runner.length > length:
+            self.runner.rollback(length)
             self._pending = None
 
 

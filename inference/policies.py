@@ -86,6 +86,11 @@ class StopPolicy:
         """After candidate `step.index` (not called for the candidate that reaches the cap)."""
         return False
 
+    @property
+    def max_cap(self) -> int:
+        """The largest cap `start_round` can return (the fast path compiles a verification per count)."""
+        return getattr(self, "max_draft", DEFAULT_MAX_DRAFT)
+
     def end_round(self, drafted: int, accepted: int) -> None:
         """Feedback after verification (bandit selectors learn from it); default: nothing."""
 
@@ -112,6 +117,10 @@ class Autoregressive(StopPolicy):
     def start_round(self, position: int) -> int:
         return 0
 
+    @property
+    def max_cap(self) -> int:
+        return 0
+
 
 class FixedK(StopPolicy):
     """SpecDec: always draft k candidates."""
@@ -123,6 +132,10 @@ class FixedK(StopPolicy):
         self.spec = f"specdec:k={k}"
 
     def start_round(self, position: int) -> int:
+        return self.k
+
+    @property
+    def max_cap(self) -> int:
         return self.k
 
 

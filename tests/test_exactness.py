@@ -464,10 +464,13 @@ CHI_CASES = [
 CHI_DEFAULT = [*CHI_CASES[1:3], *CHI_CASES[4:]]
 
 
-def _chi_square_case(pair, spec, verifier, cfg, n, length=3):
+def _chi_square_case(pair, spec, verifier, cfg, n, length=3, fast=False):
     target, draft = pair
     head = AcceptanceHead(draft.config.hidden_size, depth=1)
-    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier)
+    # fast: static KV caches, rolled back by position (compiled forwards are checked against eager ones
+    # token for token in tests/test_fast_path.py; compiling here would cost minutes).
+    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier, fast=fast,
+                             compile=False)  # fmt: skip
     prompt = [1, 4]
     counts = Counter(
         tuple(dec.generate(torch.tensor(prompt), max_new_tokens=length, temperature=cfg.temperature,
@@ -477,17 +480,19 @@ def _chi_square_case(pair, spec, verifier, cfg, n, length=3):
     return _chi_square_p_value(counts, _exact_sequences(target, prompt, length, cfg), n)
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
 @pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_DEFAULT, ids=lambda x: str(x))
-def test_chi_square_tiny_transformers(peaked_pair, spec, verifier, cfg):
-    """Decoded 3-token continuations follow the target's exact distribution (small default run; the
-    slow test below runs 4000 per case)."""
-    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=250) > 1e-3
+def test_chi_square_tiny_transformers(peaked_pair, spec, verifier, cfg, fast):
+    """Decoded 3-token continuations follow the target's exact distribution, on both paths (small default
+    run; the slow test below runs 4000 per case)."""
+    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=250, fast=fast) > 1e-3
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
 @pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_CASES, ids=lambda x: str(x))
-def test_chi_square_tiny_transformers_large(peaked_pair, spec, verifier, cfg):
-    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=4000) > 1e-3
+def test_chi_square_tiny_transformers_large(peaked_pair, spec, verifier, cfg, fast):
+    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=4000, fast=fast) > 1e-3
 
 
 def test_chi_square_catches_the_draft_distribution(peaked_pair):
@@ -507,12 +512,14 @@ GREEDY_POLICIES = ["autoregressive", "specdec:k=1", "specdec:k=4", "specdecpp:h=
                    "entropy:tau=1.5,max=8", "adaedl:lam=0.5,max=8", "adaedl:lam=0.3,adapt=0,max=8"]
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
 @pytest.mark.parametrize("verifier", ["token", "block"])
 @pytest.mark.parametrize("spec", GREEDY_POLICIES)
-def test_greedy_matches_transformers_generate(peaked_pair, spec, verifier):
+def test_greedy_matches_transformers_generate(peaked_pair, spec, verifier, fast):
     target, draft = peaked_pair
     head = AcceptanceHead(draft.config.hidden_size, depth=2)
-    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier)
+    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier, fast=fast,
+                             compile=False)  # fmt: skip
     prompt = torch.tensor([[1, 4, 7]])
     for eos in (None, 5):
         ref = target.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=0)

@@ -1,0 +1,259 @@
+"""How a decoder runs one causal LM over a growing sequence: its KV cache, rollback, and (fast path) capture.
+
+Both the target's verification and a draft model's proposals go through a `ModelRunner` (batch size 1):
+`feed(tokens)` appends tokens after the cached prefix and returns logits (and the final hidden state);
+`rollback(length)` forgets everything after the first `length` tokens (the rejected suffix of a round).
+
+- `EagerRunner`: transformers' `DynamicCache`, rollback through its public `.crop()`. Every forward is
+  eager PyTorch, i.e. one kernel launch (GPU) or one dispatch (CPU) per operator of the model.
+- `StaticRunner`, the fast path: a transformers `StaticCache` of fixed capacity, preallocated once, so
+  rolling back is moving a position (stale keys past it are masked by the causal mask and overwritten by
+  the next write); and every forward of a given token count is compiled once with `torch.compile`
+  (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph (`mode="reduce-overhead"`), on the
+  CPU as Inductor's fused C++ kernels with the weights frozen into the graph (oneDNN prepacks them,
+  which is what makes a one-token forward cheaper than eager's GEMV calls, measured in README §Fast path).
+  The prompt (a new length every call) runs eager on the same cache.
+
+Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
+graph has fixed shapes. The decoders use few counts (1 and 2 for a draft; 1..cap + 1 for the target), so
+they are compiled lazily, each the first time it is needed; `torch._dynamo`'s recompile limit is raised so
+that none of them falls back to eager.
+
+transformers 5.x keeps each static layer's write position in a `cumulative_length` tensor that advances on
+every update (it no longer reads `cache_position`); `rollback` sets it in place, so a captured graph that
+reads it stays valid. Caches without that counter (transformers 4.x) are refused with one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, StaticCache
+
+from acchead.errors import AccheadError
+from acchead.models import final_hidden
+
+# Compiled graphs per runner: every token count a decoder can ask for (cap <= 63) with and without the
+# hidden state, with room to spare. Dynamo's default (8) would silently fall back to eager past it.
+_RECOMPILE_LIMIT = 256
+
+
+class ModelRunner(Protocol):
+    """One causal LM over one growing sequence (batch size 1)."""
+
+    model: PreTrainedModel
+    length: int  # tokens in the KV cache
+
+    def reset(self, capacity: int) -> None:
+        """Start a new sequence that will hold at most `capacity` tokens."""
+        ...
+
+    def feed(
+        self, tokens: torch.Tensor, keep: int = 1, want_hidden: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Append `tokens` ((n,) int64, any device) after the cached prefix.
+
+        Returns:
+            logits: (keep, V) for the last `keep` positions, on the model's device.
+            hidden: (H,) the final hidden state at the last position if `want_hidden`, else None.
+        """
+        ...
+
+    def rollback(self, length: int) -> None:
+        """Forget everything past the first `length` tokens."""
+        ...
+
+    def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
+        """Prepare the forwards of these token counts (the fast path compiles them); resets the sequence."""
+        ...
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Crop a transformers cache to its first `length` positions through the public `.crop()`."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        # Negative = number of tokens to remove: the meaning in transformers 5 and also accepted by 4.x.
+        cache.crop(-extra)
+
+
+class EagerRunner:
+    """The eager path: a `DynamicCache` cropped on rollback.
+
+    Args:
+        model: the causal LM (eval mode, any device/dtype).
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
+        self.device: torch.device = model.device
+        self.cache = DynamicCache()
+        self.length = 0
+
+    def reset(self, capacity: int) -> None:
+        self.cache = DynamicCache()
+        self.length = 0
+
+    def feed(
+        self, tokens: torch.Tensor, keep: int = 1, want_hidden: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            logits_to_keep=keep,
+        )
+        self.length += tokens.numel()
+        return out.logits[0, -keep:], final_hidden(out)[0, -1] if want_hidden else None
+
+    def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
+        self.reset(0)  # nothing to compile
+
+    def rollback(self, length: int) -> None:
+        crop_cache(self.cache, length)
+        self.length = min(self.length, length)
+
+
+def _step(model: PreTrainedModel, cache: StaticCache, input_ids: torch.Tensor, keep: int, want_hidden: bool):
+    """One forward over `input_ids` ((1, n)) after the cache: the function `torch.compile` captures.
+
+    Runs the decoder stack and the LM head separately (public `get_decoder` / `get_output_embeddings`),
+    because the hidden states `output_hidden_states` returns are collected by hooks that a captured graph
+    cannot hold. `StaticRunner` checks once that this equals the model's own forward.
+    Returns logits (1, keep, V) and the final hidden state (1, H) of the last position (or None).
+    """
+    hidden = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
+    hidden = hidden[:, -keep:]  # (1, keep, H): after the final norm, what the LM head reads
+    logits = model.get_output_embeddings()(hidden)
+    return logits, hidden[:, -1] if want_hidden else None
+
+
+class StaticRunner:
+    """The fast path: a preallocated `StaticCache` and one compiled forward per (token count, outputs).
+
+    Args:
+        model: the causal LM (eval mode). Its weights are frozen into the compiled graphs on the CPU:
+            changing them afterwards needs a new runner.
+        capacity: tokens the cache holds, rounded up to a multiple of 256 (so few sizes occur); `reset`
+            and `feed` grow it when a sequence needs more (the cached keys/values are copied), which
+            recompiles: `warm_up` with the longest sequence first keeps that out of timed decoding.
+        compile: False runs the static cache eagerly (no capture): the same cache logic, testable in
+            seconds; the decoders' fast path compiles.
+    """
+
+    def __init__(self, model: PreTrainedModel, capacity: int = 256, compile: bool = True) -> None:
+        self.model = model
+        self.device: torch.device = model.device
+        self.compile = compile
+        self.capacity = 0
+        self.length = 0
+        self.cache: StaticCache | None = None
+        self._compiled: Callable | None = None
+        self._alloc(capacity)
+
+    # ------------------------------------------------------------------------------------------- cache
+
+    def _alloc(self, capacity: int, keep: int = 0) -> None:
+        """A new cache of `capacity` (rounded up) tokens holding the first `keep` positions of the old one."""
+        capacity = -(-capacity // 256) * 256
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit:
+            capacity = min(capacity, int(limit))
+        old = self.cache
+        self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+        # Allocate the key/value tensors now, on the model's device and dtype, so that their addresses
+        # never change (a captured graph reads them in place); and check, once, that the decoder stack
+        # plus LM head that `_step` runs is the model's forward (no logit scaling or soft-capping after
+        # the head, which some architectures add).
+        with torch.inference_mode():
+            ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+            if old is None:
+                ref = self.model(input_ids=ids).logits
+                ours, _ = _step(self.model, self.cache, ids, 1, False)
+                if not torch.allclose(ours.float(), ref.float(), rtol=1e-3, atol=1e-3):
+                    raise AccheadError(
+                        f"{type(self.model).__name__}: its logits are not the LM head of the decoder's last "
+                        "hidden state, which the fast path computes; use fast=False"
+                    )
+            else:
+                _step(self.model, self.cache, ids, 1, False)
+        self._counters = [getattr(layer, "cumulative_length", None) for layer in self.cache.layers]
+        if not all(isinstance(c, torch.Tensor) for c in self._counters):
+            import transformers
+
+            raise AccheadError(
+                f"the fast path needs transformers' StaticCache with per-layer write positions "
+                f"(transformers >= 5); installed: {transformers.__version__}. Use fast=False"
+            )
+        if old is not None and keep:
+            for new_layer, old_layer in zip(self.cache.layers, old.layers, strict=True):
+                new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
+                new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
+        self.capacity = capacity
+        if self._compiled is None and self.compile:
+            self._compiled = self._make_compiled()
+        self._set_length(keep)
+
+    def _make_compiled(self):
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
+        if self.device.type == "cuda":
+            return torch.compile(_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        return torch.compile(_step, fullgraph=True, dynamic=False, options={"freezing": True})
+
+    def _set_length(self, length: int) -> None:
+        for counter in self._counters:
+            counter.fill_(length)
+        self.length = length
+
+    def _reserve(self, capacity: int, keep: int) -> None:
+        if capacity > self.capacity:
+            if self.capacity >= getattr(self.model.config, "max_position_embeddings", float("inf")):
+                raise AccheadError(f"a sequence of {capacity} tokens exceeds the model's context")
+            self._alloc(capacity, keep)
+
+    def reset(self, capacity: int) -> None:
+        self._reserve(capacity, 0)
+        self._set_length(0)
+
+    def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
+        """Compile the forward of every token count in `counts` now (with `keep` = count if `keep_all`,
+        else 1), once per value in `hidden`; the sequence is reset afterwards."""
+        dummy = torch.zeros(max(counts, default=1), dtype=torch.long)
+        for want_hidden in hidden:
+            self.reset(self.capacity)
+            self.feed(dummy[:1], 1, want_hidden)  # a decode step, not a prefill: length 0 -> 1
+            for n in counts:
+                self.rollback(1)
+                self.feed(dummy[:n], n if keep_all else 1, want_hidden)
+        self.reset(self.capacity)
+
+    # ----------------------------------------------------------------------------------------- forwards
+
+    def feed(
+        self, tokens: torch.Tensor, keep: int = 1, want_hidden: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        n = tokens.numel()
+        self._reserve(self.length + n, self.length)
+        ids = tokens.to(self.device)[None]
+        # The prompt (a new length every call) runs eager; decode-time counts replay their graph.
+        prefill = self.length == 0 and n > 1
+        fn = _step if self._compiled is None or prefill else self._compiled
+        logits, hidden = fn(self.model, self.cache, ids, keep, want_hidden)
+        self.length += n
+        # Clone: a CUDA-graph replay overwrites its output buffers on the next replay.
+        logits = logits[0, -keep:].clone()
+        return logits, hidden[0].clone() if hidden is not None else None
+
+    def rollback(self, length: int) -> None:
+        if length < self.length:
+            self._set_length(length)
+
+
+def make_runner(model: PreTrainedModel, fast: bool, compile: bool = True) -> ModelRunner:
+    """`StaticRunner` (compiled unless `compile` is False) for the fast path, else `EagerRunner`."""
+    return StaticRunner(model, compile=compile) if fast else EagerRunner(model)

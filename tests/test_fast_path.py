@@ -1,0 +1,76 @@
+"""The fast path (static KV caches, compiled forwards) against the eager one, on the CPU.
+
+Exactness of the fast path under sampling and greedy identity for every policy run in
+tests/test_exactness.py (static caches without compilation); here: the cache logic itself (rollback by
+position, growth), and compiled forwards giving the eager path's tokens, with no compilation left after
+`warm_up`. The same on CUDA is in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.model_runner import EagerRunner, StaticRunner
+
+
+@torch.inference_mode()
+def test_static_cache_rolls_back_and_grows_like_the_dynamic_one(tiny_llama_pair):
+    """Same logits as the eager `DynamicCache` through prefill, decode steps, multi-token feeds,
+    rollbacks into the middle of what was fed, and growth past the preallocated capacity (256)."""
+    target, _ = tiny_llama_pair
+    target.config.max_position_embeddings = 1024  # room to grow (rotary positions have no table)
+    eager, static = EagerRunner(target), StaticRunner(target, capacity=16, compile=False)
+    assert static.capacity == 256
+    g = torch.Generator().manual_seed(0)
+    for runner in (eager, static):
+        runner.reset(8)
+    prompt = torch.randint(1, 300, (7,), generator=g)
+    a, b = eager.feed(prompt, keep=2, want_hidden=True), static.feed(prompt, keep=2, want_hidden=True)
+    torch.testing.assert_close(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1])
+    length = 7
+    while length < 300:  # past the capacity: the static cache is reallocated and its content copied
+        n = int(torch.randint(1, 5, (1,), generator=g))
+        tokens = torch.randint(1, 300, (n,), generator=g)
+        (la, _), (lb, _) = eager.feed(tokens, keep=n), static.feed(tokens, keep=n)
+        torch.testing.assert_close(la, lb, rtol=1e-4, atol=1e-4)
+        keep = length + int(torch.randint(0, n + 1, (1,), generator=g))  # reject a random suffix
+        eager.rollback(keep)
+        static.rollback(keep)
+        assert eager.length == static.length == keep
+        length = keep
+    assert static.capacity == 512
+
+
+def test_fast_path_refuses_a_context_overflow(tiny_llama_pair):
+    target, _ = tiny_llama_pair
+    static = StaticRunner(target, compile=False)
+    limit = target.config.max_position_embeddings
+    static.reset(limit)
+    with pytest.raises(AccheadError, match="exceeds the model's context"):
+        static.reset(limit + 1)
+
+
+def _greedy(dec: SpeculativeDecoder, prompt: torch.Tensor, n: int = 24) -> list[int]:
+    return dec.generate(prompt, max_new_tokens=n, temperature=0).new_ids.tolist()
+
+
+@pytest.mark.parametrize("spec", ["autoregressive", "specdecpp:h=0.5,max=3"])
+def test_compiled_fast_path_equals_eager_and_warm_up_leaves_nothing_to_compile(tiny_llama_pair, spec):
+    """torch.compile (Inductor, frozen weights) on the CPU: token-for-token the eager output; after
+    `warm_up` a decode of that length compiles nothing (dynamo is told to fail on any recompilation)."""
+    target, draft = tiny_llama_pair
+    head = AcceptanceHead(draft.config.hidden_size, depth=1)
+    prompt = torch.tensor([5, 9, 17, 33, 2])
+    eager = SpeculativeDecoder(target, draft, policy=spec, head=head, fast=False)
+    fast = SpeculativeDecoder(target, draft, policy=spec, head=head, fast=True)
+    assert fast.fast and not eager.fast
+    fast.warm_up(prompt.numel() + 24)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        assert _greedy(fast, prompt) == _greedy(eager, prompt)
+        res = fast.generate(prompt, max_new_tokens=24, temperature=1.0, seed=3)
+    assert res.tokens == 24
