@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,51 @@ def _argv(inp: dict[str, Path], out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
+def _hide_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the HF row as on a machine without scikit-learn, whatever this one has installed.
+
+    With scikit-learn importable, transformers re-fits the assistant's confidence threshold online (ROC
+    curve), so its schedule is no longer confidence:tau=0.4,max=20 and the bench rightly leaves out the
+    counts cross-check (`hf_cross_check`): with scikit-learn installed the "counts agree" assertion below
+    failed under any transformers version (checked with 5.17 and 5.23). `is_sklearn_available` is cached,
+    so the name transformers' candidate generator calls is replaced; `import sklearn` (the bench's own
+    check, `schedule_params`) then fails too.
+    """
+    from transformers.generation import candidate_generator
+
+    monkeypatch.setattr(candidate_generator, "is_sklearn_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+
+
+def test_bench_fast_path_beside_eager_and_transformers(bench_inputs, tmp_path):
+    """--paths eager,fast: every draft-model decoder runs on both paths (fast rows NAME@fast, the same
+    greedy output and counts), each path and transformers get their own fitted costs, and the report's
+    wall-clock section lists all three."""
+    out = tmp_path / "bench"
+    argv = [*_argv(bench_inputs, out), "--methods", "autoregressive,specdec,hf-assisted,hf-generate",
+            "--k-grid", "2", "--paths", "eager,fast"]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in res["rows"]}
+    assert set(rows) == {"autoregressive", "specdec", "hf-assisted", "hf-generate", "autoregressive@fast",
+                         "specdec@fast"}  # fmt: skip
+    for family in ("autoregressive", "specdec"):
+        eager, fast = rows[family], rows[family + "@fast"]
+        assert fast["matches_autoregressive"] == eager["matches_autoregressive"] == 1.0
+        assert [fast[k] for k in ("tokens", "target_calls", "draft_calls")] == [
+            eager[k] for k in ("tokens", "target_calls", "draft_calls")
+        ]
+    assert rows["hf-generate"]["matches_autoregressive"] == 1.0
+    assert rows["hf-generate"]["draft_calls"] == 0
+    assert set(res["path_fits"]) == {"eager", "fast", "hf"}
+    assert set(res["speed_by_path"]) == {"eager", "fast", "hf"}
+    assert res["speed_by_path"]["fast"]["k_setting"] == "specdec:k=2"
+    assert "## Wall clock by path" in (out / "report.md").read_text()
+    assert sum(g["goal"].startswith("CPU: ") and g["met"] is not None for g in res["goals"]) == 2
+
+
+def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys, monkeypatch):
+    _hide_sklearn(monkeypatch)
     out = tmp_path / "bench"
     # Two heads, one of each kind: each runs the h-grid as its own family, side by side.
     heads = f"{bench_inputs['head']},{bench_inputs['lookahead'].parent}"  # a directory means its head file
@@ -97,6 +142,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
         "adaedl-adapt",
         "oracle",
         "hf-assisted",
+        "hf-generate",
     ]
     assert res["rows"][3]["params"] == {"h": 0.5, "max": 20, "head": str(bench_inputs["head"])}
     assert res["rows"][4]["params"]["head"] == str(bench_inputs["lookahead"])
@@ -122,9 +168,11 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
         assert o["ratio"] > 0 and isinstance(o["head_s"], float) and o["calls"] == 5
     # transformers' default schedule is our confidence:tau=0.4,max=20: the hook counts must match ours.
     assert res["rows"][10]["params"]["confidence_threshold"] == 0.4
+    assert res["rows"][10]["params"]["adaptive_threshold"] is False
     assert any("counts (N/N_target/N_draft/N_discarded) agree" in n for n in res["notes"]), res["notes"]
     goals = {g["goal"]: g for g in res["goals"]}
-    assert len(goals) == 8 and sum(g.startswith("greedy:") for g in goals) == 5
+    assert len(goals) == 10 and sum(g.startswith("greedy:") for g in goals) == 5
+    assert sum(g.startswith("CPU: ") for g in goals) == 2  # issue 11's wall-clock goals, this device
     overhead_goals = [g for g in goals if g.startswith("head overhead")]
     assert [g.rsplit("(", 1)[1] for g in overhead_goals] == ["specdecpp)", "specdecpp-lookahead)"]
     # Every goal is measured here, except that a random tiny pair may leave no fixed-K-to-oracle gap.
@@ -141,7 +189,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
 
     capsys.readouterr()
     assert main(argv) == 0
-    assert "resuming: 22 of 22 runs" in capsys.readouterr().out
+    assert "resuming: 24 of 24 runs" in capsys.readouterr().out
     again = json.loads((out / "results.json").read_text())
     assert [r["wall_time"] for r in again["rows"]] == [r["wall_time"] for r in res["rows"]]
 
@@ -152,7 +200,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys):
     del data["runs"][lost]
     part.write_text(json.dumps(data))
     assert main(argv) == 0
-    assert "resuming: 21 of 22 runs" in capsys.readouterr().out
+    assert "resuming: 23 of 24 runs" in capsys.readouterr().out
     assert lost in json.loads(part.read_text())["runs"]
 
 
@@ -212,10 +260,11 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     assert sorted(args.head) == sorted(map(str, shipped))
     settings, _ = build_settings(args, SamplingConfig(0.0))
     specs = [s.spec for s in settings]
-    assert len(settings) == 32 + 9 * len(args.head)  # 9 thresholds h per head
+    assert len(settings) == 33 + 9 * len(args.head)  # 9 thresholds h per head
+    assert args.paths == ["eager"] and "hf-generate" in args.methods  # issue 11: opt-in fast path
     assert "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
     assert sum(s.family == "adaedl" for s in settings) == 4
-    assert build_settings(args, SamplingConfig(1.0))[0][-2].family == "adaedl-adapt"  # sampling: no oracle
+    assert build_settings(args, SamplingConfig(1.0))[0][-3].family == "adaedl-adapt"  # sampling: no oracle
     user = tmp_path / "user.yaml"
     user.write_text("k_grid: [3, 5]\nextra_specs: ['ucb:arms=specdec:k=2|specdecpp:h=0.5,max=8']\n")
     args = resolve_args(build_parser().parse_args(["--config", str(user), "--k-grid", "7"]))

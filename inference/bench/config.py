@@ -14,7 +14,7 @@ import argparse
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,11 @@ FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "specdecpp-lookahead",
 # share a family get their name appended: "specdecpp-lookahead[greedy-r1]".
 HEAD_FAMILIES = {"candidate": "specdecpp", "lookahead": "specdecpp-lookahead"}
 FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "adaedl", "adaedl-adapt",
-            "oracle", "hf-assisted", "extra")  # fmt: skip
+            "oracle", "hf-assisted", "hf-generate", "extra")  # fmt: skip
+# The paths our decoders can run on (`SpeculativeDecoder(fast=...)`); a fast-path row's family is its eager
+# family with this suffix ("specdec@fast"), so every analysis of the eager rows is unchanged beside it.
+PATHS = ("eager", "fast")
+FAST_SUFFIX = "@fast"
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Setting:
     `spec` is the string `acchead.inference.policies.parse_policy` takes (empty for hf-assisted); `key` names
     the setting's partial-result file. `head` is the acceptance-head file the setting decodes with (None for
     settings without a head); SpecDec++ settings of several heads share specs, so their keys and labels
-    also name the family.
+    also name the family. `fast`: decoded on the fast path (family suffixed with `FAST_SUFFIX`).
     """
 
     family: str
@@ -51,12 +55,16 @@ class Setting:
     verifier: str = "token"
     needs_head: bool = False
     head: str | None = None
+    fast: bool = False
 
     @property
     def _named(self) -> str:
-        if self.head is not None and re.split(r"[:+]", self.spec, maxsplit=1)[0] != self.family:
-            return f"{self.family} {self.spec}"
-        return self.spec or self.family
+        base = self.family.removesuffix(FAST_SUFFIX)
+        if self.head is not None and re.split(r"[:+]", self.spec, maxsplit=1)[0] != base:
+            name = f"{base} {self.spec}"
+        else:
+            name = self.spec or base
+        return f"{name} [fast]" if self.fast else name
 
     @property
     def key(self) -> str:
@@ -73,8 +81,18 @@ def base_family(family: str) -> str:
 
 
 def is_fitted(family: str) -> bool:
-    """True if the family's per-prompt wall times enter the cost fit (`FIT_FAMILIES`)."""
+    """True if the family's per-prompt wall times enter the (eager) cost fit (`FIT_FAMILIES`)."""
     return base_family(family) in FIT_FAMILIES
+
+
+def is_fast(family: str) -> bool:
+    """True for a fast-path row's family ("specdec@fast")."""
+    return family.endswith(FAST_SUFFIX)
+
+
+def fast_family(family: str) -> str:
+    """The family of a setting's fast-path copy: "specdec" -> "specdec@fast"."""
+    return family + FAST_SUFFIX
 
 
 def is_specdecpp(family: str) -> bool:
@@ -245,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--verifier", choices=["token", "block"], help="verification rule of our decoders")
     a(
+        "--paths",
+        type=_str_list,
+        help="decoding paths of our draft-model decoders, comma-separated: eager (DynamicCache, eager "
+        "forwards) and/or fast (static caches, forwards compiled once per shape; CUDA graphs on a GPU). "
+        "Fast-path rows are reported as families NAME@fast with their own fitted t_draft/t_target, beside "
+        "hf-generate and hf-assisted",
+    )
+    a(
         "--cost-ratios",
         type=_float_list,
         help="declared draft/target forward-cost ratios c = t_draft/t_target, comma-separated: every row is "
@@ -299,8 +325,9 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-_LISTS = {"methods": _str_list, "k_grid": _int_list, "h_grid": _float_list, "tau_grid": _float_list,
-          "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list, "adaedl_adapt_grid": _float_list,
+_LISTS = {"methods": _str_list, "paths": _str_list, "k_grid": _int_list, "h_grid": _float_list,
+          "tau_grid": _float_list, "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list,
+          "adaedl_adapt_grid": _float_list,
           "cost_ratios": _float_list, "extra_specs": _spec_list, "head": _str_list}  # fmt: skip
 _INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls"}
 _FLOATS = {"temperature", "top_p", "adaedl_gamma", "plot_ratio"}
@@ -340,7 +367,7 @@ def _apply_zoo_defaults(args: argparse.Namespace) -> None:
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
     defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0, "adaedl_gamma": 0.2,
-                "cost_ratios": []}  # fmt: skip
+                "cost_ratios": [], "paths": ["eager"]}  # fmt: skip
     for k, default in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, default)
@@ -366,6 +393,9 @@ def _validate(args: argparse.Namespace) -> None:
     bad = [m for m in args.methods if m not in FAMILIES]
     if bad:
         raise AccheadError(f"unknown method {bad[0]!r}; choose from {', '.join(FAMILIES)}")
+    bad = [x for x in args.paths if x not in PATHS]
+    if bad or not args.paths:
+        raise AccheadError(f"--paths takes {' and/or '.join(PATHS)}, got {','.join(args.paths) or 'nothing'}")
     if args.max_new_tokens < 1:
         raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.num_prompts < 0:
@@ -446,6 +476,10 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         from acchead.inference.bench.hf_assisted import METHOD
 
         settings.append(Setting(METHOD, "", {}, "token"))
+    if "hf-generate" in methods:
+        from acchead.inference.bench.hf_assisted import GENERATE_METHOD
+
+        settings.append(Setting(GENERATE_METHOD, "", {}, "token"))
     for spec in extras:  # a bandit arm or cascade using SpecDec++ decodes with the first head
         family = re.split(r"[:+]", spec, maxsplit=1)[0]
         head = str(heads[0][1]) if needs_head(spec) else None
@@ -453,4 +487,13 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         settings.append(Setting(family, spec, params, v, head is not None, head))
     if not settings:
         raise AccheadError("nothing to run: --methods selects no setting")
-    return settings, notes
+    return _on_paths(settings, args.paths), notes
+
+
+def _on_paths(settings: list[Setting], paths: Sequence[str]) -> list[Setting]:
+    """The settings on the requested paths: the draft-model decoders (fitted families) once per path, the
+    rest (oracle, Hugging Face, extra drafters) once, eager."""
+    out = [s for s in settings if "eager" in paths or not is_fitted(s.family)]
+    if "fast" in paths:
+        out += [replace(s, family=fast_family(s.family), fast=True) for s in settings if is_fitted(s.family)]
+    return out

@@ -1,4 +1,5 @@
-"""Hugging Face transformers' own assisted generation on our pair, counted the way our decoders are.
+"""Hugging Face transformers' own assisted generation on our pair, counted the way our decoders are; and
+its plain `generate` of the target (method `hf-generate`), the autoregressive baseline a user compares with.
 
 `target.generate(input_ids, assistant_model=draft, ...)` runs transformers' speculative decoding with its
 default candidate schedule, read from the draft's `generation_config` (transformers 5.x defaults:
@@ -33,6 +34,8 @@ from torch import nn
 from acchead.sampling import SamplingConfig
 
 METHOD = "hf-assisted"
+GENERATE_METHOD = "hf-generate"  # transformers' plain `generate` of the target: its autoregressive baseline
+HF_METHODS = (METHOD, GENERATE_METHOD)
 
 
 @dataclass
@@ -120,7 +123,7 @@ def sampling_kwargs(sampling: SamplingConfig) -> dict[str, object]:
 @torch.inference_mode()
 def hf_assisted_generate(
     target: nn.Module,
-    draft: nn.Module,
+    draft: nn.Module | None,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
@@ -129,7 +132,8 @@ def hf_assisted_generate(
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
 ) -> AssistedResult:
-    """Run transformers' assisted generation once and count its forwards.
+    """Run transformers' assisted generation once (plain `generate` when `draft` is None) and count its
+    forwards.
 
     Args:
         input_ids: (1, T) prompt ids on the models' device.
@@ -150,17 +154,25 @@ def hf_assisted_generate(
         attention_mask=torch.ones_like(input_ids),
         **sampling_kwargs(sampling),
     )
-    with _count(target, draft) as (t_calls, d_calls):
-        start = time.perf_counter()
-        out = target.generate(input_ids, assistant_model=draft, **kwargs)
-        wall = time.perf_counter() - start
+    if draft is None:  # plain `generate`: one target forward per token
+        with ForwardCounter(target) as t_calls:
+            start = time.perf_counter()
+            out = target.generate(input_ids, **kwargs)
+            wall = time.perf_counter() - start
+        d_calls = 0
+    else:
+        with _count(target, draft) as (t_calls, d_counter):
+            start = time.perf_counter()
+            out = target.generate(input_ids, assistant_model=draft, **kwargs)
+            wall = time.perf_counter() - start
+        d_calls = d_counter.calls
     new_ids = out[0, input_ids.shape[1] :].detach().cpu()
     n = int(new_ids.numel())
     return AssistedResult(
         new_ids=new_ids,
         tokens=n,
         target_calls=t_calls.calls,
-        draft_calls=d_calls.calls,
-        discarded=d_calls.calls + t_calls.calls - n,
+        draft_calls=d_calls,
+        discarded=d_calls + t_calls.calls - n,
         wall_time=wall,
     )

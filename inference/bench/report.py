@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from acchead.inference.bench.config import FIT_FAMILIES, head_kind_of, head_name, is_specdecpp
+from acchead.inference.bench.config import FIT_FAMILIES, head_kind_of, head_name, is_fast, is_specdecpp
 from acchead.inference.bench.costmodel import CostFit, ratio_speedup
 from acchead.inference.bench.head_timing import HeadOverhead
+from acchead.inference.bench.speed_report import render_speed
 from acchead.rundir import atomic_write_text, commit
 from acchead.sampling import SamplingConfig
 
@@ -99,7 +100,7 @@ def hf_cross_check(rows: list[dict]) -> str | None:
     """Under greedy decoding transformers' default schedule (stop below confidence tau, at most 20 tokens)
     is our `confidence:tau=<tau>` policy, so both must count the same forwards; a note saying whether
     they do validates the hook-based counting of the HF run."""
-    hf = next((r for r in rows if r["method"].startswith("hf")), None)
+    hf = next((r for r in rows if r["method"] == "hf-assisted"), None)
     if hf is None or hf.get("matches_autoregressive") is None:  # None: not greedy, or no AR reference
         return None
     hf_params = hf["params"]
@@ -252,7 +253,7 @@ def _oracle_gap(
 
 def _hf_goal(rows: list[dict]) -> Goal:
     """Our fastest fixed-K SpecDec (wall clock) vs Hugging Face assisted generation."""
-    hf = next((r for r in rows if r["method"].startswith("hf")), None)
+    hf = next((r for r in rows if r["method"] == "hf-assisted"), None)
     sd = [r for r in rows if r["method"] == "specdec"]
     goal = "our best fixed-K SpecDec wall-clock tokens/s ≥ Hugging Face assisted generation's"
     if not (sd and hf):
@@ -428,7 +429,9 @@ def plot_pareto(rows: list[dict], path: Path, ratio: float | None = None) -> Non
 
     fam: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
-        fam[r["method"]].append(r)
+        # Fast-path rows and plain `generate` count exactly what their eager / autoregressive twins do.
+        if not is_fast(r["method"]) and r["method"] != "hf-generate":
+            fam[r["method"]].append(r)
 
     def draw(ax: Any, y_of: Any, ylabel: str, title: str) -> None:
         for i, (name, rs) in enumerate(fam.items()):
@@ -555,6 +558,7 @@ def render_report(results: dict) -> str:
             f"{r['draft_calls']} | {r['discarded']} | {r['modeled_tokens_per_s']:.1f}{at_ratios(r)} | "
             f"{r['wall_tokens_per_s']:.1f} | {agree} |"
         )
+    lines += render_speed(results)
     if results["notes"]:
         lines += ["", "## Notes", "", *[f"- {n}" for n in results["notes"]]]
     return "\n".join(lines) + "\n"

@@ -38,11 +38,12 @@ from acchead.inference.bench.config import (
     resolve_args,
     used_heads,
 )
-from acchead.inference.bench.costmodel import RunCounts, aggregate, fit_costs
+from acchead.inference.bench.costmodel import CostFit, RunCounts, aggregate, fit_costs
 from acchead.inference.bench.head_timing import time_head_overhead
+from acchead.inference.bench.hf_assisted import HF_METHODS, hf_assisted_generate, schedule_params
 from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
-from acchead.inference.bench.hf_assisted import hf_assisted_generate, schedule_params
 from acchead.inference.bench.prompts import load_prompts
+from acchead.inference.bench.speed_report import speed_by_path, speed_goals
 from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 
@@ -99,7 +100,9 @@ class Bench:
             drafter = make_drafter(
                 drafter_spec, draft=self.draft, bigram=self.bigram(), vocab_size=self.target.config.vocab_size
             )
-        return SpeculativeDecoder(self.target, drafter, policy=policy, head=head, verifier=setting.verifier)
+        return SpeculativeDecoder(
+            self.target, drafter, policy=policy, head=head, verifier=setting.verifier, fast=setting.fast
+        )
 
     def bigram(self):
         """MaG's bigram table over the demo corpus under our tokenizer (built once, cached on disk)."""
@@ -110,15 +113,15 @@ class Bench:
         return self._bigram
 
     def run_one(self, setting: Setting, decoder, i: int, max_new_tokens: int | None = None) -> PromptRun:
-        """Decode prompt `i` under `setting` (`decoder` is None for transformers' assisted generation)."""
+        """Decode prompt `i` under `setting` (`decoder` is None for transformers' generate / assisted)."""
         ids = self.prompt_ids[i]
         max_new_tokens = max_new_tokens or self.args.max_new_tokens
         seed = self.args.seed + i  # the same per-prompt seed for every method
         s = self.sampling
-        if setting.family == HF_METHOD:
+        if setting.family in HF_METHODS:
             res = hf_assisted_generate(
                 self.target,
-                self.draft,
+                self.draft if setting.family == HF_METHOD else None,
                 ids,
                 max_new_tokens=max_new_tokens,
                 sampling=s,
@@ -148,7 +151,12 @@ class Bench:
         )
 
     def warm_up(self, settings: list[Setting], decoders: dict[str, Any]) -> None:
-        """One short untimed decode per method family, so first-call costs stay out of the timings."""
+        """One short untimed decode per method family, so first-call costs stay out of the timings; on the
+        fast path, every forward shape of every decoder compiled first (decoders of one model share them)."""
+        longest = max(ids.shape[1] for ids in self.prompt_ids) + self.args.max_new_tokens
+        for s in settings:
+            if s.fast:
+                decoders[s.key].warm_up(longest)
         seen: set[str] = set()
         for s in settings:
             if s.family not in seen:
@@ -209,7 +217,7 @@ def run_identity(args: argparse.Namespace, key: dict, settings: list[Setting]) -
 
 def check_fit_possible(settings: list[Setting], n_prompts: int) -> None:
     """Refuse, before any model is loaded, a grid whose cost fit would fail after all its runs."""
-    fitted = [s for s in settings if is_fitted(s.family)]
+    fitted = [s for s in settings if is_fitted(s.family) or s.fast]
     if n_prompts * len(fitted) < 2:
         raise AccheadError(
             f"the cost fit needs at least 2 runs of {', '.join(FIT_FAMILIES)}; this bench has {n_prompts} "
@@ -272,7 +280,8 @@ def run_grid(
     after each of its runs, so a kill loses at most the run in progress.
     """
     n = len(bench.prompt_ids)
-    decoders = {s.key: bench.decoder(s) for s in settings if s.family != HF_METHOD}  # bad specs fail here
+    # Built before any run, so that a bad spec fails here.
+    decoders = {s.key: bench.decoder(s) for s in settings if s.family not in HF_METHODS}
     done = [{} if bench.args.fresh else _load_partial(_partial_path(out, i), fingerprint) for i in range(n)]
     todo = sum(s.key not in done[i] for i in range(n) for s in settings)
     resumed = n * len(settings) - todo
@@ -357,19 +366,17 @@ def _run_and_report(
     prompt_ids = bench.prompt_ids
     done = run_grid(bench, settings, out, fingerprint)
 
-    fit_runs = [r.counts() for s in settings if is_fitted(s.family) for r in done[s.key]]
-    if len(fit_runs) < 2:
+    fits = path_fits(settings, done)
+    if not fits.get("eager", fits.get("fast")):
         raise AccheadError(f"the cost fit needs runs of at least one of {', '.join(FIT_FAMILIES)}")
-    fit = fit_costs(
-        [r.draft_calls for r in fit_runs], [r.target_calls for r in fit_runs], [r.wall_time for r in fit_runs]
-    )
+    fit = fits.get("eager") or fits["fast"]  # prices the eager rows (and every other row but fast ones)
     overhead = {
         family: time_head_overhead(draft, head, prompt_ids[0], calls=args.overhead_calls, sampling=sampling)
         for family, head in heads.items()
     } or None
     rows = []
     for s in settings:
-        m = aggregate([r.counts() for r in done[s.key]], fit)
+        m = aggregate([r.counts() for r in done[s.key]], fits["fast"] if s.fast else fit)
         rows.append(
             {
                 "method": s.family,
@@ -380,7 +387,35 @@ def _run_and_report(
                 "outputs": [r.output_sha for r in done[s.key]],
             }
         )
-    return build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids))
+    results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids))
+    results["path_fits"] = {k: f.to_dict() | {"ratio": f.t_draft / f.t_target if f.t_target > 0 else None}
+                            for k, f in fits.items() if f is not None}  # fmt: skip
+    results["speed_by_path"] = speed_by_path(rows, results["path_fits"])
+    goals = speed_goals(rows, args.device)
+    results["goals"] += [{"goal": g, "met": m, "detail": d} for g, m, d in goals]
+    results["summary"] += [f"[{'met' if m else 'NOT met' if m is False else 'n/a'}] {g}: {d}"
+                           for g, m, d in goals]  # fmt: skip
+    return results
+
+
+def path_fits(settings: list[Setting], done: dict[str, list[PromptRun]]) -> dict[str, CostFit | None]:
+    """t_draft, t_target fitted apart per way of running the models: our eager decoders, our fast-path
+    decoders, and Hugging Face's `generate` + assisted generation (their forwards counted by hooks).
+    None where fewer than 2 runs (or no forward) are available."""
+    groups = {
+        "eager": [s for s in settings if is_fitted(s.family)],
+        "fast": [s for s in settings if s.fast],
+        "hf": [s for s in settings if s.family in HF_METHODS],
+    }
+    fits: dict[str, CostFit | None] = {}
+    for name, group in groups.items():
+        runs = [r.counts() for s in group for r in done[s.key]]
+        try:
+            fits[name] = fit_costs([r.draft_calls for r in runs], [r.target_calls for r in runs],
+                                   [r.wall_time for r in runs])  # fmt: skip
+        except AccheadError:
+            fits[name] = None
+    return fits
 
 
 @cli_errors
