@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="model dtype: float32 | float16 | bfloat16")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="device for both models")
+    p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
+                   help="static KV caches and forwards compiled once per shape (CUDA graphs on a GPU); "
+                   "default: on for CUDA, off on the CPU, where compiling costs tens of seconds up front")
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     return p
 
@@ -154,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     check_tokenizers_match(tok, load_tokenizer(args.draft))
     target = load_causal_lm(args.target, dtype=args.dtype, device=args.device)
     draft = load_causal_lm(args.draft, dtype=args.dtype, device=args.device)
-    decoder = SpeculativeDecoder(target, draft, policy=args.policy, head=head_path, verifier=args.verifier)
+    decoder = SpeculativeDecoder(
+        target, draft, policy=args.policy, head=head_path, verifier=args.verifier, fast=args.fast
+    )
     s = _sampling(args, decoder.head_meta.sampling_config if decoder.head_meta is not None else None)
     ids = tok(prompt, return_tensors="pt").input_ids[0]
     if ids.numel() == 0:
