@@ -367,7 +367,9 @@ def _apply_zoo_defaults(args: argparse.Namespace) -> None:
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
     defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0, "adaedl_gamma": 0.2,
-                "cost_ratios": [], "paths": ["eager"]}  # fmt: skip
+                "cost_ratios": []}  # fmt: skip
+    if args.paths is None:  # the fast path is the decoders' default on CUDA; on the CPU it is opt-in
+        args.paths = ["eager", "fast"] if str(args.device or "cpu").startswith("cuda") else ["eager"]
     for k, default in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, default)
