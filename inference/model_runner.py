@@ -21,7 +21,7 @@ that none of them falls back to eager.
 
 transformers 5.x keeps each static layer's write position in a `cumulative_length` tensor that advances on
 every update (it no longer reads `cache_position`); `rollback` sets it in place, so a captured graph that
-reads it stays valid. Caches without that counter (transformers 4.x) are refused with one line.
+reads it stays valid. Caches without that counter (transformers < 5.4) are refused with one line.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class StaticRunner:
 
             raise AccheadError(
                 f"the fast path needs transformers' StaticCache with per-layer write positions "
-                f"(transformers >= 5); installed: {transformers.__version__}. Use fast=False"
+                f"(transformers >= 5.4); installed: {transformers.__version__}. Use fast=False"
             )
         if old is not None and keep:
             for new_layer, old_layer in zip(self.cache.layers, old.layers, strict=True):
