@@ -134,10 +134,15 @@ def remove_stale_tmp(directory: str | Path) -> int:
         return 0
     n = 0
     for p in directory.iterdir():
-        if p.name.startswith(".") and _TMP_TAG in p.name and p.is_file():
+        if _is_tmp(p):
             p.unlink(missing_ok=True)
             n += 1
     return n
+
+
+def _is_tmp(p: Path) -> bool:
+    """A temporary file of `atomic_write` (`tmp_sibling`)."""
+    return p.name.startswith(".") and _TMP_TAG in p.name and p.is_file()
 
 
 # ----------------------------------------------------------------------------------------------- the lock
@@ -306,7 +311,9 @@ def refuse_foreign(out: str | Path, kind: str, *, overwrite: bool = False) -> No
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise AccheadError(f"output path {out} exists and is not a directory")
-    entries = _entries(out)
+    # A run's temporary files do not make OUT foreign: a live run that has taken the lock may not have
+    # committed its manifest yet (it is refused as "in use" by the lock instead).
+    entries = [p for p in _entries(out) if not _is_tmp(p)]
     if not entries or any((out / manifest_name(k)).is_file() for k in KINDS) or _legacy(entries):
         return
     _refuse_foreign(out, kind, overwrite)
