@@ -162,6 +162,8 @@ class SpeculativeDecoder:
             raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
         self.target = target
         self.fast = target.device.type == "cuda" if fast is None else bool(fast)
+        if self.fast and draft is target:
+            raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
         self._runner = make_runner(target, self.fast, compile)
         if isinstance(draft, PreTrainedModel):
             draft = ModelDrafter(draft, fast=self.fast, compile=compile)

@@ -152,6 +152,9 @@ def _step(model: PreTrainedModel, cache: StaticCache, input_ids: torch.Tensor, k
 class StaticRunner:
     """The fast path: a preallocated `StaticCache` and one compiled forward per (token count, outputs).
 
+    Create it through `make_runner`, which gives every decoder of a model the same one: compiled graphs
+    are bound to this runner's cache, so two compiled runners of one model must not coexist.
+
     Args:
         model: the causal LM (eval mode). Its weights are frozen into the compiled graphs on the CPU:
             changing them afterwards needs a new runner.
@@ -299,6 +302,26 @@ class StaticRunner:
             self._set_length(length)
 
 
+# Where a model keeps its compiled fast-path runner (an attribute of the model object, so the two are freed
+# together).
+_SHARED_RUNNER = "_acchead_fast_runner"
+
+
 def make_runner(model: PreTrainedModel, fast: bool, compile: bool = True) -> ModelRunner:
-    """`StaticRunner` (compiled unless `compile` is False) for the fast path, else `EagerRunner`."""
-    return StaticRunner(model, compile=compile) if fast else EagerRunner(model)
+    """`EagerRunner`, or for the fast path the model's one compiled `StaticRunner`.
+
+    Every decoder that runs `model` on the fast path shares that runner (decoders take turns: each
+    `generate` resets it). This is not only about compiling once: a captured graph is bound to the cache
+    it was captured with (Inductor's freezing folds the cache's statically-addressed tensors in on the
+    CPU; a CUDA graph records their addresses), and a second cache would silently replay into the first.
+    `compile=False` (tests) gets a private runner.
+    """
+    if not fast:
+        return EagerRunner(model)
+    if not compile:
+        return StaticRunner(model, compile=False)
+    runner = model.__dict__.get(_SHARED_RUNNER)
+    if runner is None:
+        runner = StaticRunner(model)
+        model.__dict__[_SHARED_RUNNER] = runner
+    return runner

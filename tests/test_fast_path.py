@@ -74,3 +74,23 @@ def test_compiled_fast_path_equals_eager_and_warm_up_leaves_nothing_to_compile(t
         assert _greedy(fast, prompt) == _greedy(eager, prompt)
         res = fast.generate(prompt, max_new_tokens=24, temperature=1.0, seed=3)
     assert res.tokens == 24
+
+
+def test_fast_decoders_of_one_model_share_its_runner_and_take_turns(tiny_llama_pair):
+    """A compiled graph is bound to the cache it was captured with (frozen on the CPU, recorded addresses
+    on CUDA). A second compiled cache of the same model once replayed the first one's graph into the
+    first one's cache: wrong tokens, silently. Decoders now share the model's runner; interleaved calls
+    with different prompts, lengths and policies stay equal to eager decoding."""
+    target, draft = tiny_llama_pair
+    specs = ["autoregressive", "specdec:k=1", "specdec:k=3"]
+    fast = [SpeculativeDecoder(target, draft, policy=s, fast=True) for s in specs]
+    eager = [SpeculativeDecoder(target, draft, policy=s, fast=False) for s in specs]
+    assert fast[0]._runner is fast[1]._runner is fast[2]._runner
+    assert fast[1].drafter.runner is fast[2].drafter.runner
+    for dec in fast:
+        dec.warm_up(64)
+    for prompt, n in ((torch.tensor([5, 9, 17, 33, 2]), 24), (torch.tensor([7, 1, 4]), 40)):
+        for f, e in zip(fast, eager, strict=True):
+            assert _greedy(f, prompt, n) == _greedy(e, prompt, n)
+    with pytest.raises(AccheadError, match="distinct target and draft"):
+        SpeculativeDecoder(target, target, policy="specdec:k=2", fast=True)
