@@ -130,6 +130,11 @@ def draft_round(
     return steps
 
 
+def use_fast_path(target: PreTrainedModel, fast: bool | None) -> bool:
+    """`fast`, or by default the fast path on CUDA (on the CPU compiling costs tens of seconds first)."""
+    return target.device.type == "cuda" if fast is None else bool(fast)
+
+
 class SpeculativeDecoder:
     """Speculative decoding of `target` with a drafter, a stop policy and a verifier (batch size 1).
 
@@ -161,7 +166,7 @@ class SpeculativeDecoder:
         if verifier not in VERIFIERS:
             raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
         self.target = target
-        self.fast = target.device.type == "cuda" if fast is None else bool(fast)
+        self.fast = use_fast_path(target, fast)
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
         self._runner = make_runner(target, self.fast, compile)
@@ -207,11 +212,13 @@ class SpeculativeDecoder:
         if not self.fast:
             return
         with torch.inference_mode():
-            self._runner.reset(max_length + 1)
+            # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
+            # target's token), so `max_length` is all either needs.
+            self._runner.reset(max_length)
             self._runner.warm_up(range(1, self.policy.max_cap + 2), keep_all=True)
             if isinstance(self.drafter, ModelDrafter):
                 hidden = (False, True) if self.policy.needs_hidden or self.policy.needs_state else (False,)
-                self.drafter.warm_up(max_length + self.policy.max_cap + 1, hidden)
+                self.drafter.warm_up(max_length, hidden)
 
     # ------------------------------------------------------------------------------------------ generate
 
@@ -265,7 +272,7 @@ class SpeculativeDecoder:
         seq[: prompt.numel()] = prompt
         n = prompt.numel()  # committed length
         runner = self._runner  # the target's KV cache: holds runner.length tokens
-        runner.reset(n + max_new_tokens + 1)
+        runner.reset(n + max_new_tokens)
         if streamer is not None:
             streamer.put(prompt[None])
         done = False
@@ -388,8 +395,7 @@ def bandit_decoder(
         if name is None:
             if draft is None:
                 raise AccheadError(f"bandit {spec!r} has arms that need a draft model")
-            fast_draft = target.device.type == "cuda" if fast is None else fast
-            drafters.append(ModelDrafter(draft, fast=fast_draft))
+            drafters.append(ModelDrafter(draft, fast=use_fast_path(target, fast)))
         else:
             if bigram is None:
                 raise AccheadError(f"drafter {name!r} needs MaG's bigram table")

@@ -10,8 +10,8 @@ Both the target's verification and a draft model's proposals go through a `Model
   rolling back is moving a position (stale keys past it are masked by the causal mask and overwritten by
   the next write); and every forward of a given token count is compiled once with `torch.compile`
   (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph (`mode="reduce-overhead"`), on the
-  CPU as Inductor's fused C++ kernels with the weights frozen into the graph (oneDNN prepacks them,
-  which is what makes a one-token forward cheaper than eager's GEMV calls, measured in README §Fast path).
+  CPU as Inductor's fused C++ kernels with the weights frozen into the graph (prepacked for MKL, which
+  is what makes a one-token forward cheaper than eager's GEMV calls; README "Decoding speed").
   The prompt (a new length every call) runs eager on the same cache.
 
 Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
@@ -92,8 +92,7 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
     """Crop a transformers cache to its first `length` positions through the public `.crop()`."""
     extra = cache.get_seq_length() - length
     if extra > 0:
-        # Negative = number of tokens to remove: the meaning in transformers 5 and also accepted by 4.x.
-        cache.crop(-extra)
+        cache.crop(-extra)  # negative: the number of tokens to remove (transformers 5)
 
 
 class EagerRunner:
@@ -262,10 +261,14 @@ class StaticRunner:
         self.length = length
 
     def _reserve(self, capacity: int, keep: int) -> None:
-        if capacity > self.capacity:
-            if self.capacity >= getattr(self.model.config, "max_position_embeddings", float("inf")):
-                raise AccheadError(f"a sequence of {capacity} tokens exceeds the model's context")
-            self._alloc(capacity, keep)
+        """Room for `capacity` tokens, keeping the first `keep`; one line past the model's context (a
+        write past the cache's end would otherwise fail inside a compiled kernel)."""
+        if capacity <= self.capacity:
+            return
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and capacity > limit:
+            raise AccheadError(f"a sequence of {capacity} tokens exceeds the model's context ({limit})")
+        self._alloc(capacity, keep)
 
     def reset(self, capacity: int) -> None:
         self._reserve(capacity, 0)
@@ -274,6 +277,7 @@ class StaticRunner:
     def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
         """Compile the forward of every token count in `counts` now (with `keep` = count if `keep_all`,
         else 1), once per value in `hidden`; the sequence is reset afterwards."""
+        counts = list(counts)
         dummy = torch.zeros(max(counts, default=1), dtype=torch.long)
         for want_hidden in hidden:
             self.reset(self.capacity)

@@ -77,11 +77,15 @@ class ForwardCounter:
 
 
 @contextlib.contextmanager
-def _count(target: nn.Module, draft: nn.Module) -> Iterator[tuple[ForwardCounter, ForwardCounter]]:
+def _count(
+    target: nn.Module, draft: nn.Module | None
+) -> Iterator[tuple[ForwardCounter, ForwardCounter | None]]:
+    """Count the forwards of the target and (if any) the draft while the block runs."""
     if target is draft:
         # One module cannot tell its two roles apart by hooks; the bench never does this.
         raise ValueError("hf assisted generation needs two distinct model objects to count calls")
-    with ForwardCounter(target) as t, ForwardCounter(draft) as d:
+    draft_counter = ForwardCounter(draft) if draft is not None else contextlib.nullcontext()
+    with ForwardCounter(target) as t, draft_counter as d:
         yield t, d
 
 
@@ -154,18 +158,13 @@ def hf_assisted_generate(
         attention_mask=torch.ones_like(input_ids),
         **sampling_kwargs(sampling),
     )
-    if draft is None:  # plain `generate`: one target forward per token
-        with ForwardCounter(target) as t_calls:
-            start = time.perf_counter()
-            out = target.generate(input_ids, **kwargs)
-            wall = time.perf_counter() - start
-        d_calls = 0
-    else:
-        with _count(target, draft) as (t_calls, d_counter):
-            start = time.perf_counter()
-            out = target.generate(input_ids, assistant_model=draft, **kwargs)
-            wall = time.perf_counter() - start
-        d_calls = d_counter.calls
+    if draft is not None:  # else plain `generate`: one target forward per token
+        kwargs["assistant_model"] = draft
+    with _count(target, draft) as (t_calls, d_counter):
+        start = time.perf_counter()
+        out = target.generate(input_ids, **kwargs)
+        wall = time.perf_counter() - start
+    d_calls = d_counter.calls if d_counter is not None else 0
     new_ids = out[0, input_ids.shape[1] :].detach().cpu()
     n = int(new_ids.numel())
     return AssistedResult(

@@ -24,7 +24,8 @@ from typing import Any
 from acchead.inference.bench.config import FIT_FAMILIES, head_kind_of, head_name, is_fast, is_specdecpp
 from acchead.inference.bench.costmodel import CostFit, ratio_speedup
 from acchead.inference.bench.head_timing import HeadOverhead
-from acchead.inference.bench.speed_report import render_speed
+from acchead.inference.bench.hf_assisted import GENERATE_METHOD
+from acchead.inference.bench.speed_report import render_speed, speed_by_path, speed_goals
 from acchead.rundir import atomic_write_text, commit
 from acchead.sampling import SamplingConfig
 
@@ -333,11 +334,13 @@ def build_results(
     notes: list[str],
     sampling: SamplingConfig,
     n_prompts: int,
+    path_fits: dict[str, CostFit | None] | None = None,
 ) -> dict:
     """The `results.json` object; `summary` holds the goal lines also printed by the CLI.
 
     `overhead` is the head-overhead measurement of each head, by family (None: no head ran); results.json
-    keeps it as `head_overhead = {family: {head_s, draft_step_s, ratio, calls, context}}`.
+    keeps it as `head_overhead = {family: {head_s, draft_step_s, ratio, calls, context}}`. `path_fits`:
+    the unit costs fitted per way of running the models (`run.path_fits`), for the wall-clock section.
     """
     _greedy_agreement(rows, sampling.greedy)
     ar = next((r for r in rows if r["method"] == "autoregressive"), None)
@@ -346,7 +349,9 @@ def build_results(
         r["wall_speedup"] = r["wall_tokens_per_s"] / ar["wall_tokens_per_s"] if ar else None
     ratios = list(_ratio_keys(list(getattr(args, "cost_ratios", None) or [])).values())
     add_ratio_speedups(rows, ratios)
-    goals = evaluate_goals(rows, overhead, sampling.greedy)
+    goals = evaluate_goals(rows, overhead, sampling.greedy) + speed_goals(rows, args.device)
+    fits = {k: f.to_dict() | {"ratio": f.t_draft / f.t_target if f.t_target > 0 else None}
+            for k, f in (path_fits or {}).items() if f is not None}  # fmt: skip
     kinds = compare_head_kinds(rows, list(_ratio_keys(ratios)))
     check = hf_cross_check(rows)
     notes = [*notes, check] if check else notes
@@ -363,6 +368,8 @@ def build_results(
         "cost_ratios": ratios,
         "head_overhead": {fam: o.to_dict() for fam, o in overhead.items()} if overhead else None,
         "head_kinds": kinds,
+        "path_fits": fits,
+        "speed_by_path": speed_by_path(rows, fits),
         "rows": rows,
         "goals": [{"goal": g, "met": m, "detail": d} for g, m, d in goals],
         "notes": notes,
@@ -430,7 +437,7 @@ def plot_pareto(rows: list[dict], path: Path, ratio: float | None = None) -> Non
     fam: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         # Fast-path rows and plain `generate` count exactly what their eager / autoregressive twins do.
-        if not is_fast(r["method"]) and r["method"] != "hf-generate":
+        if not is_fast(r["method"]) and r["method"] != GENERATE_METHOD:
             fam[r["method"]].append(r)
 
     def draw(ax: Any, y_of: Any, ylabel: str, title: str) -> None:

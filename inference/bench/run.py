@@ -43,7 +43,6 @@ from acchead.inference.bench.head_timing import time_head_overhead
 from acchead.inference.bench.hf_assisted import HF_METHODS, hf_assisted_generate, schedule_params
 from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
 from acchead.inference.bench.prompts import load_prompts
-from acchead.inference.bench.speed_report import speed_by_path, speed_goals
 from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 
@@ -387,15 +386,7 @@ def _run_and_report(
                 "outputs": [r.output_sha for r in done[s.key]],
             }
         )
-    results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids))
-    results["path_fits"] = {k: f.to_dict() | {"ratio": f.t_draft / f.t_target if f.t_target > 0 else None}
-                            for k, f in fits.items() if f is not None}  # fmt: skip
-    results["speed_by_path"] = speed_by_path(rows, results["path_fits"])
-    goals = speed_goals(rows, args.device)
-    results["goals"] += [{"goal": g, "met": m, "detail": d} for g, m, d in goals]
-    results["summary"] += [f"[{'met' if m else 'NOT met' if m is False else 'n/a'}] {g}: {d}"
-                           for g, m, d in goals]  # fmt: skip
-    return results
+    return build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids), fits)
 
 
 def path_fits(settings: list[Setting], done: dict[str, list[PromptRun]]) -> dict[str, CostFit | None]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from acchead.inference.bench.config import FAST_SUFFIX
+from acchead.inference.bench.config import fast_family
 from acchead.inference.bench.hf_assisted import GENERATE_METHOD
 from acchead.inference.bench.hf_assisted import METHOD as ASSISTED_METHOD
 
@@ -27,7 +27,7 @@ GPU_K_VS_ASSISTED = 2.0
 # Path -> (its autoregressive family, its fixed-K family).
 PATH_FAMILIES = {
     "eager": ("autoregressive", "specdec"),
-    "fast": ("autoregressive" + FAST_SUFFIX, "specdec" + FAST_SUFFIX),
+    "fast": (fast_family("autoregressive"), fast_family("specdec")),
     "hf": (GENERATE_METHOD, ASSISTED_METHOD),
 }
 
