@@ -14,6 +14,8 @@ see the candidate, through inputs that cost no forward:
     logq      log q_k(Y_k), clamped to [-LOGQ_FLOOR, 0]  (1,)
     entropy   H(q_k) in nats                             (1,)
     token     the draft's output-embedding row of Y_k    (H,)  (its LM head's weight row)
+    topk      the TOPK_WIDTH largest log-probs of q_k,     (8,)
+              sorted, clamped like log q (the shape of the draft's doubt: one rival or many)
 
 q_k here is the distribution S(q) the candidate was drawn from; under greedy decoding S(q) is one-hot,
 so `logq` and `entropy` read softmax(logits) instead (the draft's real confidence, as the confidence rule
@@ -31,8 +33,10 @@ from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 HEAD_KINDS = ("candidate", "lookahead")
-LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token")
+# Canonical order = layout order; new inputs go last so heads trained before them keep their layout.
+LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token", "topk")
 LOGQ_FLOOR = 30.0  # log q is clamped at -30: top-k/top-p zeros never reach the head as -inf
+TOPK_WIDTH = 8  # how many of q's largest log-probs the "topk" input reads
 
 
 def check_kind(kind: str, inputs: Sequence[str]) -> tuple[str, ...]:
@@ -58,7 +62,7 @@ def parse_inputs(text: str) -> tuple[str, ...]:
 
 def input_size(inputs: Sequence[str], hidden_size: int) -> int:
     """Width of the head's input vector."""
-    sizes = {"state": hidden_size, "logq": 1, "entropy": 1, "token": hidden_size}
+    sizes = {"state": hidden_size, "logq": 1, "entropy": 1, "token": hidden_size, "topk": TOPK_WIDTH}
     return sum(sizes[x] for x in inputs)
 
 
@@ -72,20 +76,29 @@ def feature_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
     return probs_from_logits(logits, sampling)
 
 
-def candidate_stats(probs: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """[log q(token), H(q)] per row: probs (N, V), token (N,) -> (N, 2) float32.
+def candidate_stats(probs: torch.Tensor, token: torch.Tensor, top: int = 0) -> torch.Tensor:
+    """[log q(token), H(q), the `top` largest log q, descending] per row.
 
+    probs (N, V), token (N,) -> (N, 2 + top) float32. Log-probs are clamped at -LOGQ_FLOOR.
     `torch.special.entr` (−x log x, 0 at 0) keeps the entropy to two kernels: the decoder calls this once
     per candidate on a (1, V) row, where every extra elementwise pass over V shows in the head's overhead.
     """
     probs = probs.float()
     logq = probs.gather(-1, token[:, None].long()).clamp_min(1e-38).log().clamp_min(-LOGQ_FLOOR)
-    return torch.cat([logq, torch.special.entr(probs).sum(-1, keepdim=True)], dim=-1)
+    parts = [logq, torch.special.entr(probs).sum(-1, keepdim=True)]
+    if top:
+        parts.append(probs.topk(top, dim=-1).values.clamp_min(1e-38).log().clamp_min(-LOGQ_FLOOR))
+    return torch.cat(parts, dim=-1)
 
 
 def needs_stats(inputs: Sequence[str]) -> bool:
-    """Whether the inputs read `candidate_stats` (log q or the entropy)."""
-    return "logq" in inputs or "entropy" in inputs
+    """Whether the inputs read `candidate_stats` (log q, the entropy or the top log-probs)."""
+    return "logq" in inputs or "entropy" in inputs or "topk" in inputs
+
+
+def stats_width(inputs: Sequence[str]) -> int:
+    """The `top` argument of `candidate_stats` these inputs need."""
+    return TOPK_WIDTH if "topk" in inputs else 0
 
 
 def assemble_inputs(
@@ -96,7 +109,8 @@ def assemble_inputs(
     stats: torch.Tensor | None,
 ) -> torch.Tensor:
     """Concatenate the head's inputs in canonical order: state (N, H), token (N,), out_emb (V, H) (read only
-    for "token"), stats (N, 2) from `candidate_stats` (read only for "logq"/"entropy") -> (N, D) float32.
+    for "token"), stats (N, 2 [+ TOPK_WIDTH]) from `candidate_stats` (read only for "logq", "entropy" and
+    "topk") -> (N, D) float32.
 
     The one place that lays the vector out; training (`lookahead_inputs`, the cached dataset) and the
     decoder's stop rule all go through it.
@@ -105,9 +119,11 @@ def assemble_inputs(
     if "logq" in inputs:
         parts.append(stats[:, :1])
     if "entropy" in inputs:
-        parts.append(stats[:, 1:])
+        parts.append(stats[:, 1:2])
     if "token" in inputs:
         parts.append(out_emb[token.long()].float())
+    if "topk" in inputs:
+        parts.append(stats[:, 2 : 2 + TOPK_WIDTH])
     return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
 
@@ -122,7 +138,7 @@ def lookahead_inputs(
     """The head's input vectors for N candidates.
 
     Args:
-        inputs: canonical inputs (`check_kind`), e.g. ("state", "logq", "entropy", "token").
+        inputs: canonical inputs (`check_kind`), e.g. ("state", "logq", "entropy", "token", "topk").
         state: (N, H) the draft states that produced each candidate's q.
         token: (N,) int64 candidate ids.
         out_emb: (V, H) the draft's output embedding (LM head weight).
@@ -136,5 +152,5 @@ def lookahead_inputs(
     if needs_stats(inputs):
         if logits is None:
             logits = state.float() @ out_emb.float().T  # (N, V)
-        stats = candidate_stats(feature_probs(logits, sampling), token)  # (N, 2)
+        stats = candidate_stats(feature_probs(logits, sampling), token, stats_width(inputs))  # (N, 2 [+8])
     return assemble_inputs(inputs, state, token, out_emb, stats)

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.lookahead import assemble_inputs, candidate_stats, needs_stats
+from acchead.lookahead import assemble_inputs, candidate_stats, needs_stats, stats_width
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
@@ -225,7 +225,8 @@ class SpecDecPP(StopPolicy):
         if needs_stats(inputs):
             # Under greedy q is one-hot and `confidence` is softmax(logits): feature_probs' choice.
             probs = step.q if step.confidence is None else step.confidence
-            stats = candidate_stats(probs[None], token.to(probs.device)).to(step.state.device)
+            stats = candidate_stats(probs[None], token.to(probs.device), stats_width(inputs))
+            stats = stats.to(step.state.device)
         return assemble_inputs(inputs, step.state[None], token, self._out_emb, stats)[0]
 
     def start_round(self, position: int) -> int:

@@ -33,7 +33,7 @@ from acchead.sampling import SamplingConfig
 from acchead.train import cli as train_cli
 from acchead.train.data import load_gen_data
 
-ALL_INPUTS = ("state", "logq", "entropy", "token")
+ALL_INPUTS = ("state", "logq", "entropy", "token", "topk")
 
 
 def lookahead_head(hidden: int, inputs=("state",), depth: int = 1, bias: float = 0.0) -> AcceptanceHead:
@@ -49,7 +49,7 @@ def lookahead_head(hidden: int, inputs=("state",), depth: int = 1, bias: float =
 
 def test_kinds_and_inputs_are_validated():
     assert parse_inputs("token+state,logq") == ("state", "logq", "token")
-    assert input_size(ALL_INPUTS, 16) == 34
+    assert input_size(ALL_INPUTS, 16) == 16 + 1 + 1 + 16 + 8
     for kind, inputs in (("paper", ("state",)), ("candidate", ("state", "logq")), ("lookahead", ("logq",))):
         with pytest.raises(AccheadError):
             check_kind(kind, inputs)
@@ -61,7 +61,7 @@ def test_state_only_head_is_the_papers_architecture():
     a, b = AcceptanceHead(16, 2), AcceptanceHead(16, 2, kind="lookahead")
     assert a.proj is None and b.proj is None
     assert a.state_dict().keys() == b.state_dict().keys()
-    assert AcceptanceHead(16, 2, kind="lookahead", inputs=ALL_INPUTS).proj.in_features == 34
+    assert AcceptanceHead(16, 2, kind="lookahead", inputs=ALL_INPUTS).proj.in_features == 42
 
 
 def test_lookahead_head_round_trips_and_old_heads_load_as_candidate(tmp_path):
@@ -228,7 +228,7 @@ def test_gen_data_writes_lookahead_states(lookahead_data, tiny_pair_dirs):
 def test_train_lookahead_head_end_to_end(lookahead_data, tiny_pair_dirs, tmp_path, features):
     out = tmp_path / "head"
     args = ["--data", str(lookahead_data), "--out", str(out), "--kind", "lookahead", "--inputs",
-            "state+logq+entropy+token", "--epochs", "1", "--depth", "1", "--no-progress", "--logger", "none",
+            "state+logq+entropy+token+topk", "--epochs", "1", "--depth", "1", "--no-progress", "--logger", "none",
             "--features", features, "--draft", str(tiny_pair_dirs[1])]
     assert train_cli.main(args) == 0
     head, meta = load_head(out / "head.safetensors")

@@ -55,7 +55,7 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                             "lookahead: judges a candidate from the state that produced it, before it is "
                             "fed (DESIGN §3.1) (default candidate)")
         p.add_argument("--inputs",
-                       help="a lookahead head's inputs joined by +, from state, logq, entropy, token "
+                       help="a lookahead head's inputs joined by +, from state, logq, entropy, token, topk "
                             "(default state; a candidate head reads the state only)")
     p.add_argument("--optimizer", choices=["adam", "adamw"], help="optimiser (default adam, the paper's)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3, measured; paper: 5e-5)")
