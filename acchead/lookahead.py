@@ -18,9 +18,10 @@ see the candidate, through inputs that cost no forward:
               sorted, clamped like log q (the shape of the draft's doubt: one rival or many)
 
 q_k here is the distribution S(q) the candidate was drawn from; under greedy decoding S(q) is one-hot,
-so `logq` and `entropy` read softmax(logits) instead (the draft's real confidence, as the confidence rule
-does). The same function builds the inputs at training time (from cached states, whose logits are
-`state @ out_emb.T`) and at decoding time (from the drafter's own logits), so both see the same numbers.
+so `logq`, `entropy` and `topk` read softmax(logits) instead (the draft's real confidence, as the
+confidence rule does). The same function builds the inputs at training time (from cached states, whose
+logits are `state @ out_emb.T`) and at decoding time (from the drafter's own logits), so both see the
+same numbers.
 """
 
 from __future__ import annotations
@@ -66,39 +67,41 @@ def input_size(inputs: Sequence[str], hidden_size: int) -> int:
     return sum(sizes[x] for x in inputs)
 
 
-def feature_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """The distribution `logq`/`entropy` read: S(softmax(logits)), or softmax(logits) under greedy.
+def feature_logprobs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The log-distribution `logq`/`entropy`/`topk` read: log S(softmax(logits)), or log softmax(logits)
+    under greedy (where S(q) is one-hot), clamped at -LOGQ_FLOOR (so top-k/top-p zeros stay finite).
 
     logits: (..., V) -> (..., V) float32.
     """
     if sampling.greedy:
-        return logits.float().softmax(-1)
-    return probs_from_logits(logits, sampling)
+        return torch.log_softmax(logits.float(), -1).clamp_min(-LOGQ_FLOOR)
+    return probs_from_logits(logits, sampling).log().clamp_min(-LOGQ_FLOOR)
 
 
-def candidate_stats(probs: torch.Tensor, token: torch.Tensor, top: int = 0) -> torch.Tensor:
-    """[log q(token), H(q), the `top` largest log q, descending] per row.
-
-    probs (N, V), token (N,) -> (N, 2 + top) float32. Log-probs are clamped at -LOGQ_FLOOR.
-    `torch.special.entr` (−x log x, 0 at 0) keeps the entropy to two kernels: the decoder calls this once
-    per candidate on a (1, V) row, where every extra elementwise pass over V shows in the head's overhead.
-    """
-    probs = probs.float()
-    logq = probs.gather(-1, token[:, None].long()).clamp_min(1e-38).log().clamp_min(-LOGQ_FLOOR)
-    parts = [logq, torch.special.entr(probs).sum(-1, keepdim=True)]
-    if top:
-        parts.append(probs.topk(top, dim=-1).values.clamp_min(1e-38).log().clamp_min(-LOGQ_FLOOR))
-    return torch.cat(parts, dim=-1)
+STATS_INPUTS = ("logq", "entropy", "topk")  # the inputs read from the log-distribution, in column order
 
 
 def needs_stats(inputs: Sequence[str]) -> bool:
     """Whether the inputs read `candidate_stats` (log q, the entropy or the top log-probs)."""
-    return "logq" in inputs or "entropy" in inputs or "topk" in inputs
+    return any(x in inputs for x in STATS_INPUTS)
 
 
-def stats_width(inputs: Sequence[str]) -> int:
-    """The `top` argument of `candidate_stats` these inputs need."""
-    return TOPK_WIDTH if "topk" in inputs else 0
+def candidate_stats(logprobs: torch.Tensor, token: torch.Tensor, inputs: Sequence[str]) -> torch.Tensor:
+    """The columns of `inputs` that `feature_logprobs` feeds, in STATS_INPUTS order, per row:
+    log q(token) (1), the entropy -Σ q log q in nats (1), the TOPK_WIDTH largest log q descending (8).
+
+    logprobs (N, V) from `feature_logprobs`, token (N,) -> (N, W) float32, W = 1 + 1 + 8 at most.
+    Only what `inputs` read is computed: the decoder calls this on one row per candidate, where each pass
+    over V shows in the head's overhead.
+    """
+    parts = []
+    if "logq" in inputs:
+        parts.append(logprobs.gather(-1, token[:, None].long()))
+    if "entropy" in inputs:
+        parts.append(-torch.linalg.vecdot(logprobs.exp(), logprobs)[:, None])
+    if "topk" in inputs:
+        parts.append(logprobs.topk(TOPK_WIDTH, dim=-1).values)
+    return torch.cat(parts, dim=-1)
 
 
 def assemble_inputs(
@@ -109,21 +112,21 @@ def assemble_inputs(
     stats: torch.Tensor | None,
 ) -> torch.Tensor:
     """Concatenate the head's inputs in canonical order: state (N, H), token (N,), out_emb (V, H) (read only
-    for "token"), stats (N, 2 [+ TOPK_WIDTH]) from `candidate_stats` (read only for "logq", "entropy" and
+    for "token"), stats (N, W) from `candidate_stats(..., inputs)` (read only for "logq", "entropy" and
     "topk") -> (N, D) float32.
 
-    The one place that lays the vector out; training (`lookahead_inputs`, the cached dataset) and the
-    decoder's stop rule all go through it.
+    The one place that lays the vector out; training (`lookahead_inputs`, the cached dataset) goes through
+    it, and the decoder's one-row version (`SpecDecPP.lookahead_input`) is pinned to it by a test.
     """
+    widths = {"logq": 1, "entropy": 1, "topk": TOPK_WIDTH}
+    cols, col = {}, 0
+    for name in STATS_INPUTS:
+        if name in inputs:
+            cols[name] = slice(col, col + widths[name])
+            col += widths[name]
     parts = [state.float()]
-    if "logq" in inputs:
-        parts.append(stats[:, :1])
-    if "entropy" in inputs:
-        parts.append(stats[:, 1:2])
-    if "token" in inputs:
-        parts.append(out_emb[token.long()].float())
-    if "topk" in inputs:
-        parts.append(stats[:, 2 : 2 + TOPK_WIDTH])
+    for name in inputs[1:]:
+        parts.append(out_emb[token.long()].float() if name == "token" else stats[:, cols[name]])
     return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
 
@@ -152,5 +155,5 @@ def lookahead_inputs(
     if needs_stats(inputs):
         if logits is None:
             logits = state.float() @ out_emb.float().T  # (N, V)
-        stats = candidate_stats(feature_probs(logits, sampling), token, stats_width(inputs))  # (N, 2 [+8])
+        stats = candidate_stats(feature_logprobs(logits, sampling), token, inputs)  # (N, W)
     return assemble_inputs(inputs, state, token, out_emb, stats)

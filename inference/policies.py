@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.lookahead import assemble_inputs, candidate_stats, needs_stats, stats_width
+from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, needs_stats
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
@@ -179,6 +179,7 @@ class SpecDecPP(StopPolicy):
         self._log_p_hat = 0.0
         self.head_calls = 0
         self._out_emb: torch.Tensor | None = None  # (V, H) the draft's LM-head weight (lookahead "token")
+        self._needs_stats = needs_stats(head.inputs)
         self._cache_weights()
 
     def _cache_weights(self) -> None:
@@ -212,7 +213,12 @@ class SpecDecPP(StopPolicy):
         return float(self._w_out @ x) + self._b_out
 
     def lookahead_input(self, step: DraftStep) -> torch.Tensor:
-        """The lookahead head's input for a candidate: (input_size,), as `acchead.lookahead` builds it."""
+        """The lookahead head's input for a candidate: (input_size,).
+
+        The one-row version of `acchead.lookahead.lookahead_inputs` (pinned equal to it by a test), in as
+        few kernels as it can: a tensor op costs microseconds here, against a ~40 µs budget per call (3%
+        of a draft step), so the token's row and log q are views, and nothing unused is computed.
+        """
         if step.state is None:
             raise AccheadError("a lookahead head needs the drafter's states; this drafter returns none")
         inputs = self.head.inputs
@@ -220,14 +226,20 @@ class SpecDecPP(StopPolicy):
             return step.state
         if "token" in inputs and self._out_emb is None:
             raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
-        token = torch.tensor([step.token], device=step.state.device)
-        stats = None
-        if needs_stats(inputs):
-            # Under greedy q is one-hot and `confidence` is softmax(logits): feature_probs' choice.
-            probs = step.q if step.confidence is None else step.confidence
-            stats = candidate_stats(probs[None], token.to(probs.device), stats_width(inputs))
-            stats = stats.to(step.state.device)
-        return assemble_inputs(inputs, step.state[None], token, self._out_emb, stats)[0]
+        parts = [step.state.float()]
+        if self._needs_stats:
+            # feature_logprobs: greedy keeps the logits (q is one-hot), sampling keeps q = S(q).
+            logq = torch.log_softmax(step.logits.float(), -1) if step.logits is not None else step.q.log()
+            logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,)
+            if "logq" in inputs:
+                parts.append(logq[step.token : step.token + 1])
+            if "entropy" in inputs:
+                parts.append(torch.dot(logq.exp(), logq).neg_()[None])
+        if "token" in inputs:
+            parts.append(self._out_emb[step.token].float())
+        if "topk" in inputs:
+            parts.append(logq.topk(TOPK_WIDTH).values)
+        return torch.cat(parts)
 
     def start_round(self, position: int) -> int:
         self._log_p_hat = 0.0

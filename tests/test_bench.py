@@ -241,7 +241,7 @@ def test_bad_input_is_one_line_error(bench_inputs, tmp_path, capsys, flag, value
 
 def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     args = resolve_args(build_parser().parse_args([]))
-    assert args.k_grid == [1, 2, 4, 6, 8, 10, 12, 14]
+    assert args.k_grid == [1, 2, 3, 4, 5, 6, 8, 10, 12, 14]
     assert args.h_grid == pytest.approx([0.1 * i for i in range(1, 10)])
     assert args.prompts == "humaneval" and args.temperature == 0.0
     assert {"autoregressive", "specdec", "specdecpp", "confidence", "oracle", "hf-assisted"} <= set(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 import numpy as np
@@ -27,7 +28,17 @@ from acchead.head_io import HeadMetadata, load_head, save_head
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafters import ModelDrafter
 from acchead.inference.policies import SpecDecPP, parse_policy
-from acchead.lookahead import check_kind, input_size, lookahead_inputs, parse_inputs
+from acchead.lookahead import (
+    LOGQ_FLOOR,
+    TOPK_WIDTH,
+    assemble_inputs,
+    candidate_stats,
+    check_kind,
+    feature_logprobs,
+    input_size,
+    lookahead_inputs,
+    parse_inputs,
+)
 from acchead.models import model_identity
 from acchead.sampling import SamplingConfig
 from acchead.train import cli as train_cli
@@ -62,6 +73,25 @@ def test_state_only_head_is_the_papers_architecture():
     assert a.proj is None and b.proj is None
     assert a.state_dict().keys() == b.state_dict().keys()
     assert AcceptanceHead(16, 2, kind="lookahead", inputs=ALL_INPUTS).proj.in_features == 42
+
+
+def test_candidate_stats_are_log_q_entropy_and_top_log_probs_of_the_requested_columns():
+    q = torch.tensor([[0.5, 0.25, 0.125, 0.125] + [0.0] * 8])  # (1, 12): top-k zeros
+    lp = feature_logprobs(q.log(), SamplingConfig(1.0))  # S = identity at T 1: log q, floored
+    assert lp.min() == -LOGQ_FLOOR  # log 0 never reaches the head as -inf
+    token = torch.tensor([1])
+    every = candidate_stats(lp, token, ("state", "logq", "entropy", "topk"))
+    assert every.shape == (1, 1 + 1 + TOPK_WIDTH)
+    assert every[0, 0].item() == pytest.approx(math.log(0.25))
+    assert every[0, 1].item() == pytest.approx(1.75 * math.log(2), abs=1e-6)  # H in nats; zeros add ~1e-11
+    want_top = [math.log(x) for x in (0.5, 0.25, 0.125, 0.125)] + [-LOGQ_FLOOR] * 4
+    assert every[0, 2:].tolist() == pytest.approx(want_top, abs=1e-6)
+    # only what a head reads is computed, and assemble_inputs finds each column where it is
+    only_top = candidate_stats(lp, token, ("state", "topk"))
+    assert torch.equal(only_top, every[:, 2:])
+    x = assemble_inputs(("state", "entropy", "topk"), torch.zeros(1, 3), token, None,
+                        candidate_stats(lp, token, ("state", "entropy", "topk")))
+    assert torch.equal(x[0, 3:], every[0, 1:])
 
 
 def test_lookahead_head_round_trips_and_old_heads_load_as_candidate(tmp_path):
@@ -228,8 +258,8 @@ def test_gen_data_writes_lookahead_states(lookahead_data, tiny_pair_dirs):
 def test_train_lookahead_head_end_to_end(lookahead_data, tiny_pair_dirs, tmp_path, features):
     out = tmp_path / "head"
     args = ["--data", str(lookahead_data), "--out", str(out), "--kind", "lookahead", "--inputs",
-            "state+logq+entropy+token+topk", "--epochs", "1", "--depth", "1", "--no-progress", "--logger", "none",
-            "--features", features, "--draft", str(tiny_pair_dirs[1])]
+            "state+logq+entropy+token+topk", "--epochs", "1", "--depth", "1", "--no-progress", "--logger",
+            "none", "--features", features, "--draft", str(tiny_pair_dirs[1])]
     assert train_cli.main(args) == 0
     head, meta = load_head(out / "head.safetensors")
     assert head.kind == meta.kind == "lookahead" and meta.inputs == list(ALL_INPUTS)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from acchead.lookahead import assemble_inputs, candidate_stats, feature_probs, needs_stats, stats_width
+from acchead.lookahead import assemble_inputs, candidate_stats, feature_logprobs, needs_stats
 from acchead.sampling import SamplingConfig
 from acchead.train.data import GenData, split_by_prompt
 
@@ -125,15 +125,14 @@ class CachedPositions(Dataset):
             self.stats = self._stats(SamplingConfig.from_dict(data.sampling)) if needs_stats(inputs) else None
 
     def _stats(self, sampling: SamplingConfig, chunk: int = 16384) -> torch.Tensor:
-        """(N, 2 [+ TOPK_WIDTH]) `candidate_stats` of every position, in position order, from its cached
-        state."""
+        """(N, W) `candidate_stats` of every position, in position order, from its cached state."""
         d, out = self.data, []
         for s in range(0, len(d.labels), chunk):
             rows = d.feature_index[s : s + chunk]
             state = torch.from_numpy(np.ascontiguousarray(d.features[rows])).float()
             logits = state @ self.out_emb.T  # (n, V)
             token = torch.from_numpy(d.candidate[s : s + chunk])
-            out.append(candidate_stats(feature_probs(logits, sampling), token, stats_width(self.inputs)))
+            out.append(candidate_stats(feature_logprobs(logits, sampling), token, self.inputs))
         return torch.cat(out)
 
     def __len__(self) -> int:
