@@ -46,12 +46,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, needs_stats
+from acchead.inference.head_call import HeadCall
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
@@ -156,10 +155,8 @@ class SpecDecPP(StopPolicy):
     a candidate before it is judged, so a round can end after one draft forward. No free token then.
 
     The product P̂ is kept as a log (sum of log-sigmoids), so long rounds never underflow, and the stop
-    test is `log P̂ < log(1 - h)`. The head runs once per candidate on one vector, so its cost is all
-    per-call overhead: `head_logit` applies the head's layers as bare `addmv`/`silu`/`dot` on cached
-    weight tensors, ~2x cheaper than the module call (on CPU ~20 µs with cold caches against a ~0.8 ms
-    draft step of the demo draft, i.e. ~2.5%); it equals `head(x)` (pinned by a test).
+    test is `log P̂ < log(1 - h)`. The head runs once per candidate through `HeadCall`, which keeps its
+    per-call overhead to a few kernels and equals `head(x)` (pinned by tests).
     """
 
     def __init__(self, head: AcceptanceHead, h: float, max_draft: int = DEFAULT_MAX_DRAFT, free: bool = True):
@@ -178,82 +175,30 @@ class SpecDecPP(StopPolicy):
         self._log_keep = math.log1p(-h)  # stop once log P̂ < log(1 - h)
         self._log_p_hat = 0.0
         self.head_calls = 0
-        self._out_emb: torch.Tensor | None = None  # (V, H) the draft's LM-head weight (lookahead "token")
-        self._needs_stats = needs_stats(head.inputs)
-        self._cache_weights()
-
-    def _cache_weights(self) -> None:
-        proj = self.head.proj
-        self._proj = None if proj is None else (proj.weight.detach(), proj.bias.detach())
-        self._blocks = [(b.linear.weight.detach(), b.linear.bias.detach()) for b in self.head.blocks]
-        self._w_out = self.head.out.weight.detach()[0]  # (H,)
-        self._b_out = float(self.head.out.bias.detach()[0])
+        self.call = HeadCall(head)
 
     def to(self, device: torch.device | str) -> SpecDecPP:
-        self.head.to(device)
-        self._cache_weights()
+        self.call.to(device)
         return self
 
     def attach_draft(self, model: torch.nn.Module) -> None:
-        if "token" in self.head.inputs:
-            self._out_emb = model.get_output_embeddings().weight.detach()
+        self.call.attach_draft(model)
 
     def head_logit(self, x: torch.Tensor) -> float:
-        """The head's logit for one input vector (input_size,) — `float(self.head(x))`, faster.
-
-        No grad-mode context of its own (entering one costs as much as a layer): the weights are
-        detached, so no graph is built even outside `inference_mode`.
-        """
-        x = x.to(self._w_out.dtype)
-        if self._proj is not None:
-            x = torch.addmv(self._proj[1], self._proj[0], x)
-        for w, b in self._blocks:
-            # x + SiLU(W x + b); the in-place SiLU saves an allocation per block (~20% of the call).
-            x = torch.add(x, F.silu(torch.addmv(b, w, x), inplace=True))
-        return float(self._w_out @ x) + self._b_out
+        """The head's logit for one input vector (input_size,): `float(self.head(x))`, faster."""
+        return self.call.logit_of(x)
 
     def lookahead_input(self, step: DraftStep) -> torch.Tensor:
-        """The lookahead head's input for a candidate: (input_size,).
-
-        The one-row version of `acchead.lookahead.lookahead_inputs` (pinned equal to it by a test), in as
-        few kernels as it can: a tensor op costs microseconds here, against a ~40 µs budget per call (3%
-        of a draft step), so the token's row and log q are views, and nothing unused is computed.
-        """
-        if step.state is None:
-            raise AccheadError("a lookahead head needs the drafter's states; this drafter returns none")
-        inputs = self.head.inputs
-        if inputs == ("state",):
-            return step.state
-        if "token" in inputs and self._out_emb is None:
-            raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
-        parts = [step.state.float()]
-        if self._needs_stats:
-            # feature_logprobs: greedy keeps the logits (q is one-hot), sampling keeps q = S(q).
-            logq = torch.log_softmax(step.logits.float(), -1) if step.logits is not None else step.q.log()
-            logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,)
-            if "logq" in inputs:
-                parts.append(logq[step.token : step.token + 1])
-            if "entropy" in inputs:
-                parts.append(torch.dot(logq.exp(), logq).neg_()[None])
-        if "token" in inputs:
-            parts.append(self._out_emb[step.token].float())
-        if "topk" in inputs:
-            parts.append(logq.topk(TOPK_WIDTH).values)
-        return torch.cat(parts)
+        """The lookahead head's input for a candidate: (input_size,), as `acchead.lookahead` builds it."""
+        return self.call.input(step)
 
     def start_round(self, position: int) -> int:
         self._log_p_hat = 0.0
         return self.max_draft
 
     def should_stop(self, step: DraftStep) -> bool:
-        if self.lookahead:
-            x = self.lookahead_input(step)
-        elif step.hidden is None:
-            raise AccheadError("specdecpp needs the drafter's hidden states; this drafter returns none")
-        else:
-            x = step.hidden
         self.head_calls += 1
-        self._log_p_hat += _log_sigmoid(self.head_logit(x))
+        self._log_p_hat += _log_sigmoid(self.call.logit(step))
         return self._log_p_hat < self._log_keep
 
 

@@ -25,6 +25,7 @@ from acchead.data_gen import cli as gen_cli
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, load_head, save_head
+from acchead.inference import head_call
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafters import ModelDrafter
 from acchead.inference.policies import SpecDecPP, parse_policy
@@ -133,6 +134,31 @@ def test_decoder_inputs_equal_the_training_inputs(tiny_llama_pair, cfg):
     out_emb = draft.get_output_embeddings().weight.detach()
     want = lookahead_inputs(ALL_INPUTS, step.state[None], torch.tensor([step.token]), out_emb, cfg)[0]
     assert torch.allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["token-table", "no-table"])
+@pytest.mark.parametrize("inputs", [("state", "token"), ALL_INPUTS, ("state", "logq", "topk")], ids="+".join)
+@pytest.mark.parametrize("cfg", [SamplingConfig(0.0), SamplingConfig(1.0, top_k=20)], ids=str)
+def test_head_call_logit_is_the_head_on_the_training_inputs(tiny_llama_pair, cfg, inputs, fold, monkeypatch):
+    """`HeadCall.logit` (the decoder's per-candidate path: views, the token folded into the first layer)
+    equals the module on the vector training builds, with the token table and without it."""
+    if not fold:
+        monkeypatch.setattr(head_call, "TOKEN_TABLE_MAX", 0)
+    _, draft = tiny_llama_pair
+    drafter = ModelDrafter(draft)
+    drafter.begin(torch.tensor([3, 5, 7]), cfg, torch.Generator().manual_seed(0))
+    head = lookahead_head(32, inputs, depth=2, bias=0.3)
+    call = head_call.HeadCall(head)
+    call.attach_draft(draft)
+    assert (call._token_table is not None) == (fold and "token" in inputs)
+    out_emb = draft.get_output_embeddings().weight.detach()
+    for k in range(1, 4):
+        step = drafter.propose(torch.tensor([3, 5, 7, 9, 11][: 2 + k]), k, want_hidden=False, want_state=True)
+        x = lookahead_inputs(inputs, step.state[None], torch.tensor([step.token]), out_emb, cfg)
+        with torch.no_grad():
+            want = float(head(x)[0])
+        assert call.logit(step) == pytest.approx(want, abs=1e-4)
+        assert call.logit_of(x[0]) == pytest.approx(want, abs=1e-5)
 
 
 def test_lookahead_round_can_end_after_one_draft_forward(tiny_llama_pair):

@@ -60,3 +60,31 @@ OMP_NUM_THREADS=1 .venv/bin/acchead-bench --prompts $SET --num-prompts ${NP:-20}
 echo FINAL DONE $S $SET
 
 # dev prompts: python -c "import json; from acchead.zoo.prompts import load_prompt_set; [print(json.dumps({\"prompt\": p})) for p in load_prompt_set(\"stdlib-functions\")[5000:5016]]" > work/exp/dev.jsonl
+
+# ---- second round (2026-11-23): more data, more epochs, the final benches of the README
+# gen-data on 5,000 stdlib-functions prompts (0-4999; the dev prompts 5000-5015 stay unseen), r = 1, both S
+for S in "greedy:--temperature 0" "t1k50:--temperature 1 --top-k 50"; do
+  OMP_NUM_THREADS=2 $B/acchead-gen-data --target $T --draft $D --prompt-set stdlib-functions --num-prompts 5000 \
+    --max-new-tokens 96 ${S#*:} --mix-ratio 1.0 --cache-features on --out work/exp12/data-${S%%:*}-r1-5k
+done
+# lookahead heads, depth 3, w_rej 3, 8 epochs, one per input set (greedy); state+token and all inputs (T = 1)
+for v in state:state token:state+token logqtok:state+logq+token all:state+logq+entropy+token \
+         alltop:state+logq+entropy+token+topk; do
+  $B/acchead-train --data work/exp12/data-greedy-r1-5k --out work/exp12/heads/${v%%:*}-e8 --kind lookahead \
+    --inputs ${v#*:} --w-rej 3 --depth 3 --epochs 8 --threads 1 --no-progress --logger none
+done
+# shipped: greedy-lookahead = heads/token-e8, t1k50-lookahead = t1heads/token-e8 (same flags on the T = 1 data);
+# final benches: every method, the shipped heads of S and the previous lookahead head side by side
+E="mag+specdec:k=8;cascade:k=4.2/10+specdec:k=6"
+final() {  # S-name, sampling flags, prompt set, heads, extra specs
+  OMP_NUM_THREADS=1 $B/acchead-bench --prompts $3 --num-prompts 20 --max-new-tokens 96 $2 --threads 1 \
+    --out work/exp12/final-$1-$3 --head "$4" ${5:+--extra-specs "$5"} --h-grid 0.3,0.5,0.6,0.7,0.75,0.8,0.85,0.9,0.95 \
+    --methods autoregressive,specdec,specdecpp,confidence,entropy,adaedl,adaedl-adapt,oracle,hf-assisted,extra
+}
+Z=acchead/zoo/heads; O=work/exp12/old-heads  # old-heads: the lookahead heads shipped before this round
+final greedy "--temperature 0" humaneval $Z/greedy-lookahead,$Z/greedy-candidate,$O/greedy-lookahead-1k5 "$E" &
+final greedy "--temperature 0" stdlib-heldout-functions $Z/greedy-lookahead,$Z/greedy-candidate,$O/greedy-lookahead-1k5 &
+wait
+final t1k50 "--temperature 1 --top-k 50" humaneval $Z/t1k50-lookahead,$Z/t1k50-candidate,$O/t1k50-lookahead-r015 &
+final t1k50 "--temperature 1 --top-k 50" stdlib-heldout-functions $Z/t1k50-lookahead,$Z/t1k50-candidate,$O/t1k50-lookahead-r015 &
+wait

@@ -1,0 +1,129 @@
+"""The acceptance head as the decoder calls it: one candidate per call, in as few kernels as it can.
+
+SpecDec++ runs the head once per drafted candidate on one vector, so its cost is all per-call overhead: a
+tensor op costs a few microseconds on a CPU (a launch on a GPU) whatever its size, against a budget of
+~3% of a draft step (~55 µs for the demo draft on this CPU). `HeadCall` therefore:
+
+- applies the layers as bare `addmv`/`silu`/`dot` on cached weight tensors (~2x cheaper than the module
+  call, no grad-mode context of its own: the weights are detached, so no graph is built);
+- builds a lookahead head's input from the candidate's `DraftStep` with views where it can (log q and the
+  token's row), computing nothing the head does not read;
+- folds the `token` input into the first layer: proj(x) = W_rest·x_rest + (E W_tokᵀ + b)[Y], the
+  (V, H) table computed once per draft, so the token's row never goes through a matrix product or a
+  concatenation (two kernels fewer per candidate; the table is the size of the draft's LM head, and is
+  built only up to TOKEN_TABLE_MAX elements: past that the draft's forward dwarfs the head anyway).
+
+Every path equals `head(x)` on the input `acchead.lookahead.lookahead_inputs` builds (pinned by tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.inference.drafters import DraftStep
+from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, needs_stats
+
+TOKEN_TABLE_MAX = 1 << 24  # elements (64 MB in float32): the largest folded token table built
+
+
+class HeadCall:
+    """One head evaluation per candidate: `logit(step)`; `input(step)` is the vector it reads.
+
+    Args:
+        head: a candidate or lookahead `AcceptanceHead` (put in eval mode).
+    """
+
+    def __init__(self, head: AcceptanceHead) -> None:
+        self.head = head.eval()
+        self.inputs = head.inputs
+        self.lookahead = head.kind == "lookahead"
+        self._needs_stats = needs_stats(self.inputs)
+        self._out_emb: torch.Tensor | None = None  # (V, H) the draft's LM-head weight (lookahead "token")
+        self._cache_weights()
+
+    def attach_draft(self, model: torch.nn.Module) -> None:
+        """Read the draft's output embedding (a head reading "token") and fold it into the first layer."""
+        if "token" in self.inputs:
+            self._out_emb = model.get_output_embeddings().weight.detach()
+            self._cache_weights()
+
+    def to(self, device: torch.device | str) -> HeadCall:
+        self.head.to(device)
+        self._cache_weights()
+        return self
+
+    def _cache_weights(self) -> None:
+        head = self.head
+        self._blocks = [(b.linear.weight.detach(), b.linear.bias.detach()) for b in head.blocks]
+        self._w_out = head.out.weight.detach()[0]  # (H,)
+        self._b_out = float(head.out.bias.detach()[0])
+        self._proj: tuple[torch.Tensor, torch.Tensor] | None = None  # (H, D), (H,)
+        self._token_table: torch.Tensor | None = None  # (V, H)
+        self._proj_rest: torch.Tensor | None = None  # (H, D - H): proj's columns other than the token's
+        if head.proj is None:
+            return
+        w, b = head.proj.weight.detach(), head.proj.bias.detach()
+        self._proj = (w, b)
+        emb = self._out_emb
+        if emb is not None and emb.numel() <= TOKEN_TABLE_MAX:
+            lo = head.hidden_size + ("logq" in self.inputs) + ("entropy" in self.inputs)  # token columns
+            hi = lo + head.hidden_size
+            # Row Y is W_tok @ E[Y] + b: the token's whole contribution to proj(x), bias included.
+            self._token_table = torch.addmm(b, emb.to(w), w[:, lo:hi].T)
+            self._proj_rest = torch.cat([w[:, :lo], w[:, hi:]], dim=1)
+
+    def input(self, step: DraftStep) -> torch.Tensor:
+        """The head's input for a candidate: (input_size,), as `acchead.lookahead` lays it out (a
+        candidate head reads `step.hidden`, a lookahead head `step.state` and its extra inputs)."""
+        return self._input(step, with_token=True)
+
+    def _input(self, step: DraftStep, with_token: bool) -> torch.Tensor:
+        if not self.lookahead:
+            if step.hidden is None:
+                raise AccheadError("specdecpp needs the drafter's hidden states; this drafter returns none")
+            return step.hidden
+        if step.state is None:
+            raise AccheadError("a lookahead head needs the drafter's states; this drafter returns none")
+        inputs = self.inputs
+        if inputs == ("state",):
+            return step.state
+        if "token" in inputs and self._out_emb is None:
+            raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
+        parts = [step.state.float()]
+        if self._needs_stats:
+            # feature_logprobs: greedy keeps the logits (q is one-hot), sampling keeps q = S(q).
+            logq = torch.log_softmax(step.logits.float(), -1) if step.logits is not None else step.q.log()
+            logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,)
+            if "logq" in inputs:
+                parts.append(logq[step.token : step.token + 1])
+            if "entropy" in inputs:
+                parts.append(torch.dot(logq.exp(), logq).neg_()[None])
+        if "token" in inputs and with_token:
+            parts.append(self._out_emb[step.token].float())
+        if "topk" in inputs:
+            parts.append(logq.topk(TOPK_WIDTH).values)
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def logit(self, step: DraftStep) -> float:
+        """The head's logit for a candidate: `float(head(input(step)))`, faster."""
+        if self._token_table is None:
+            return self.logit_of(self._input(step, with_token=True))
+        x = self._input(step, with_token=False).to(self._w_out.dtype)
+        return self._layers(torch.addmv(self._token_table[step.token], self._proj_rest, x))
+
+    def logit_of(self, x: torch.Tensor) -> float:
+        """The head's logit for one full input vector (input_size,): `float(head(x))`, faster."""
+        x = x.to(self._w_out.dtype)
+        if self._proj is not None:
+            x = torch.addmv(self._proj[1], self._proj[0], x)
+        return self._layers(x)
+
+    def _layers(self, x: torch.Tensor) -> float:
+        """The residual blocks and the output layer on the projected input (H,)."""
+        for w, b in self._blocks:
+            # x + SiLU(W x + b); the in-place SiLU saves an allocation per block (~20% of the call).
+            x = torch.add(x, F.silu(torch.addmv(b, w, x), inplace=True))
+        return float(self._w_out @ x) + self._b_out
