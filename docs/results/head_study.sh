@@ -73,6 +73,8 @@ for v in state:state token:state+token logqtok:state+logq+token all:state+logq+e
   $B/acchead-train --data work/exp12/data-greedy-r1-5k --out work/exp12/heads/${v%%:*}-e8 --kind lookahead \
     --inputs ${v#*:} --w-rej 3 --depth 3 --epochs 8 --threads 1 --no-progress --logger none
 done
+# variants: alltop with 16 epochs (alltop-e16-w3), w_rej 2 and 5 (alltop-e8-w2/-w5), state+token at depth 2
+# (token-e8-d2); T = 1 heads on data-t1k50-r1-5k into work/exp12/t1heads/{token,all,alltop}-e8, same flags
 # shipped: greedy-lookahead = heads/token-e8, t1k50-lookahead = t1heads/token-e8 (same flags on the T = 1 data);
 # final benches: every method, the shipped heads of S and the previous lookahead head side by side
 E="mag+specdec:k=8;cascade:k=4.2/10+specdec:k=6"
