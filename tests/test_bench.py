@@ -260,7 +260,7 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     assert sorted(args.head) == sorted(map(str, shipped))
     settings, _ = build_settings(args, SamplingConfig(0.0))
     specs = [s.spec for s in settings]
-    assert len(settings) == 33 + 9 * len(args.head)  # 9 thresholds h per head
+    assert len(settings) == 35 + 9 * len(args.head)  # 9 thresholds h per head
     assert args.paths == ["eager"] and "hf-generate" in args.methods  # issue 11: opt-in fast path
     assert "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
     assert sum(s.family == "adaedl" for s in settings) == 4
