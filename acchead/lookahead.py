@@ -61,10 +61,19 @@ def parse_inputs(text: str) -> tuple[str, ...]:
     return check_kind("lookahead", parts)
 
 
+def input_width(name: str, hidden_size: int) -> int:
+    """Width of one input in the head's vector: H for the state and the token's row, else its stats."""
+    return hidden_size if name in ("state", "token") else {"logq": 1, "entropy": 1, "topk": TOPK_WIDTH}[name]
+
+
 def input_size(inputs: Sequence[str], hidden_size: int) -> int:
     """Width of the head's input vector."""
-    sizes = {"state": hidden_size, "logq": 1, "entropy": 1, "token": hidden_size, "topk": TOPK_WIDTH}
-    return sum(sizes[x] for x in inputs)
+    return sum(input_width(x, hidden_size) for x in inputs)
+
+
+def input_offset(inputs: Sequence[str], name: str, hidden_size: int) -> int:
+    """Column where input `name` starts in the vector of canonical `inputs`."""
+    return input_size(inputs[: inputs.index(name)], hidden_size)
 
 
 def feature_logprobs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -116,14 +125,13 @@ def assemble_inputs(
     "topk") -> (N, D) float32.
 
     The one place that lays the vector out; training (`lookahead_inputs`, the cached dataset) goes through
-    it, and the decoder's one-row version (`SpecDecPP.lookahead_input`) is pinned to it by a test.
+    it, and the decoder's one-row version (`acchead.inference.head_call.HeadCall`) is pinned to it by tests.
     """
-    widths = {"logq": 1, "entropy": 1, "topk": TOPK_WIDTH}
-    cols, col = {}, 0
-    for name in STATS_INPUTS:
-        if name in inputs:
-            cols[name] = slice(col, col + widths[name])
-            col += widths[name]
+    stats_inputs = [x for x in STATS_INPUTS if x in inputs]  # candidate_stats' columns, in order
+    cols = {}
+    for x in stats_inputs:
+        lo = input_offset(stats_inputs, x, 0)
+        cols[x] = slice(lo, lo + input_width(x, 0))
     parts = [state.float()]
     for name in inputs[1:]:
         parts.append(out_emb[token.long()].float() if name == "token" else stats[:, cols[name]])

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, needs_stats
+from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, input_offset, needs_stats
 
 TOKEN_TABLE_MAX = 1 << 24  # elements (64 MB in float32): the largest folded token table built
 
@@ -69,7 +69,7 @@ class HeadCall:
         self._proj = (w, b)
         emb = self._out_emb
         if emb is not None and emb.numel() <= TOKEN_TABLE_MAX:
-            lo = head.hidden_size + ("logq" in self.inputs) + ("entropy" in self.inputs)  # token columns
+            lo = input_offset(self.inputs, "token", head.hidden_size)  # the token's columns
             hi = lo + head.hidden_size
             # Row Y is W_tok @ E[Y] + b: the token's whole contribution to proj(x), bias included.
             self._token_table = torch.addmm(b, emb.to(w), w[:, lo:hi].T)
