@@ -209,9 +209,10 @@ class StaticRunner:
                 f"(transformers >= 5.4); installed: {transformers.__version__}. Use fast=False"
             )
         if old is not None and keep:
-            for new_layer, old_layer in zip(self.cache.layers, old.layers, strict=True):
-                new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
-                new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
+            with torch.inference_mode():  # the cache's tensors were made in inference mode, above
+                for new_layer, old_layer in zip(self.cache.layers, old.layers, strict=True):
+                    new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
+                    new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
         self.capacity = capacity
         if self._compiled is None and self.compile:
             self._compiled = self._make_compiled()
@@ -256,8 +257,12 @@ class StaticRunner:
         return run
 
     def _set_length(self, length: int) -> None:
-        for counter in self._counters:
-            counter.fill_(length)
+        # Inference mode: the counters may be inference tensors, which only it may update in place
+        # (transformers 5.17 moves each counter to the cache's device in its lazy init, i.e. inside the
+        # inference-mode forward of `_alloc`, when the model is on CUDA; seen on an H100).
+        with torch.inference_mode():
+            for counter in self._counters:
+                counter.fill_(length)
         self.length = length
 
     def _reserve(self, capacity: int, keep: int) -> None:
