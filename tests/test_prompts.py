@@ -9,7 +9,13 @@ import pytest
 
 from acchead.errors import AccheadError
 from acchead.zoo import prompts
-from acchead.zoo.prompts import MAX_PROMPT_CHARS, _function_headers, list_prompt_sets, load_prompt_set
+from acchead.zoo.prompts import (
+    MAX_PROMPT_CHARS,
+    _function_bodies,
+    _function_headers,
+    list_prompt_sets,
+    load_prompt_set,
+)
 
 
 def test_function_headers_cut_after_the_docstring():
@@ -39,6 +45,45 @@ def test_function_headers_cut_after_the_docstring():
         'async def method(self):\n    """Indented."""\n',
     ]
     assert _function_headers("def broken(:\n") == []
+
+
+def test_function_bodies_cut_after_a_body_statement_leaving_two():
+    import random
+
+    source = textwrap.dedent('''
+        class C:
+            def method(self, x):
+                """Doc."""
+                a = 1
+                if x:
+                    a = 2
+                b = a + 1
+                return b
+
+            def short(self):
+                a = 1
+                return a
+
+            def one_line(self): return 1
+    ''')
+    cuts = set()
+    for seed in range(40):
+        got = _function_bodies(source, random.Random(seed))
+        assert len(got) == 1  # `short` has 2 statements, `one_line` is one line: neither can be cut
+        cuts.add(got[0])
+    head = 'def method(self, x):\n    """Doc."""\n    a = 1\n'
+    # The docstring is never the cut; the cut is after statement 1 or 2 of 4 (>= 2 left to write).
+    assert cuts == {head, head + "    if x:\n        a = 2\n"}
+    assert _function_bodies("def broken(:\n", random.Random(0)) == []
+
+
+def test_stdlib_function_bodies():
+    bodies = load_prompt_set("stdlib-function-bodies")
+    assert len(bodies) > 3000  # ~5,700 on CPython 3.11
+    assert len(set(bodies)) == len(bodies) and not set(bodies) & set(load_prompt_set("stdlib-functions"))
+    assert all(p.endswith("\n") and len(p) <= MAX_PROMPT_CHARS for p in bodies)
+    assert all(p.startswith(("def ", "async def ")) for p in bodies)
+    assert load_prompt_set("stdlib-function-bodies") == bodies  # repeatable
 
 
 def test_stdlib_functions():
@@ -84,8 +129,10 @@ def test_humaneval():
 
 
 def test_unknown_name_and_bad_limit():
-    assert set(list_prompt_sets()) == {"stdlib-functions", "stdlib-heldout-functions", "humaneval"}
-    known = "known sets: stdlib-functions, stdlib-heldout-functions, humaneval"
+    assert set(list_prompt_sets()) == {
+        "stdlib-functions", "stdlib-heldout-functions", "stdlib-function-bodies", "humaneval"
+    }
+    known = "known sets: stdlib-functions, stdlib-heldout-functions, stdlib-function-bodies, humaneval"
     with pytest.raises(AccheadError, match=known):
         load_prompt_set("mbpp")
     with pytest.raises(AccheadError, match="limit"):

