@@ -22,11 +22,11 @@ from acchead.zoo.prompts import load_prompt_set
 @torch.inference_mode()  # the runners are used as the decoder uses them
 def feed_times(model, prompt: torch.Tensor, res: dict, name: str) -> None:
     runner = make_runner(model, True)
-    one = torch.tensor([5])
+    one, one_gpu = torch.tensor([5]), torch.tensor([5], device="cuda")
     for label, x, sync in (
         ("cpu ids, sync", one, True),
         ("cpu ids, no sync", one, False),
-        ("device ids, no sync", one.to("cuda"), False),
+        ("device ids, no sync", one_gpu, False),
     ):
         runner.reset(prompt.numel() + 130)
         runner.feed(prompt[:-1])
@@ -48,7 +48,7 @@ def feed_times(model, prompt: torch.Tensor, res: dict, name: str) -> None:
     start.record()
     for _ in range(100):
         runner.rollback(base)
-        runner.feed(one.to("cuda"), keep=1)
+        runner.feed(one_gpu, keep=1)
     end.record()
     torch.cuda.synchronize()
     res[f"{name} feed GPU-event ms"] = start.elapsed_time(end) / 100
