@@ -90,3 +90,34 @@ wait
 final t1k50 "--temperature 1 --top-k 50" humaneval $Z/t1k50-lookahead,$Z/t1k50-candidate,$O/t1k50-lookahead-r015 &
 final t1k50 "--temperature 1 --top-k 50" stdlib-heldout-functions $Z/t1k50-lookahead,$Z/t1k50-candidate,$O/t1k50-lookahead-r015 &
 wait
+
+# ---- third round (2026-11-23, next session): twice the greedy prompts, with the new stdlib-function-bodies set
+# prompts: stdlib-functions 0-4999 and 5056-6059 (the dev40 prompts 5016-5055 stay unseen as headers) plus the
+# first 4,000 stdlib-function-bodies prompts (functions cut after a random body statement): 10,004 prompts
+python -c "import json; from acchead.zoo.prompts import load_prompt_set as L; f = L('stdlib-functions'); \
+b = L('stdlib-function-bodies'); [print(json.dumps({'prompt': p})) for p in f[:5000] + f[5056:] + b[:4000]]" \
+  > work/exp13/train10k.jsonl
+OMP_NUM_THREADS=2 $B/acchead-gen-data --target $T --draft $D --prompts work/exp13/train10k.jsonl --max-new-tokens 96 \
+  --temperature 0 --mix-ratio 1.0 --cache-features on --out work/exp13/data-greedy-r1-10k
+for v in token:state+token logqtok:state+logq+token; do
+  $B/acchead-train --data work/exp13/data-greedy-r1-10k --out work/exp13/heads/${v%%:*}-e8 --kind lookahead \
+    --inputs ${v#*:} --w-rej 3 --depth 3 --epochs 8 --threads 1 --no-progress --logger none
+done
+# dev bench: 40 stdlib-functions prompts (5016-5055) no header training saw; the shipped 5k head vs the 10k heads
+# (work/exp12/dev40.jsonl: load_prompt_set("stdlib-functions")[5016:5056] as {"prompt": ...} lines)
+OMP_NUM_THREADS=1 $B/acchead-bench --prompts work/exp12/dev40.jsonl --num-prompts 40 --max-new-tokens 96 \
+  --temperature 0 --target $T --draft $D --threads 1 --out work/exp13/dev40 \
+  --head acchead/zoo/heads/greedy-lookahead,work/exp13/heads/token-e8,work/exp13/heads/logqtok-e8,work/exp12/heads/logqtok-e8 \
+  --methods autoregressive,specdec,specdecpp,oracle --k-grid 2,3,4 --h-grid 0.6,0.7,0.75,0.8,0.85,0.9
+# shipped: greedy-lookahead = work/exp13/heads/token-e8; final greedy benches as in the second round, with the
+# previous (5k) lookahead head beside it
+O=work/exp13/old-heads  # greedy-lookahead-5k: the head shipped by the second round
+final() {  # prompt set, extra specs
+  OMP_NUM_THREADS=1 $B/acchead-bench --prompts $1 --num-prompts 20 --max-new-tokens 96 --temperature 0 --threads 1 \
+    --out work/exp13/final-greedy-$1 --head "$Z/greedy-lookahead,$Z/greedy-candidate,$O/greedy-lookahead-5k" \
+    ${2:+--extra-specs "$2"} --h-grid 0.3,0.5,0.6,0.7,0.75,0.8,0.85,0.9,0.95 \
+    --methods autoregressive,specdec,specdecpp,confidence,entropy,adaedl,adaedl-adapt,oracle,hf-assisted,extra
+}
+final humaneval "$E" &
+final stdlib-heldout-functions &
+wait
