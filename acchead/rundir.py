@@ -1,7 +1,7 @@
 """Output directories that belong to one run: durable atomic writes, a lock, and the run's identity.
 
-Every stage that writes an output directory (`acchead-gen-data`, `acchead-train`, `acchead-bench`) goes
-through this module, so the three behave alike:
+Every stage that writes an output directory (`acchead-gen-data`, `acchead-train`, `acchead-sweep`,
+`acchead-bench`) goes through this module, so they behave alike:
 
 - **Atomic and durable writes.** `atomic_write` writes a temporary sibling, fsyncs it, renames it over the
   final name and fsyncs the directory. A file is then either absent or complete, after a kill *and* after
@@ -16,7 +16,7 @@ through this module, so the three behave alike:
   included. A directory holding files that are no acchead output is never touched, not even with
   `overwrite`.
 
-Manifests are `OUT/<kind>_run.json` (`gen_run.json`, `train_run.json`, `bench_run.json`):
+Manifests are `OUT/<kind>_run.json` (`gen_run.json`, `train_run.json`, `sweep_run.json`, `bench_run.json`):
 `{"format": "acchead-run", "version", "kind", "identity_hash", "identity", "complete"}`.
 """
 
@@ -41,19 +41,20 @@ except ImportError:  # pragma: no cover
 
 LOCK_NAME = ".acchead.lock"
 MANIFEST_FORMAT, MANIFEST_VERSION = "acchead-run", 2
-KINDS = ("gen-data", "train", "bench")
+KINDS = ("gen-data", "train", "sweep", "bench")
 # Files a stage wrote before run manifests existed: such a directory is recognisably acchead output (so
 # `--overwrite` may replace it), but its identity is unknown (so it is never resumed).
 LEGACY_NAMES = {
     "gen-data": {"gen_config.json", "features.npy", "shards", "dataset_info.json", "state.json"},
     "train": {"head.safetensors", "metrics.json", "train_config.yaml", "checkpoints", "logs"},
+    "sweep": {"sweep.md", "sweep.json", "heads"},
     "bench": {"partial", "results.json", "pareto.png", "report.md"},
 }
 _TMP_TAG = ".tmp"
 
 
 def manifest_name(kind: str) -> str:
-    """`gen_run.json`, `train_run.json` or `bench_run.json`."""
+    """`gen_run.json`, `train_run.json`, `sweep_run.json` or `bench_run.json`."""
     if kind not in KINDS:
         raise ValueError(f"unknown run kind {kind!r}")
     return f"{kind.split('-')[0]}_run.json"

@@ -168,3 +168,34 @@ def test_sweep_writes_table3_markdown_and_json(gen_data, tmp_path, capsys):  # n
     for c in result["cells"]:  # the table shows the JSON's numbers, and every head learned something
         assert f"{c['train_kl']:.4f} / {c['eval_kl']:.4f}" in table
         assert c["eval_kl"] < c["eval_best_constant"]["kl"]
+
+
+def test_sweep_locks_out_resumes_finished_cells_and_refuses_other_flags(gen_data, tmp_path, capsys):  # noqa: F811
+    """A killed sweep keeps its finished cells (cell.json written last); other flags need --overwrite."""
+    from acchead.rundir import DirLock
+
+    out = tmp_path / "sweep"
+    argv = ["--data", str(gen_data["data"]), "--out", str(out), "--w-rej", "1", "6", "--depth", "0",
+            "--epochs", "1", "--batch-size", "128", "--threads", "1"]  # fmt: skip
+    with DirLock(out, "another process"):  # a live sweep holds OUT: one line, exit 2, nothing trained
+        assert sweep_main(argv) == 2
+    assert "is in use by another" in capsys.readouterr().err and not (out / "heads").exists()
+    assert sweep_main(argv) == 0
+    assert json.loads((out / "sweep_run.json").read_text())["complete"]
+    first = json.loads((out / "sweep.json").read_text())["cells"]
+    # As if killed after the first cell: the run is incomplete and the second cell's record is gone.
+    manifest = json.loads((out / "sweep_run.json").read_text())
+    (out / "sweep_run.json").write_text(json.dumps({**manifest, "complete": False}))
+    (out / "heads" / "wrej6_depth0" / "cell.json").unlink()
+    kept = (out / "heads" / "wrej1_depth0" / "head.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert sweep_main(argv) == 0
+    err = capsys.readouterr().err
+    assert "w_rej=6 depth=0" in err and "w_rej=1 depth=0" not in err  # only the unfinished cell trained
+    assert (out / "heads" / "wrej1_depth0" / "head.safetensors").stat().st_mtime_ns == kept
+    again = json.loads((out / "sweep.json").read_text())["cells"]
+    assert [c["w_rej"] for c in again] == [1.0, 6.0] and again[0] == first[0]
+    assert sweep_main(argv) == 0 and "already holds this sweep, complete" in capsys.readouterr().err
+    assert sweep_main([*argv, "--epochs", "2"]) == 2
+    assert "holds a different sweep run (differs in: epochs)" in capsys.readouterr().err
+    assert sweep_main([*argv, "--epochs", "2", "--overwrite"]) == 0

@@ -6,18 +6,24 @@ The gen-data directory is loaded once and the 20 heads are trained one after ano
 features each is a few seconds of small-MLP training on CPU). Writes OUT/sweep.md (train / eval KL per
 cell, the Table 3 layout, with the wall time), OUT/sweep.json (every metric per cell) and each head under
 OUT/heads/wrej{W}_depth{D}/head.safetensors. Training flags are those of acchead-train.
+
+OUT is locked and claimed like every stage's (`acchead.rundir`, kind "sweep"): a killed sweep rerun with
+the same flags keeps the cells it finished (each cell's `cell.json` is written last) and trains the rest;
+other flags are refused unless `--overwrite`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError, cli_errors
-from acchead.train.cli import add_training_flags, resolve_settings, write_json, write_text
+from acchead.rundir import is_main_launch_process, locked_run, mark_complete
+from acchead.train.cli import add_training_flags, resolve_settings, run_identity, write_json, write_text
 from acchead.train.settings import TrainSettings
 
 W_REJ = (1.0, 3.0, 6.0, 12.0)
@@ -36,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--w-rej", dest="grid_w_rej", type=float, nargs="+", help="w_rej values (default 1 3 6 12)"
     )
     p.add_argument("--depth", dest="grid_depth", type=int, nargs="+", help="depths (default 0 1 2 3 4)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT even if it holds another run; without it, such an OUT is refused and the same "
+        "sweep resumes (finished cells are kept)",
+    )
     return p
 
 
@@ -55,13 +67,68 @@ def sweep_table(cells: list[dict[str, Any]], w_rejs: list[float], depths: list[i
     return "\n".join(lines) + "\n"
 
 
-@cli_errors
-def main(argv: list[str] | None = None) -> int:
+def _run_cells(
+    settings0: TrainSettings, out: Path, w_rejs: list[float], depths: list[int]
+) -> tuple[list[dict[str, Any]], float, str]:
+    """Train every (w_rej, depth) cell not finished yet.
+
+    Returns (every cell's record, seconds spent loading the data, the feature mode: cached / on the fly).
+
+    A cell is finished once OUT/heads/<cell>/cell.json exists: it is written after the head and metrics.
+    """
     from acchead.head_io import save_head  # deferred: torch/lightning make `--help` slow
     from acchead.train.data import load_gen_data
-    from acchead.train.fit import quiet_lightning, train_head
+    from acchead.train.fit import train_head
+
+    t0 = time.perf_counter()
+    data = None  # loaded once, on the first cell that needs training
+    cells = []
+    for w in w_rejs:
+        for d in depths:
+            cell_dir = out / "heads" / f"wrej{w:g}_depth{d}"
+            record = cell_dir / "cell.json"
+            if record.is_file():
+                cells.append(json.loads(record.read_text()))
+                continue
+            if data is None:
+                data = load_gen_data(settings0.data, settings0.features)  # type: ignore[arg-type]
+                load_s = time.perf_counter() - t0
+            t_cell = time.perf_counter()
+            settings = TrainSettings(**{**settings0.__dict__, "w_rej": w, "depth": d, "out": str(cell_dir)})
+            result = train_head(settings, data=data)
+            if not result.is_global_zero:
+                continue
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            save_head(result.module.head.cpu().float(), cell_dir / "head.safetensors", meta=result.meta)
+            write_json(cell_dir / "metrics.json", result.metrics)
+            m = result.metrics
+            cell = {
+                "w_rej": w,
+                "depth": d,
+                "train_kl": m["train"]["kl"],
+                "eval_kl": m["val"]["kl"],
+                "eval": {k: v for k, v in m["val"].items() if k != "best_constant"},
+                "eval_best_constant": m["val"]["best_constant"],
+                "seconds": time.perf_counter() - t_cell,
+            }
+            write_json(record, cell)  # last: the cell is finished
+            cells.append(cell)
+            print(
+                f"w_rej={w:g} depth={d}: train KL {cell['train_kl']:.4f}, eval KL {cell['eval_kl']:.4f} "
+                f"({cell['seconds']:.1f} s)",
+                file=sys.stderr,
+            )
+    if data is None:  # every cell was finished by an earlier, killed run
+        return cells, 0.0, str(settings0.features)
+    return cells, load_s, data.mode
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    from acchead.train.fit import quiet_lightning  # deferred: torch/lightning make `--help` slow
 
     args = build_parser().parse_args(argv)
+    overwrite = bool(vars(args).pop("overwrite", False))
     quiet_lightning()
     w_rejs = [float(w) for w in getattr(args, "grid_w_rej", W_REJ)]
     depths = [int(d) for d in getattr(args, "grid_depth", DEPTHS)]
@@ -78,55 +145,33 @@ def main(argv: list[str] | None = None) -> int:
         if d < 0:
             raise AccheadError(f"--depth must be >= 0, got {d}")
     out = Path(settings0.out)  # type: ignore[arg-type]
-    start = time.perf_counter()
-    data = load_gen_data(settings0.data, settings0.features)  # type: ignore[arg-type]
-    load_s = time.perf_counter() - start
-    cells = []
-    for w in w_rejs:
-        for d in depths:
-            t0 = time.perf_counter()
-            cell_dir = out / "heads" / f"wrej{w:g}_depth{d}"
-            settings = TrainSettings(**{**settings0.__dict__, "w_rej": w, "depth": d, "out": str(cell_dir)})
-            result = train_head(settings, data=data)
-            if not result.is_global_zero:
-                continue
-            cell_dir.mkdir(parents=True, exist_ok=True)
-            save_head(result.module.head.cpu().float(), cell_dir / "head.safetensors", meta=result.meta)
-            write_json(cell_dir / "metrics.json", result.metrics)
-            m = result.metrics
-            cells.append(
-                {
-                    "w_rej": w,
-                    "depth": d,
-                    "train_kl": m["train"]["kl"],
-                    "eval_kl": m["val"]["kl"],
-                    "eval": {k: v for k, v in m["val"].items() if k != "best_constant"},
-                    "eval_best_constant": m["val"]["best_constant"],
-                    "seconds": time.perf_counter() - t0,
-                }
-            )
-            print(
-                f"w_rej={w:g} depth={d}: train KL {cells[-1]['train_kl']:.4f}, eval KL "
-                f"{cells[-1]['eval_kl']:.4f} ({cells[-1]['seconds']:.1f} s)",
-                file=sys.stderr,
-            )
-    wall = time.perf_counter() - start
-    if not cells:
-        return 0  # non-zero DDP ranks
-    table = sweep_table(cells, w_rejs, depths, wall)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "sweep.md", table)
-    write_json(
-        out / "sweep.json",
-        {
-            "wall_seconds": wall,
-            "load_seconds": load_s,
-            "data": str(settings0.data),
-            "features": data.mode,
-            "settings": {k: v for k, v in settings0.__dict__.items() if k not in ("data", "out", "extra")},
-            "cells": cells,
-        },
-    )
+    identity = {**run_identity(settings0), "grid_w_rej": w_rejs, "grid_depth": depths}
+    if not is_main_launch_process():  # a DDP worker: rank 0 holds OUT and writes the outputs
+        _run_cells(settings0, out, w_rejs, depths)
+        return 0
+    with locked_run(out, "sweep", identity, prog="acchead-sweep", overwrite=overwrite) as status:
+        if status == "complete":
+            print((out / "sweep.md").read_text())
+            print(f"{out} already holds this sweep, complete (--overwrite reruns it)", file=sys.stderr)
+            return 0
+        start = time.perf_counter()
+        cells, load_s, mode = _run_cells(settings0, out, w_rejs, depths)
+        wall = time.perf_counter() - start
+        table = sweep_table(cells, w_rejs, depths, wall)
+        write_text(out / "sweep.md", table)
+        kept = {k: v for k, v in settings0.__dict__.items() if k not in ("data", "out", "extra")}
+        write_json(
+            out / "sweep.json",
+            {
+                "wall_seconds": wall,
+                "load_seconds": load_s,
+                "data": str(settings0.data),
+                "features": mode,
+                "settings": kept,
+                "cells": cells,
+            },
+        )
+        mark_complete(out, "sweep", identity)
     print(table)
     return 0
 
