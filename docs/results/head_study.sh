@@ -121,3 +121,7 @@ final() {  # prompt set, extra specs
 final humaneval "$E" &
 final stdlib-heldout-functions &
 wait
+# the same goals on 8x more prompts: all 164 HumanEval prompts and the first 164 held-out functions, each in two
+# halves of 82 (work/exp14/{he,ho}-{a,b}.jsonl from load_prompt_set(...)[:164]), four processes on the 2 cores
+for p in he-a he-b ho-a ho-b; do docs/results/greedy-164/big_bench.sh $p & done; wait
+python docs/results/greedy-164/combine.py he; python docs/results/greedy-164/combine.py ho
