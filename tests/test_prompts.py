@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import random
 import textwrap
 
 import pytest
@@ -48,8 +49,6 @@ def test_function_headers_cut_after_the_docstring():
 
 
 def test_function_bodies_cut_after_a_body_statement_leaving_two():
-    import random
-
     source = textwrap.dedent('''
         class C:
             def method(self, x):

@@ -81,7 +81,7 @@ def _run_cells(
     from acchead.train.fit import train_head
 
     t0 = time.perf_counter()
-    data = None  # loaded once, on the first cell that needs training
+    data, load_s = None, 0.0  # loaded once, on the first cell that needs training
     cells = []
     for w in w_rejs:
         for d in depths:
@@ -118,9 +118,8 @@ def _run_cells(
                 f"({cell['seconds']:.1f} s)",
                 file=sys.stderr,
             )
-    if data is None:  # every cell was finished by an earlier, killed run
-        return cells, 0.0, str(settings0.features)
-    return cells, load_s, data.mode
+    # No data loaded: every cell was finished by an earlier, killed run.
+    return cells, load_s, data.mode if data is not None else str(settings0.features)
 
 
 @cli_errors
