@@ -2,10 +2,10 @@
 #
 #   make venv                 create/reuse .venv; install torch==2.13.0 (CPU wheel) if no torch, then acchead[dev]
 #   make test                 run the test suite (slow and GPU tests are skipped; `make test PYTEST_ARGS="-m slow"`)
-#   make demo                 the whole pipeline on the embedded demo pair (~20 min on 2 cores):
-#                             gen-data on stdlib prompts (greedy S, r auto = 1) -> train a lookahead head
-#                             (w_rej 6, depth 3) -> bench every method on HumanEval ->
-#                             runs/demo/bench/report.md; rerunning resumes where it stopped
+#   make demo                 the whole pipeline on the embedded demo pair, every stage on its defaults:
+#                             gen-data on stdlib prompts (greedy S, r = 1) -> train the shipped heads'
+#                             recipe (lookahead, state+token, w_rej 3, depth 3) -> bench every method on
+#                             HumanEval -> runs/demo/bench/report.md; rerunning resumes where it stopped
 #   make pair                 load the demo pair and let the target complete a HumanEval prompt
 #   make lint                 ruff check
 #
@@ -63,8 +63,7 @@ $(DEMO_DIR)/data/gen_config.json: | $(STAMP)
 	$(BIN)/acchead-gen-data --num-prompts $(DEMO_GEN_PROMPTS) --max-new-tokens $(DEMO_NEW_TOKENS) --out $(DEMO_DIR)/data
 
 $(DEMO_DIR)/head/head.safetensors: $(DEMO_DIR)/data/gen_config.json
-	$(BIN)/acchead-train --data $(DEMO_DIR)/data --w-rej 6 --depth 3 --kind lookahead \
-		--inputs state --out $(DEMO_DIR)/head
+	$(BIN)/acchead-train --data $(DEMO_DIR)/data --out $(DEMO_DIR)/head
 
 pair: $(STAMP)
 	$(PY) -m acchead.zoo.demo

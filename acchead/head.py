@@ -7,6 +7,12 @@ from torch import nn
 
 from acchead.lookahead import check_kind, input_size
 
+# The stop threshold h that `specdecpp` uses when its spec names none and the head records none (heads
+# written before heads recorded one). Measured on the demo pair (README "Results"): h = 0.8 reached
+# 99.7-100% of the best threshold's speed-up for the shipped lookahead heads under greedy decoding and
+# under T = 1 / top-k 50, and was the best h of the paper's candidate head under greedy, at c = 0.2.
+DEFAULT_H = 0.8
+
 
 class ResidualBlock(nn.Module):
     """`x + SiLU(Linear(x))`, hidden size preserved."""
@@ -33,6 +39,8 @@ class AcceptanceHead(nn.Module):
         kind: "candidate" (the paper's: reads e_k after Y_k was fed) or "lookahead" (reads the state that
             produced q_k, plus `inputs`, before Y_k is fed); see DESIGN §3.1.
         inputs: what a lookahead head reads, a subset of ("state", "logq", "entropy", "token").
+        default_h: the stop threshold `specdecpp` uses with this head when its spec names no `h`; in
+            (0, 1). `acchead.load_head` sets it from the head file's metadata.
     """
 
     def __init__(
@@ -41,12 +49,16 @@ class AcceptanceHead(nn.Module):
         depth: int,
         kind: str = "candidate",
         inputs: tuple[str, ...] | list[str] = ("state",),
+        default_h: float = DEFAULT_H,
     ) -> None:
         super().__init__()
         if hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
         if depth < 0:
             raise ValueError(f"depth must be >= 0, got {depth}")
+        if not 0.0 < default_h < 1.0:
+            raise ValueError(f"default_h must be in (0, 1), got {default_h}")
+        self.default_h = float(default_h)  # a plain attribute: not a weight, not in the state dict
         self.hidden_size = hidden_size
         self.depth = depth
         self.kind = kind

@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from acchead.errors import AccheadError
-from acchead.head import AcceptanceHead
+from acchead.head import DEFAULT_H, AcceptanceHead
 from acchead.sampling import SamplingConfig
 
 FORMAT_TAG = "acchead-head"
@@ -45,6 +45,9 @@ class HeadMetadata:
         kind: "candidate" (the paper's head) or "lookahead" (DESIGN §3.1). Heads written before head kinds
             existed carry none and load as "candidate".
         inputs: what the head reads (`acchead.lookahead.LOOKAHEAD_INPUTS`); ["state"] for a candidate head.
+        default_h: the stop threshold `specdecpp` uses with this head when its spec names no `h` (set by
+            `acchead-train --default-h`). None in heads written before heads recorded one: they use
+            `acchead.head.DEFAULT_H`.
     """
 
     depth: int
@@ -57,6 +60,12 @@ class HeadMetadata:
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "candidate"
     inputs: list[str] = field(default_factory=lambda: ["state"])
+    default_h: float | None = None
+
+    @property
+    def threshold(self) -> float:
+        """The recorded default threshold h, or `DEFAULT_H` for a head that records none."""
+        return DEFAULT_H if self.default_h is None else float(self.default_h)
 
     @property
     def sampling_config(self) -> SamplingConfig:
@@ -88,6 +97,8 @@ def save_head(head: AcceptanceHead, path: str | Path, *, meta: HeadMetadata) -> 
         raise ValueError(
             f"metadata says (depth, hidden_size, kind, inputs)={described} but the head has {actual}"
         )
+    if meta.default_h is not None and not 0.0 < meta.default_h < 1.0:
+        raise ValueError(f"default_h must be in (0, 1), got {meta.default_h}")
     if meta.draft.get("hidden_size", meta.hidden_size) != meta.hidden_size:
         raise ValueError(f"draft hidden size {meta.draft['hidden_size']} != head's {meta.hidden_size}")
     SamplingConfig.from_dict(meta.sampling)  # fail now, not at load time, on a malformed config
@@ -149,7 +160,7 @@ def load_head(path: str | Path, *, draft: Any = None) -> tuple[AcceptanceHead, H
         raise AccheadError(f"{path} is head format version {version}; this acchead reads 1..{FORMAT_VERSION}")
     try:
         meta = HeadMetadata.from_json(metadata[_META_KEY])
-        head = AcceptanceHead(meta.hidden_size, meta.depth, meta.kind, meta.inputs)
+        head = AcceptanceHead(meta.hidden_size, meta.depth, meta.kind, meta.inputs, meta.threshold)
         head.load_state_dict(tensors, strict=True)
     except (KeyError, TypeError, ValueError, RuntimeError, AccheadError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

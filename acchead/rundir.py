@@ -34,7 +34,7 @@ from typing import Any
 
 from acchead.errors import AccheadError
 
-try:  # POSIX; elsewhere runs are not locked (documented in the README)
+try:  # POSIX; elsewhere runs are not locked (documented in docs/reliability.md)
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]

@@ -2,7 +2,7 @@
 
 Spec strings (the CLIs' `--policy`, also accepted by `parse_policy`):
 
-    ucb:arms=specdec:k=2|specdec:k=4|specdecpp:h=0.7,max=20      UCBSpec over stop policies
+    ucb:arms=specdec:k=2|specdec:k=4|specdecpp:h=0.8,max=20      UCBSpec over stop policies
     exp3:seed=0,arms=specdec:k=2|specdec:k=6                      EXP3Spec (its own seeded generator)
     ucb:reward=rate,arms=...                                      reward = tokens per wall second
     ucb:carry=1,arms=...                                          keep statistics across prompts
@@ -44,7 +44,7 @@ def max_speculation(policy: StopPolicy) -> int:
 class BanditPolicy(StopPolicy):
     """A stop policy whose configuration is chosen per round by a BanditSpec selector.
 
-    Each arm is a full stop policy (`specdec:k=4`, `specdecpp:h=0.7`, ...). `start_round` asks the selector
+    Each arm is a full stop policy (`specdec:k=4`, `specdecpp:h=0.8`, ...). `start_round` asks the selector
     for an arm and delegates the round to it; `end_round` feeds back y = accepted + 1 (or the round's
     tokens per wall second). The decoder reads `needs_hidden`/`free_token` after `start_round`, so arms
     with different needs mix freely.

@@ -1,6 +1,6 @@
 """`acchead-decode`: speculative decoding of one prompt, streaming the text, then the round statistics.
 
-    acchead-decode                                          # demo pair + shipped head, SpecDec++ h=0.7
+    acchead-decode                                          # demo pair + shipped head at its h (0.8)
     acchead-decode --policy specdec:k=4 --verifier block --prompt 'def fib(n):'
     acchead-decode --target DIR --draft DIR --head head.safetensors --temperature 0.7 --top-p 0.9
 
@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", default=None,
                    help="acceptance head file for specdecpp (default: the shipped head trained under the "
                         "requested sampling configuration; the greedy one, with a warning, if none is)")
-    p.add_argument("--policy", default="specdecpp:h=0.7,max=20",
-                   help="stop policy: autoregressive | specdec:k=K | specdecpp:h=H[,max=M,free=0/1] | "
+    p.add_argument("--policy", default="specdecpp",
+                   help="stop policy: autoregressive | specdec:k=K | specdecpp[:h=H,max=M,free=0/1] "
+                   "(no h: the head's recorded threshold) | "
                    "confidence:tau=T[,max=M] | oracle (greedy only)")
     p.add_argument("--verifier", choices=["token", "block"], default="token",
                    help="token verification (Leviathan/Chen) or block verification (Sun et al.)")

@@ -33,7 +33,7 @@ from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
 from acchead.inference.model_runner import make_runner
-from acchead.inference.policies import Autoregressive, StopPolicy, parse_policy
+from acchead.inference.policies import Autoregressive, StopPolicy, needs_head, parse_policy
 from acchead.inference.verification import VERIFIERS
 from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig, probs_from_logits
@@ -144,7 +144,8 @@ class SpeculativeDecoder:
             (e.g. MaG, a cascade), or None for `autoregressive`.
         policy: a spec string (see `acchead.inference.policies`) or a `StopPolicy`.
         head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
-            draft=draft)` so that a head trained for another draft is refused.
+            draft=draft)` so that a head trained for another draft is refused. None with the demo draft:
+            the shipped head of each call's S (`acchead.zoo.demo_head_for`), as the CLIs pick it.
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         fast: run the target (and a draft model given as a `PreTrainedModel`) on the fast path: static KV
             caches and compiled forwards (`acchead.inference.model_runner.StaticRunner`). None: on when
@@ -178,9 +179,19 @@ class SpeculativeDecoder:
         self.verifier = verifier
         self._verify = VERIFIERS[verifier]
         self.head_meta = None
-        head_module = self._resolve_head(head)
         if not isinstance(policy, str | StopPolicy):
             raise AccheadError(f"policy must be a spec string (e.g. 'specdec:k=4') or StopPolicy: {policy!r}")
+        # The demo pair's shipped head when none is given: picked per call's S in `generate`.
+        self._auto_head: Path | None = None
+        if head is None and isinstance(policy, str) and needs_head(policy) and self.draft_model is not None:
+            from acchead.zoo import demo_head_for
+
+            head = self._auto_head = demo_head_for(self.draft_model, SamplingConfig(0.0))
+        self._spec = policy
+        self._set_policy(policy, head)
+
+    def _set_policy(self, policy: str | StopPolicy, head: AcceptanceHead | str | Path | None) -> None:
+        head_module = self._resolve_head(head)
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
         if self.drafter is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
@@ -249,6 +260,8 @@ class SpeculativeDecoder:
             raise AccheadError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         # Out-of-vocabulary ids and prompt + max_new_tokens past the context: one line, not junk.
         check_prompt(prompt, max_new_tokens, [m for m in (self.target, self.draft_model) if m is not None])
+        if self._auto_head is not None:
+            self._switch_demo_head(sampling)
         policy = self.policy
         if policy.greedy_only and not sampling.greedy:
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
@@ -347,6 +360,15 @@ class SpeculativeDecoder:
         full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]
         logits = self.draft_model(input_ids=full).logits[0, prompt.numel() - 1 : -1]
         return (logits.argmax(-1).cpu() == torch.tensor(ref)).tolist()
+
+    def _switch_demo_head(self, sampling: SamplingConfig) -> None:
+        """Use the demo head shipped for `sampling` when it is not the one in use (same spec)."""
+        from acchead.zoo import demo_head_for
+
+        head = demo_head_for(self.draft_model, sampling)
+        if head is not None and head != self._auto_head:
+            self._auto_head = head
+            self._set_policy(self._spec, head)
 
     def _warn_sampling_mismatch(self, sampling: SamplingConfig) -> None:
         if self.head_meta is None or not (self.policy.needs_hidden or self.policy.needs_state):

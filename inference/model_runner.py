@@ -11,7 +11,7 @@ Both the target's verification and a draft model's proposals go through a `Model
   the next write); and every forward of a given token count is compiled once with `torch.compile`
   (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph (`mode="reduce-overhead"`), on the
   CPU as Inductor's fused C++ kernels with the weights frozen into the graph (prepacked for MKL, which
-  is what makes a one-token forward cheaper than eager's GEMV calls; README "Decoding speed").
+  is what makes a one-token forward cheaper than eager's GEMV calls; docs/speed.md).
   The prompt (a new length every call) runs eager on the same cache.
 
 Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured

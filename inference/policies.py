@@ -4,7 +4,8 @@ Policies are built from spec strings — the same strings every CLI takes:
 
     autoregressive                  no drafting; one target forward per token (the baseline)
     specdec:k=4                     fixed K candidates per round (Leviathan/Chen SpecDec)
-    specdecpp:h=0.7,max=20,free=1   SpecDec++: stop once the head's P(some candidate rejected) > h
+    specdecpp:h=0.8,max=20,free=1   SpecDec++: stop once the head's P(some candidate rejected) > h;
+                                    `specdecpp` alone uses the threshold the head records (its default_h)
     confidence:tau=0.4,max=20       stop after a candidate whose draft probability q(x) < tau (Hugging Face's
                                     `assistant_confidence_threshold`; the low-confidence token is kept;
                                     under greedy decoding q is one-hot, so softmax(draft logits) is read)
@@ -392,7 +393,7 @@ class Oracle(StopPolicy):
 _KEYS: dict[str, tuple[set[str], set[str]]] = {
     "autoregressive": (set(), set()),
     "specdec": ({"k"}, {"k"}),
-    "specdecpp": ({"h", "max", "free"}, {"h"}),
+    "specdecpp": ({"h", "max", "free"}, set()),  # no h: the head's recorded default_h
     "confidence": ({"tau", "max"}, {"tau"}),
     "entropy": ({"tau", "max"}, {"tau"}),
     "adaedl": ({"gamma", "lam", "adapt", "max"}, {"lam"}),
@@ -424,7 +425,7 @@ def _parse_params(spec: str, name: str, body: str) -> dict[str, str]:
 _EXAMPLES = {
     "autoregressive": "autoregressive",
     "specdec": "specdec:k=4",
-    "specdecpp": "specdecpp:h=0.7,max=20",
+    "specdecpp": "specdecpp:h=0.8,max=20",
     "confidence": "confidence:tau=0.4",
     "entropy": "entropy:tau=1.0",
     "adaedl": "adaedl:lam=0.5",
@@ -463,7 +464,8 @@ def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) 
     """Build a fresh StopPolicy from its spec string (see the module docstring for the grammar).
 
     Args:
-        spec: e.g. "specdec:k=4", "specdecpp:h=0.7,max=20".
+        spec: e.g. "specdec:k=4", "specdecpp:h=0.8,max=20"; `specdecpp` without `h` takes the head's
+            recorded threshold (`AcceptanceHead.default_h`).
         head: the acceptance head for `specdecpp`: a module, or a path given to `acchead.load_head`
             (without a draft check — `SpeculativeDecoder` does that check when it gets the path itself).
 
@@ -499,10 +501,10 @@ def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) 
     if name == "oracle":
         return Oracle(int(_number(spec, "max", p.get("max", str(ORACLE_MAX_DRAFT)), int)))
     # specdecpp
-    h = float(_number(spec, "h", p["h"], float))
+    h = float(_number(spec, "h", p["h"], float)) if "h" in p else None
     max_draft = int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int))
     free = _flag(spec, "free", p.get("free", "1"))
-    if not 0.0 < h < 1.0:
+    if h is not None and not 0.0 < h < 1.0:
         raise AccheadError(f"specdecpp needs 0 < h < 1, got h={h}")
     if head is None:
         raise AccheadError(f"policy {spec!r} needs an acceptance head (give --head PATH or head=...)")
@@ -510,4 +512,4 @@ def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) 
         from acchead.head_io import load_head
 
         head, _ = load_head(head)
-    return SpecDecPP(head, h, max_draft, free)
+    return SpecDecPP(head, head.default_h if h is None else h, max_draft, free)

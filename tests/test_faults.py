@@ -204,7 +204,7 @@ def test_gen_data_overwrite_replaces_another_run(
 
 # --------------------------------------------------------------------------------------------------- train
 
-TRAIN_FAST = ["--epochs", "3", "--batch-size", "64", "--lr", "3e-2", "--depth", "1", "--no-progress",
+TRAIN_FAST = ["--kind", "candidate", "--epochs", "3", "--batch-size", "64", "--lr", "3e-2", "--depth", "1", "--no-progress",
               "--threads", "1", "--logger", "none"]  # fmt: skip
 PROG = Path(sys.argv[0]).name  # what cli_errors prints as the program name in-process
 

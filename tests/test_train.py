@@ -20,7 +20,7 @@ from acchead.train.metrics import best_constant
 from acchead.train.settings import TrainSettings
 
 # The fixture has ~1k training positions: small batches and a high lr give the head enough steps.
-FAST = ["--epochs", "4", "--batch-size", "64", "--lr", "3e-2", "--no-progress", "--threads", "1"]
+FAST = ["--kind", "candidate", "--epochs", "4", "--batch-size", "64", "--lr", "3e-2", "--no-progress", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,8 @@ def _corrupt(src: Path, dst: Path, how: str) -> Path:
 )
 def test_bad_data_directories_are_one_line_errors(gen_data, tmp_path, capsys, how, message):  # noqa: F811
     data = _corrupt(gen_data["data"], tmp_path / "data", how)
-    rc, err = _run(["--data", str(data), "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--kind", "candidate", "--no-progress"]
+    rc, err = _run(argv, capsys)
     assert rc == 2 and message in err, err
 
 
@@ -156,6 +157,7 @@ def test_draft_other_than_the_caches_is_refused(gen_data, tmp_path, capsys):  # 
     from gendata_fixture import tiny_draft
 
     tiny_draft(tmp_path / "other", seed=1)  # same shape, other weights
-    argv = ["--data", str(gen_data["data"]), "--out", str(tmp_path / "o"), "--draft", str(tmp_path / "other")]
+    argv = ["--data", str(gen_data["data"]), "--out", str(tmp_path / "o"), "--kind", "candidate",
+            "--draft", str(tmp_path / "other")]
     rc, err = _run(argv, capsys)
     assert rc == 2 and "is not the draft the data was generated with" in err

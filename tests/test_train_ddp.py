@@ -23,6 +23,8 @@ def test_ddp_two_cpu_processes_train_and_sync_metrics(gen_data, tmp_path):  # no
         str(gen_data["data"]),
         "--out",
         str(out),
+        "--kind",
+        "candidate",
         "--w-rej",
         "6",
         "--depth",

@@ -22,6 +22,7 @@ def _settings(gen_data, **kw) -> TrainSettings:  # noqa: F811
     base = dict(
         data=str(gen_data["data"]),
         out=None,
+        kind="candidate",  # the fixture's labels are a function of candidate states
         epochs=2,
         batch_size=64,
         lr=3e-2,
@@ -141,6 +142,8 @@ def test_sweep_writes_table3_markdown_and_json(gen_data, tmp_path, capsys):  # n
         str(gen_data["data"]),
         "--out",
         str(tmp_path),
+        "--kind",
+        "candidate",
         "--w-rej",
         "1",
         "6",
@@ -176,7 +179,7 @@ def test_sweep_locks_out_resumes_finished_cells_and_refuses_other_flags(gen_data
 
     out = tmp_path / "sweep"
     argv = ["--data", str(gen_data["data"]), "--out", str(out), "--w-rej", "1", "6", "--depth", "0",
-            "--epochs", "1", "--batch-size", "128", "--threads", "1"]  # fmt: skip
+            "--kind", "candidate", "--epochs", "1", "--batch-size", "128", "--threads", "1"]  # fmt: skip
     with DirLock(out, "another process"):  # a live sweep holds OUT: one line, exit 2, nothing trained
         assert sweep_main(argv) == 2
     assert "is in use by another" in capsys.readouterr().err and not (out / "heads").exists()

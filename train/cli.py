@@ -48,15 +48,19 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--out", help="output directory")
     p.add_argument("--w-acc", type=float, help="BCE weight of the accept term (default 1)")
     if not sweep:
-        p.add_argument("--w-rej", type=float, help="BCE weight of the reject term, > 0 (default 6)")
+        p.add_argument("--w-rej", type=float, help="BCE weight of the reject term, > 0 (default 3; paper 6)")
         p.add_argument("--depth", type=int, help="residual blocks of the head, >= 0 (default 3)")
-        p.add_argument("--kind", choices=["candidate", "lookahead"],
-                       help="candidate: the paper's head, reads the state after a candidate was fed; "
-                            "lookahead: judges a candidate from the state that produced it, before it is "
-                            "fed (DESIGN §3.1) (default candidate)")
-        p.add_argument("--inputs",
-                       help="a lookahead head's inputs joined by +, from state, logq, entropy, token, topk "
-                            "(default state; a candidate head reads the state only)")
+    p.add_argument("--kind", choices=["candidate", "lookahead"],
+                   help="candidate: the paper's head, reads the state after a candidate was fed; "
+                        "lookahead: judges a candidate from the state that produced it, before it is "
+                        "fed (DESIGN §3.1; default lookahead: it trains on any data, a candidate head "
+                        "needs data generated with --mix-ratio < 1)")
+    p.add_argument("--inputs",
+                   help="a lookahead head's inputs joined by +, from state, logq, entropy, token, topk "
+                        "(default: state+token for a lookahead head, state for a candidate head)")
+    p.add_argument("--default-h", type=float,
+                   help="stop threshold h recorded in the head, used by `specdecpp` without h= "
+                        "(default 0.8, measured best for the shipped heads)")
     p.add_argument("--optimizer", choices=["adam", "adamw"], help="optimiser (default adam, the paper's)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3, measured; paper: 5e-5)")
     p.add_argument("--weight-decay", type=float, help="Adam L2 / AdamW decoupled weight decay (default 0)")
@@ -65,7 +69,7 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         "--schedule", choices=["cosine", "constant"], help="learning-rate schedule (default cosine)"
     )
     p.add_argument("--warmup", type=float, help="fraction of steps in linear warm-up (default 0)")
-    p.add_argument("--epochs", type=int, help="passes over the training split (default 3)")
+    p.add_argument("--epochs", type=int, help="passes over the training split (default 8; paper 3)")
     p.add_argument("--batch-size", type=int, help="cached features: Y-positions per step (default 1024)")
     p.add_argument("--batch-sequences", type=int, help="on-the-fly: sequences per step (paper: 32)")
     p.add_argument(

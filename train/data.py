@@ -225,7 +225,12 @@ def load_gen_data(path: str | Path, mode: FeatureMode = "auto", kind: HeadKind =
     row, position = row_all[keep], pos_all[keep]
     labels = np.asarray(probs, dtype=np.float32)[keep]
     if len(labels) == 0:
-        raise AccheadError(f"{path} has no draft positions to train on")
+        if kind == "candidate":  # a lookahead head trains on every position, so this is the usual cause
+            raise AccheadError(
+                f"{path} has no draft positions for a candidate head (gen-data ran with --mix-ratio 1): "
+                "train --kind lookahead (the default), or regenerate with --mix-ratio 0.15"
+            )
+        raise AccheadError(f"{path} has no positions to train on")
     candidate = None
     if kind == "lookahead":
         if "draft_ids" not in ds.column_names:

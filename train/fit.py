@@ -356,6 +356,7 @@ def _metadata(settings: TrainSettings, data: GenData, dm: GenDataModule, metrics
         data=data_meta,
         kind=settings.kind,
         inputs=list(settings.input_names),
+        default_h=settings.default_h,
         extra={
             "training": train_meta,
             "val_kl": metrics["val"]["kl"],

@@ -49,3 +49,22 @@ def fallback_head() -> Path:
     if head is None:
         raise FileNotFoundError(f"no shipped head in {HEADS_DIR}")
     return head
+
+
+def demo_head_for(draft, sampling) -> Path | None:
+    """The shipped head to use under S (`SamplingConfig`) when `draft` is the demo draft, else None.
+
+    Lets a Python caller write `SpeculativeDecoder(target, draft, policy="specdecpp")` on the demo pair, as
+    the CLIs do: the head is chosen only when its recorded draft fingerprint is `draft`'s (a head is never
+    guessed for another draft). An S with no shipped head falls back to the greedy default, which the
+    decoder then warns about.
+    """
+    from acchead.head_io import read_head_metadata
+    from acchead.models import model_identity
+    from acchead.sampling import SamplingConfig
+
+    head = default_head(sampling) or default_head(SamplingConfig(0.0))
+    if head is None:
+        return None
+    recorded = read_head_metadata(head).draft.get("fingerprint")
+    return head if recorded and recorded == model_identity(draft)["fingerprint"] else None

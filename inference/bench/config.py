@@ -186,7 +186,7 @@ def _str_list(text: str, sep: str = ",") -> list[str]:
 
 
 def _spec_list(text: str) -> list[str]:
-    # Specs contain commas (specdecpp:h=0.7,max=20), so the list separator is ';'.
+    # Specs contain commas (specdecpp:h=0.8,max=20), so the list separator is ';'.
     return _str_list(text, ";")
 
 

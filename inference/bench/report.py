@@ -40,7 +40,7 @@ ADAEDL_FAMILIES = ("adaedl", "adaedl-adapt")
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
-    """`k=4, h=0.7` for a markdown table cell ('|' in bandit arm lists escaped; a head path by its name)."""
+    """`k=4, h=0.8` for a markdown table cell ('|' in bandit arm lists escaped; a head path by its name)."""
     text = ", ".join(
         f"{k}={v:g}" if isinstance(v, float) else f"{k}={head_name(v)}" if k == "head" else f"{k}={v}"
         for k, v in params.items()
