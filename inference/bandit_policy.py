@@ -214,11 +214,9 @@ class SwitchDrafter:
     def draft_calls(self) -> int:
         return sum(d.draft_calls for d in self.drafters)
 
-    def begin(
-        self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> None:
+    def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         for d in self.drafters:
-            d.begin(input_ids, sampling, generator)
+            d.begin(input_ids, sampling, seed)
 
     def propose(
         self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False

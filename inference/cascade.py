@@ -32,6 +32,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.inference.drafters import RoundBufferDrafter
+from acchead.inference.host_reads import read
 from acchead.inference.mag import MaGDrafter, MaxGram
 from acchead.inference.model_runner import crop_cache
 from acchead.inference.verification import token_next_dist, token_tau_probs
@@ -148,13 +149,14 @@ class CascadeDrafter(RoundBufferDrafter):
 
     # ------------------------------------------------------------------------------------- Drafter API
 
-    def begin(
-        self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> None:
+    def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         for lv in self.levels:
             lv.reset()
             lv.calls = 0
-        self._sampling, self._generator = sampling, generator
+        # Host-driven: the inner reviews draw from a sequential generator (fresh numbers for every review,
+        # rollbacks included), on the reviewers' device.
+        self._sampling = sampling
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._prompt_len = int(input_ids.numel())
         self._clear_block()
         self.draft_calls = 0
@@ -163,7 +165,7 @@ class CascadeDrafter(RoundBufferDrafter):
         # One cascade round per target round (or when the stop policy drafts past it). Reviewer caches
         # are re-matched against each new context lazily (longest common prefix), so rollback only
         # drops the block.
-        return self._fill(0, context.tolist())
+        return self._fill(0, read(context))  # host-driven: the cascade works on the host's copy
 
     # --------------------------------------------------------------------------------------- the cascade
 
@@ -202,18 +204,25 @@ class CascadeDrafter(RoundBufferDrafter):
                 soft = logits[:-1].softmax(-1)
                 near = self.leniency * soft.gather(-1, tokens.to(soft.device)[:, None])[:, 0]
                 ok |= near >= soft.max(-1).values
-            tau = int(ok.long().cumprod(0).sum()) if tokens.numel() else 0
-            nxt = int(best[tau])
-            emitted = [*tokens[:tau].tolist(), nxt]
+            tau_t = ok.long().cumprod(0).sum() if tokens.numel() else best.new_zeros(())
+            emitted = self._read_review(tokens, tau_t, best[tau_t])
             return [(t, _one_hot(t, width, p.device)) for t in emitted]
         r = torch.stack([q for _, q in proposals]).to(p.device) if proposals else p[:0]
         # τ from its exact law under leniency: acceptance min(1, l·p/r) is token verification against l·p.
         gen = self._generator
-        tau = int(sample(token_tau_probs(tokens, r, self.leniency * p), gen)) if proposals else 0
-        nxt = int(sample(token_next_dist(tokens, r, p, tau), gen))
+        tau_t = p.new_zeros((), dtype=torch.long)
+        if proposals:
+            tau_t = sample(token_tau_probs(tokens, r, self.leniency * p), gen)
+        nxt_t = sample(token_next_dist(tokens, r, p, tau_t), gen)
         laws = review_out_dists(r, p, self.leniency)
-        emitted = [*tokens[:tau].tolist(), nxt]
+        emitted = self._read_review(tokens, tau_t, nxt_t)
         return [(t, laws[i]) for i, t in enumerate(emitted)]
+
+    @staticmethod
+    def _read_review(tokens: torch.Tensor, tau: torch.Tensor, nxt: torch.Tensor) -> list[int]:
+        """The review's outcome on the host, in one read: the τ kept proposals, then the next token."""
+        status = read(torch.cat([tau.view(1), nxt.view(1), tokens.to(nxt.device)]))
+        return [*status[2 : 2 + status[0]], status[1]]
 
 
 def parse_k(text: str) -> list[list[int]]:

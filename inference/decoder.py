@@ -16,6 +16,16 @@ Two paths run the models (`acchead.inference.model_runner`): eager (`DynamicCach
 (`fast=True`: static caches, rollback by moving a position, every forward shape compiled once and
 replayed; CUDA graphs on a GPU). Same algorithm, same counts; the fast path is the default on CUDA. On
 the CPU it is opt-in: it pays tens of seconds of compilation per model before its first decode.
+
+The round's state lives on the target's device: the sequence, the candidates and their q, the verifier's
+τ and next token (drawn with counter-based noise keyed by (seed, round start), so the same seed gives the
+same tokens eagerly, compiled, on the CPU and on CUDA). The host reads back, through
+`acchead.inference.host_reads.read`, one packed status per round (τ, next token, candidates: what EOS, the
+streamer and the cache lengths need) and, for threshold rules, one stop flag per judged candidate. An EOS
+candidate does not end drafting (that check would cost a read per candidate); tokens after an accepted
+EOS are cut after verification, which keeps the output exact: a target sample cut at its first EOS is the
+EOS-terminated sample. Host-driven parts, which read where they compute: the Max-Gram drafter and
+cascades (their proposals are host computations over the context) and the oracle's hindsight reference.
 """
 
 from __future__ import annotations
@@ -31,7 +41,9 @@ from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.device_random import NEXT, TAU, key_hash
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
+from acchead.inference.host_reads import read
 from acchead.inference.model_runner import make_runner
 from acchead.inference.policies import Autoregressive, StopPolicy, needs_head, parse_policy
 from acchead.inference.verification import VERIFIERS
@@ -99,17 +111,16 @@ def _as_prompt(input_ids: torch.Tensor | list[int]) -> torch.Tensor:
     return ids
 
 
-def draft_round(
-    drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int, cap: int, eos: set[int]
-) -> list[DraftStep]:
+def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int, cap: int) -> list[DraftStep]:
     """Draft up to `cap` candidates after seq[:n] and write them into seq[n:]; the policy stops the round.
 
     `policy.start_round` has already been called (it returned the cap). A candidate's hidden state (or,
     for a lookahead head, the state that produced it) is requested only when a stop decision follows it,
     i.e. not for the one that reaches the cap. After an
     early stop, a policy with `free_token` gets one more candidate from the q that the last forward
-    already produced (a neural drafter pays no forward for it). Module-level so that the exactness tests
-    enumerate this very function with a scripted drafter.
+    already produced (a neural drafter pays no forward for it). Reads nothing back itself: the policy's
+    `should_stop` reads one flag per judged candidate, and fixed K none. Module-level so that the
+    exactness tests enumerate this very function with a scripted drafter.
     """
     steps: list[DraftStep] = []
     while len(steps) < cap:
@@ -119,8 +130,8 @@ def draft_round(
         step = drafter.propose(seq[: n + k - 1], k, want_hidden=want_hidden, want_state=want_state)
         seq[n + k - 1] = step.token
         steps.append(step)
-        if step.token in eos or k == cap:
-            break  # nothing after an EOS can be kept
+        if k == cap:
+            break
         if policy.should_stop(step):
             if policy.free_token:
                 step = drafter.propose(seq[: n + k], k + 1, want_hidden=False)
@@ -192,6 +203,8 @@ class SpeculativeDecoder:
 
     def _set_policy(self, policy: str | StopPolicy, head: AcceptanceHead | str | Path | None) -> None:
         head_module = self._resolve_head(head)
+        if not isinstance(policy, StopPolicy):
+            import acchead.inference.bandit_policy  # noqa: F401  (registers the ucb:/exp3: specs)
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
         if self.drafter is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
@@ -273,16 +286,14 @@ class SpeculativeDecoder:
 
         start = time.perf_counter()
         t_dev = self.target.device
-        gen_t = torch.Generator(device=t_dev).manual_seed(seed)
         if self.drafter is not None:
-            d_dev = torch.device(getattr(self.drafter, "device", "cpu"))
-            # Draft and verifier may share one stream of random numbers; a generator lives on one device.
-            gen_d = gen_t if d_dev == t_dev else torch.Generator(device=d_dev).manual_seed(seed + 1)
-            self.drafter.begin(prompt, sampling, gen_d)
+            self.drafter.begin(prompt, sampling, seed)
         res = GenerationResult(new_ids=torch.empty(0, dtype=torch.long))
-        # The sequence lives on the CPU: only the few tokens fed each round cross to the device.
-        seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long)
-        seq[: prompt.numel()] = prompt
+        # The sequence lives on the target's device (a draft elsewhere reads its context by copy); `out`
+        # mirrors the generated tokens on the host, filled from each round's status read.
+        seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long, device=t_dev)
+        seq[: prompt.numel()] = prompt.to(t_dev)
+        out: list[int] = []
         n = prompt.numel()  # committed length
         runner = self._runner  # the target's KV cache: holds runner.length tokens
         runner.reset(n + max_new_tokens)
@@ -292,18 +303,23 @@ class SpeculativeDecoder:
         while not done and n - prompt.numel() < max_new_tokens:
             generated = n - prompt.numel()
             cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
-            steps = draft_round(self.drafter, policy, seq, n, cap, eos) if cap > 0 else []
+            steps = draft_round(self.drafter, policy, seq, n, cap) if cap > 0 else []
             num = len(steps)
             logits, _ = runner.feed(seq[runner.length : n + num], keep=num + 1)
             p = probs_from_logits(logits, sampling)  # (L+1, V)
             tokens = seq[n : n + num]
-            tau, nxt = self._verify(tokens, self._stack_q(steps, p), p, gen_t)
-            new = [*tokens[:tau].tolist(), nxt]
+            keys = [key_hash(seed, purpose, n, 0) for purpose in (TAU, NEXT)]
+            tau_t, nxt_t = self._verify(tokens, self._stack_q(steps, p), p, sampling.greedy, *keys)
+            seq.index_copy_(0, tau_t.view(1) + n, nxt_t.view(1))  # after the τ accepted candidates
+            # The round's one read: τ, the next token and the candidates.
+            status = read(torch.cat([tau_t.view(1), nxt_t.view(1), tokens]))
+            tau, nxt = status[0], status[1]
+            new = [*status[2 : 2 + tau], nxt]
             for i, tok in enumerate(new):
                 if tok in eos:
                     new, done = new[: i + 1], True
                     break
-            seq[n + tau] = nxt
+            out += new
             # Both caches keep exactly the committed tokens they have seen: prefix + accepted candidates.
             runner.rollback(n + tau)
             if self.drafter is not None:
@@ -319,7 +335,7 @@ class SpeculativeDecoder:
                 streamer.put(torch.tensor(new))
         if streamer is not None:
             streamer.end()
-        res.new_ids = seq[prompt.numel() : n].clone()
+        res.new_ids = torch.tensor(out, dtype=torch.long)
         res.target_calls = res.rounds
         res.draft_calls = self.drafter.draft_calls if self.drafter is not None else 0
         res.head_calls = getattr(policy, "head_calls", 0) - head_calls0
@@ -353,13 +369,13 @@ class SpeculativeDecoder:
         ref: list[int] = []
         while len(ref) < max_new_tokens:
             out = self.target(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            ref.append(int(out.logits[0, -1].argmax()))
+            ref.append(read(out.logits[0, -1].argmax()))  # host-driven: one read per reference token
             if ref[-1] in eos:
                 break
             ids = torch.tensor([[ref[-1]]], device=dev)
         full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]
         logits = self.draft_model(input_ids=full).logits[0, prompt.numel() - 1 : -1]
-        return (logits.argmax(-1).cpu() == torch.tensor(ref)).tolist()
+        return read(logits.argmax(-1) == torch.tensor(ref, device=logits.device))
 
     def _switch_demo_head(self, sampling: SamplingConfig) -> None:
         """Use the demo head shipped for `sampling` when it is not the one in use (same spec)."""

@@ -9,6 +9,11 @@ without one (Max-Gram, lookup tables) return None, and a head policy cannot run 
 The decoder calls, per generation: `begin(...)` once; then per round `propose(...)` up to K times and
 `rollback(n)` after verification (n = committed length). `draft_calls` counts forward passes of the draft
 model; a model-free drafter keeps it at 0. Batch size 1 throughout.
+
+`ModelDrafter` keeps everything on the model's device: the context it reads is the decoder's device
+sequence, its candidate is a 0-d device tensor sampled with counter-based noise keyed by (seed, round
+start, slot) (`acchead.inference.device_random`), and it never reads a value back to the host. The
+Max-Gram drafter and cascades are host-driven: their proposals are host computations over the context.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel
 
+from acchead.inference.device_random import DRAFT, key_hash, sample_token
 from acchead.inference.model_runner import make_runner
-from acchead.sampling import SamplingConfig, probs_from_logits, sample
+from acchead.sampling import SamplingConfig, probs_from_logits
 
 
 @dataclass
@@ -28,7 +34,8 @@ class DraftStep:
     """One proposed candidate.
 
     Attributes:
-        token: the candidate token id.
+        token: the candidate token id: a 0-d int64 tensor on the drafter's device (a Python int from
+            host-driven drafters and tests; both index tensors and fill the sequence alike).
         q: (V,) float32, the draft distribution the candidate was sampled from (after S's processing);
             one-hot for deterministic drafters.
         hidden: (H,) the drafter's final hidden state at the candidate's position — the vector its LM head
@@ -40,7 +47,7 @@ class DraftStep:
             whose LM-head output is q (a lookahead head's input, DESIGN §3.1), or None if not computed.
     """
 
-    token: int
+    token: torch.Tensor | int
     q: torch.Tensor
     hidden: torch.Tensor | None
     index: int
@@ -63,10 +70,9 @@ class Drafter(Protocol):
 
     draft_calls: int
 
-    def begin(
-        self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> None:
-        """Start a new sequence; input_ids: (T,) int64 prompt. Resets caches and `draft_calls`."""
+    def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
+        """Start a new sequence; input_ids: (T,) int64 prompt. Resets caches and `draft_calls`; `seed`
+        keys every random draw of the sequence."""
         ...
 
     def propose(
@@ -108,18 +114,16 @@ class ModelDrafter:
         self._pending_logits: torch.Tensor | None = None
         self._pending_state: torch.Tensor | None = None  # (H,) the state `_pending` came from, if computed
         self._sampling = SamplingConfig()
-        self._generator: torch.Generator | None = None
+        self._seed = 0
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access (~1 ms per draft
         # step in a profile of the decode loop).
         self.device: torch.device = model.device
 
-    def begin(
-        self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> None:
+    def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         self.runner.reset(input_ids.numel() + 1)  # a static cache grows as the sequence does
         self._pending = None
         self._sampling = sampling
-        self._generator = generator
+        self._seed = seed
         self.draft_calls = 0
 
     def warm_up(self, max_length: int, hidden: tuple[bool, ...]) -> None:
@@ -157,11 +161,13 @@ class ModelDrafter:
             self._feed(context[cached:], want_hidden=want_state)
         q, logits, state = self._pending, self._pending_logits, self._pending_state if want_state else None
         assert q is not None
-        # Greedy q is one-hot: its argmax is the sample, without multinomial's ~0.1 ms per call.
-        token = int(q.argmax()) if self._sampling.greedy else int(sample(q, self._generator))
+        # Keyed by (round start n - index + 1, slot index): unique per candidate of a decode, so no noise
+        # is ever reused after a rollback. Greedy q is one-hot: its argmax is the sample, no draw.
+        key = key_hash(self._seed, DRAFT, n - index + 1, index)
+        token = sample_token(q, self._sampling.greedy, key)
         hidden = None
         if want_hidden:
-            hidden = self._feed(torch.tensor([token], device=self.device), want_hidden=True)
+            hidden = self._feed(token.view(1), want_hidden=True)
         else:
             self._pending = None  # q belonged to the position now taken by the (unfed) candidate
         return DraftStep(token=token, q=q, hidden=hidden, index=index, logits=logits, state=state)

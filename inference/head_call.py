@@ -14,6 +14,8 @@ tensor op costs a few microseconds on a CPU (a launch on a GPU) whatever its siz
   built only up to TOKEN_TABLE_MAX elements: past that the draft's forward dwarfs the head anyway).
 
 Every path equals `head(x)` on the input `acchead.lookahead.lookahead_inputs` builds (pinned by tests).
+The logit stays a 0-d tensor on the head's device: the stop rule accumulates it there, and the decoder
+reads only the resulting stop flag (`acchead.inference.host_reads`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class HeadCall:
         head = self.head
         self._blocks = [(b.linear.weight.detach(), b.linear.bias.detach()) for b in head.blocks]
         self._w_out = head.out.weight.detach()[0]  # (H,)
-        self._b_out = float(head.out.bias.detach()[0])
+        self._b_out = head.out.bias.detach()[0]  # 0-d: a float() here would read the device
         self._proj: tuple[torch.Tensor, torch.Tensor] | None = None  # (H, D), (H,)
         self._token_table: torch.Tensor | None = None  # (V, H)
         self._proj_rest: torch.Tensor | None = None  # (H, D - H): proj's columns other than the token's
@@ -107,23 +109,23 @@ class HeadCall:
             parts.append(logq.topk(TOPK_WIDTH).values)
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
-    def logit(self, step: DraftStep) -> float:
-        """The head's logit for a candidate: `float(head(input(step)))`, faster."""
+    def logit(self, step: DraftStep) -> torch.Tensor:
+        """The head's logit for a candidate, 0-d: `head(input(step))`, faster."""
         if self._token_table is None:
             return self.logit_of(self._input(step, with_token=True))
         x = self._input(step, with_token=False).to(self._w_out.dtype)
         return self._layers(torch.addmv(self._token_table[step.token], self._proj_rest, x))
 
-    def logit_of(self, x: torch.Tensor) -> float:
-        """The head's logit for one full input vector (input_size,): `float(head(x))`, faster."""
+    def logit_of(self, x: torch.Tensor) -> torch.Tensor:
+        """The head's logit for one full input vector (input_size,), 0-d: `head(x)`, faster."""
         x = x.to(self._w_out.dtype)
         if self._proj is not None:
             x = torch.addmv(self._proj[1], self._proj[0], x)
         return self._layers(x)
 
-    def _layers(self, x: torch.Tensor) -> float:
+    def _layers(self, x: torch.Tensor) -> torch.Tensor:
         """The residual blocks and the output layer on the projected input (H,)."""
         for w, b in self._blocks:
             # x + SiLU(W x + b); the in-place SiLU saves an allocation per block (~20% of the call).
             x = torch.add(x, F.silu(torch.addmv(b, w, x), inplace=True))
-        return float(self._w_out @ x) + self._b_out
+        return torch.dot(self._w_out, x) + self._b_out

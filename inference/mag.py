@@ -24,6 +24,7 @@ import torch
 
 from acchead.errors import AccheadError
 from acchead.inference.drafters import RoundBufferDrafter
+from acchead.inference.host_reads import read
 from acchead.sampling import SamplingConfig
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("ACCHEAD_CACHE", Path.home() / ".cache" / "acchead"))
@@ -243,13 +244,12 @@ class MaGDrafter(RoundBufferDrafter):
         self.prompt_len = 0
         self._clear_block()
 
-    def begin(
-        self, input_ids: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> None:
+    def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         self.prompt_len = int(input_ids.numel())
         self._clear_block()
         self.draft_calls = 0
 
     def _propose_block(self, context: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-        tokens = self.mag.propose(context.cpu().numpy(), self.prompt_len, self.block)
+        # Host-driven: Max-Gram searches the host's copy of the context.
+        tokens = self.mag.propose(np.asarray(read(context), dtype=np.int64), self.prompt_len, self.block)
         return [(t, torch.nn.functional.one_hot(torch.tensor(t), self.vocab_size).float()) for t in tokens]

@@ -47,11 +47,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
 from acchead.inference.head_call import HeadCall
+from acchead.inference.host_reads import read
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
@@ -83,7 +85,9 @@ class StopPolicy:
         raise NotImplementedError
 
     def should_stop(self, step: DraftStep) -> bool:
-        """After candidate `step.index` (not called for the candidate that reaches the cap)."""
+        """After candidate `step.index` (not called for the candidate that reaches the cap). A rule that
+        judges candidates computes its decision on the device and reads the one flag back through
+        `acchead.inference.host_reads.read`: the only host read it makes."""
         return False
 
     @property
@@ -139,11 +143,6 @@ class FixedK(StopPolicy):
         return self.k
 
 
-def _log_sigmoid(f: float) -> float:
-    """log σ(f), stable for large |f|."""
-    return -math.log1p(math.exp(-f)) if f >= 0 else f - math.log1p(math.exp(f))
-
-
 class SpecDecPP(StopPolicy):
     """SpecDec++ (paper Algorithm 2): stop when `1 - Π_j σ(f_j) > h`, or at `max_draft` candidates.
 
@@ -155,9 +154,10 @@ class SpecDecPP(StopPolicy):
     sampled: a stop verifies Y_1..Y_j, every verified candidate was judged, and no forward is spent on
     a candidate before it is judged, so a round can end after one draft forward. No free token then.
 
-    The product P̂ is kept as a log (sum of log-sigmoids), so long rounds never underflow, and the stop
-    test is `log P̂ < log(1 - h)`. The head runs once per candidate through `HeadCall`, which keeps its
-    per-call overhead to a few kernels and equals `head(x)` (pinned by tests).
+    The product P̂ is kept as a log (sum of log-sigmoids, float64, on the head's device), so long rounds
+    never underflow, and the stop test is `log P̂ < log(1 - h)`: one host read per judged candidate. The
+    head runs once per candidate through `HeadCall`, which keeps its per-call overhead to a few kernels and
+    equals `head(x)` (pinned by tests).
     """
 
     def __init__(self, head: AcceptanceHead, h: float, max_draft: int = DEFAULT_MAX_DRAFT, free: bool = True):
@@ -174,7 +174,7 @@ class SpecDecPP(StopPolicy):
         self.free_token = free and not self.lookahead
         self.spec = f"specdecpp:h={h:g},max={max_draft}" + ("" if self.lookahead else f",free={int(free)}")
         self._log_keep = math.log1p(-h)  # stop once log P̂ < log(1 - h)
-        self._log_p_hat = 0.0
+        self._log_p_hat: torch.Tensor | float = 0.0
         self.head_calls = 0
         self.call = HeadCall(head)
 
@@ -184,10 +184,6 @@ class SpecDecPP(StopPolicy):
 
     def attach_draft(self, model: torch.nn.Module) -> None:
         self.call.attach_draft(model)
-
-    def head_logit(self, x: torch.Tensor) -> float:
-        """The head's logit for one input vector (input_size,): `float(self.head(x))`, faster."""
-        return self.call.logit_of(x)
 
     def lookahead_input(self, step: DraftStep) -> torch.Tensor:
         """The lookahead head's input for a candidate: (input_size,), as `acchead.lookahead` builds it."""
@@ -199,8 +195,8 @@ class SpecDecPP(StopPolicy):
 
     def should_stop(self, step: DraftStep) -> bool:
         self.head_calls += 1
-        self._log_p_hat += _log_sigmoid(self.call.logit(step))
-        return self._log_p_hat < self._log_keep
+        self._log_p_hat = self._log_p_hat + F.logsigmoid(self.call.logit(step).double())
+        return read(self._log_p_hat < self._log_keep)
 
 
 class Confidence(StopPolicy):
@@ -221,21 +217,22 @@ class Confidence(StopPolicy):
 
     def should_stop(self, step: DraftStep) -> bool:
         dist = step.q if step.confidence is None else step.confidence
-        return float(dist[step.token]) < self.tau
+        return read(dist[step.token] < self.tau)
 
 
-def draft_entropy(step: DraftStep) -> float:
+def draft_entropy(step: DraftStep) -> torch.Tensor:
     """Shannon entropy H (nats) of the distribution a stop rule reads for `step`.
 
     Under sampling that is q, the distribution the candidate was drawn from (after S's temperature and
     top-k/top-p; zeros contribute 0). Under greedy decoding q is one-hot (H = 0), so, as for the confidence
     rule, the draft's raw softmax(logits) is read instead — computed here from log_softmax, which is
-    stable for peaked logits. A model-free drafter (one-hot q, no logits) always has H = 0.
+    stable for peaked logits. A model-free drafter (one-hot q, no logits) always has H = 0. A 0-d tensor on
+    the draft's device.
     """
     if step.logits is not None:
         logp = torch.log_softmax(step.logits.float(), -1)
-        return float(-(logp.exp() * logp).sum())
-    return float(torch.special.entr(step.q).sum())
+        return -(logp.exp() * logp).sum()
+    return torch.special.entr(step.q).sum()
 
 
 class Entropy(StopPolicy):
@@ -259,7 +256,7 @@ class Entropy(StopPolicy):
         return self.max_draft
 
     def should_stop(self, step: DraftStep) -> bool:
-        return draft_entropy(step) > self.tau
+        return read(draft_entropy(step) > self.tau)
 
 
 class AdaEDL(StopPolicy):
@@ -335,9 +332,9 @@ class AdaEDL(StopPolicy):
         self.lam = self.lam0
         self.ar = self.target
 
-    def lower_bound(self, entropy: float) -> float:
+    def lower_bound(self, entropy: torch.Tensor | float) -> torch.Tensor:
         """The paper's acceptance lower bound 1 − sqrt(γ·H) for a draft distribution of entropy H."""
-        return 1.0 - math.sqrt(self.gamma * max(entropy, 0.0))
+        return 1.0 - (self.gamma * torch.as_tensor(entropy).clamp_min(0.0)).sqrt()
 
     def start_round(self, position: int) -> int:
         if position == 0:
@@ -345,7 +342,7 @@ class AdaEDL(StopPolicy):
         return self.max_draft
 
     def should_stop(self, step: DraftStep) -> bool:
-        return self.lower_bound(draft_entropy(step)) < self.lam
+        return read(self.lower_bound(draft_entropy(step)) < self.lam)
 
     def end_round(self, drafted: int, accepted: int) -> None:
         if not self.adapt or drafted <= 0:

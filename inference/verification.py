@@ -8,10 +8,11 @@ Inputs, for one round (batch size 1):
 Each verifier is written as two exact pieces plus a thin sampler on top:
     *_tau_probs(tokens, q, p) -> (L+1,)   P(exactly τ candidates accepted), τ = 0..L
     *_next_dist(tokens, q, p, tau) -> (V,) distribution of the token emitted after the τ accepted ones
-    verify_*(tokens, q, p, generator) -> (τ, next_token)
+    verify_*(tokens, q, p, greedy, keys) -> (τ, next_token), both 0-d int64 tensors on p's device
 so the exactness tests can enumerate every branch with its probability, and the sampler the decoder runs is
-the very code they check (τ is drawn from its exact law rather than by scanning uniforms — the same
-distribution, one random draw, one host sync).
+the very code they check. τ is drawn from its exact law rather than by scanning uniforms (the same
+distribution, one draw), and both draws are counter-based (`acchead.inference.device_random`): nothing here
+reads a value back to the host, and `tau` may be a device tensor everywhere.
 
 Token verification (Leviathan et al. 2023; Chen et al. 2023): accept X_i with probability
 min(1, p_i(X_i)/q_i(X_i)), stop at the first rejection, then sample norm(max(p_i − q_i, 0)).
@@ -26,9 +27,13 @@ from collections.abc import Callable
 
 import torch
 
-from acchead.sampling import sample
+from acchead.inference.device_random import Word, sample_token
 
-Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], tuple[int, int]]
+# (tokens, q, p, greedy, key_tau, key_next) -> (τ, next token), 0-d int64 tensors
+Verifier = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, bool, Word, Word],
+    tuple[torch.Tensor, torch.Tensor],
+]
 
 
 def _gather(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -37,11 +42,22 @@ def _gather(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """residual / sum; `fallback` if it sums to 0 (only on branches of probability 0, e.g. p == q)."""
+    """residual / sum; `fallback` if it sums to 0 (only on branches of probability 0, e.g. p == q).
+
+    A `where`, not a branch: no host read of the sum."""
     total = residual.sum()
-    if total <= 0:
-        return fallback
-    return residual / total
+    return torch.where(total > 0, residual / total.clamp_min(torch.finfo(residual.dtype).tiny), fallback)
+
+
+def _at(rows: torch.Tensor, tau: torch.Tensor | int) -> torch.Tensor:
+    """rows: (L+1, V) -> (V,) rows[τ], with τ an int or a 0-d device tensor (no host read)."""
+    index = torch.as_tensor(tau, dtype=torch.long, device=rows.device).view(1, 1).expand(1, rows.shape[-1])
+    return rows.gather(0, index)[0]
+
+
+def _pad_row(q: torch.Tensor) -> torch.Tensor:
+    """(L, V) -> (L+1, V) with a zero last row: the residual at τ = L is then p_{L+1} itself."""
+    return torch.cat([q, q.new_zeros(1, q.shape[-1])])
 
 
 def _work_dtype(p: torch.Tensor) -> torch.dtype:
@@ -77,20 +93,23 @@ def token_tau_probs(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> t
     return survive * reject_next
 
 
-def token_next_dist(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, tau: int) -> torch.Tensor:
+def token_next_dist(
+    tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, tau: torch.Tensor | int
+) -> torch.Tensor:
     """(V,) next token after τ acceptances: norm(max(p_{τ+1} − q_{τ+1}, 0)) if τ < L, else p_{L+1}."""
-    n = _check(tokens, q, p)
-    if tau == n:
-        return p[n]
-    return _normalise((p[tau] - q[tau]).clamp_min(0), fallback=p[tau])
+    _check(tokens, q, p)
+    p_tau = _at(p, tau)
+    return _normalise((p_tau - _at(_pad_row(q.to(p.dtype)), tau)).clamp_min(0), fallback=p_tau)
 
 
 def verify_token(
-    tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[int, int]:
-    """Token verification; returns (number of accepted candidates τ, the token emitted after them)."""
-    tau = int(sample(token_tau_probs(tokens, q, p), generator)) if tokens.numel() else 0
-    return tau, int(sample(token_next_dist(tokens, q, p, tau), generator))
+    tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, greedy: bool, key_tau: Word, key_next: Word
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token verification: (τ, the token emitted after the τ accepted candidates), 0-d int64 on p's device.
+
+    Under greedy decoding (one-hot p and q) both laws are one-hot, so τ and the token are argmaxes."""
+    tau = sample_token(token_tau_probs(tokens, q, p), greedy, key_tau)
+    return tau, sample_token(token_next_dist(tokens, q, p, tau), greedy, key_next)
 
 
 # ---------------------------------------------------------------------------------------------- block
@@ -101,12 +120,11 @@ def block_rho(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.T
     _check(tokens, q, p)
     dtype = _work_dtype(p)
     log_ratio = torch.log(_gather(p[:-1], tokens).to(dtype)) - torch.log(_gather(q, tokens).to(dtype))
-    # A running min(·, 0) is a sequential scan with no cumsum form; L is a few dozen at most, so scan on
-    # the host (one transfer) rather than launch 2L tiny kernels. -inf (p_i(X_i) = 0) stays -inf.
-    log_rho = [0.0]
-    for lr in log_ratio.tolist():
-        log_rho.append(min(log_rho[-1] + lr, 0.0))
-    return torch.tensor(log_rho, dtype=dtype, device=p.device).exp()
+    # The running r_i = min(r_{i-1} + x_i, 0), r_0 = 0, in closed form: r_i = S_i − max_{j≤i} S_j with
+    # S = [0, cumsum(x)] (by induction: min(S_i − M_{i-1}, 0) = S_i − max(M_{i-1}, S_i)). No host scan.
+    # -inf (p_i(X_i) = 0) stays -inf from there on; M ≥ S_0 = 0 is always finite.
+    s = torch.cat([log_ratio.new_zeros(1), torch.cumsum(log_ratio, 0)])
+    return (s - torch.cummax(s, 0).values).exp()
 
 
 def block_h(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -135,24 +153,27 @@ def block_tau_probs(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> t
     return h * torch.cat([fail[1:], fail.new_ones(1)])
 
 
-def block_next_dist(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, tau: int) -> torch.Tensor:
+def block_next_dist(
+    tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, tau: torch.Tensor | int
+) -> torch.Tensor:
     """(V,) next token after τ acceptances: norm(max(ρ_τ·p_{τ+1} − q_{τ+1}, 0)) if τ < L, else p_{L+1}.
 
-    The residual is scaled by ρ_τ; the unscaled max(p − q, 0) of token verification is wrong here.
+    The residual is scaled by ρ_τ; the unscaled max(p − q, 0) of token verification is wrong here. At
+    τ = L the padded q row is 0, so the residual is ρ_L·p_{L+1}, which normalises to p_{L+1}.
     """
-    n = _check(tokens, q, p)
-    if tau == n:
-        return p[n]
-    rho = block_rho(tokens[:tau], q[:tau], p[: tau + 1])[tau]
-    return _normalise((rho * p[tau] - q[tau]).clamp_min(0), fallback=p[tau])
+    _check(tokens, q, p)
+    rho = _at(block_rho(tokens, q, p)[:, None], tau)[0]  # ρ_τ depends on X_1..X_τ only
+    p_tau = _at(p, tau)
+    residual = (rho.to(p.dtype) * p_tau - _at(_pad_row(q.to(p.dtype)), tau)).clamp_min(0)
+    return _normalise(residual, fallback=p_tau)
 
 
 def verify_block(
-    tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[int, int]:
-    """Block verification; returns (number of accepted candidates τ, the token emitted after them)."""
-    tau = int(sample(block_tau_probs(tokens, q, p), generator)) if tokens.numel() else 0
-    return tau, int(sample(block_next_dist(tokens, q, p, tau), generator))
+    tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, greedy: bool, key_tau: Word, key_next: Word
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification: (τ, the token emitted after the τ accepted candidates), 0-d int64 on p's device."""
+    tau = sample_token(block_tau_probs(tokens, q, p), greedy, key_tau)
+    return tau, sample_token(block_next_dist(tokens, q, p, tau), greedy, key_next)
 
 
 VERIFIERS: dict[str, Verifier] = {"token": verify_token, "block": verify_block}

@@ -230,10 +230,13 @@ def test_specdecpp_fast_head_path_equals_the_module():
     for _ in range(5):
         e = 3 * torch.randn(24)
         with torch.no_grad():
-            assert abs(policy.head_logit(e) - float(head(e))) < 1e-5
-    # log σ in plain floats stays finite and exact in both tails.
-    from acchead.inference.policies import _log_sigmoid
+            assert abs(float(policy.call.logit_of(e)) - float(head(e))) < 1e-5
+    # The running log P̂ stays finite in both tails of the logit and stops exactly as the product would.
+    from acchead.inference.drafters import DraftStep
 
-    for f in (-800.0, -3.0, 0.0, 2.5, 800.0):
-        exact = float(torch.nn.functional.logsigmoid(torch.tensor(f, dtype=torch.float64)))
-        assert abs(_log_sigmoid(f) - exact) < 1e-12
+    for f, stop in ((-800.0, True), (-3.0, True), (0.0, False), (2.5, False), (800.0, False)):
+        pol = parse_policy("specdecpp:h=0.5", head=head)
+        pol.call.logit = lambda step, f=f: torch.tensor(f)  # a head that outputs f
+        pol.start_round(0)
+        assert pol.should_stop(DraftStep(token=0, q=torch.ones(2) / 2, hidden=torch.zeros(24), index=1)) is stop
+        assert bool(torch.isfinite(torch.as_tensor(pol._log_p_hat)))

@@ -145,7 +145,7 @@ class ScriptedDrafter:
     def __init__(self, world: World, script: tuple[int, ...]) -> None:
         self.world, self.script = world, script
 
-    def begin(self, input_ids, sampling, generator) -> None:
+    def begin(self, input_ids, sampling, seed) -> None:
         pass
 
     def propose(
@@ -175,7 +175,7 @@ def round_outcomes(world: World, policy: StopPolicy, gen: tuple[int, ...]):
     for script in itertools.product(range(world.vocab), repeat=cap):
         policy.start_round(len(gen))
         seq = torch.tensor(ctx + (0,) * (cap + 1))
-        steps = draft_round(ScriptedDrafter(world, script), policy, seq, len(ctx), cap, world.eos)
+        steps = draft_round(ScriptedDrafter(world, script), policy, seq, len(ctx), cap)
         drafted = tuple(s.token for s in steps)
         prob = math.prod(float(s.q[s.token]) for s in steps)
         if prob > 0 and drafted not in outcomes:  # scripts that share the drafted prefix: one outcome

@@ -86,7 +86,7 @@ def test_drafter_protocol_one_hot_q_and_block_reuse():
     d = MaGDrafter(mag, vocab_size=12, block=3)
     assert isinstance(d, Drafter)
     prompt = torch.tensor([5, 1, 2, 3, 9, 1, 2, 3])
-    d.begin(prompt, SamplingConfig(temperature=0), None)
+    d.begin(prompt, SamplingConfig(temperature=0), 0)
     ctx = prompt.clone()
     got = []
     for i in range(1, 6):  # runs past the 3-token block: a new block from the longer context
