@@ -41,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference import host_reads
 from acchead.inference.device_random import NEXT, TAU, key_hash
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
 from acchead.inference.host_reads import read
@@ -65,6 +66,10 @@ class GenerationResult:
         accepted_per_round / drafted_per_round: per-round τ and L.
         wall_time: seconds spent in `generate` (excluding the oracle's hindsight reference run).
         head_calls: acceptance-head evaluations (SpecDec++ only).
+        host_reads: device-to-host reads made by the decoding loop (`acchead.inference.host_reads`).
+        phases: with `generate(..., profile=True)`, per round: "draft_ms" (drafting, all its forwards and
+            stop decisions), "draft_forwards", "verify_ms" (target forward, verification, the status read
+            and both rollbacks) and "verify_tokens" (tokens the target's forward fed); else empty.
     """
 
     new_ids: torch.Tensor
@@ -77,6 +82,8 @@ class GenerationResult:
     drafted_per_round: list[int] = field(default_factory=list)
     wall_time: float = 0.0
     head_calls: int = 0
+    host_reads: int = 0
+    phases: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -139,6 +146,30 @@ def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int,
                 steps.append(step)
             break
     return steps
+
+
+class _PhaseClock:
+    """Timestamps inside a decode: CUDA events on a GPU (recorded without a sync, read once at the end),
+    `perf_counter` on the CPU, where every op has finished when Python moves on."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def elapsed_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
 
 
 def use_fast_path(target: PreTrainedModel, fast: bool | None) -> bool:
@@ -257,12 +288,15 @@ class SpeculativeDecoder:
         seed: int = 0,
         eos_token_id: int | list[int] | None = None,
         streamer: Any = None,
+        profile: bool = False,
     ) -> GenerationResult:
         """Decode up to `max_new_tokens` tokens after `input_ids` ((T,) or (1, T)).
 
         temperature 0 is greedy. `seed` fixes every random draw (the draft's samples and the verifier's),
         so a call is repeatable. Generation ends at `max_new_tokens` or after an EOS token. `streamer`
         gets the Hugging Face streamer calls (`put(prompt)`, then `put(new tokens)` per round, `end()`).
+        `profile` times each round's drafting and verification into `GenerationResult.phases` (CUDA events
+        on a GPU, so the timing adds no synchronisation).
         """
         prompt = _as_prompt(input_ids)
         try:
@@ -283,9 +317,11 @@ class SpeculativeDecoder:
         if policy.needs_reference:
             policy.set_reference(self._reference(prompt, max_new_tokens, eos))
         head_calls0 = getattr(policy, "head_calls", 0)
+        reads0 = host_reads.count
+        t_dev = self.target.device
+        clock = _PhaseClock(t_dev) if profile else None
 
         start = time.perf_counter()
-        t_dev = self.target.device
         if self.drafter is not None:
             self.drafter.begin(prompt, sampling, seed)
         res = GenerationResult(new_ids=torch.empty(0, dtype=torch.long))
@@ -303,8 +339,17 @@ class SpeculativeDecoder:
         while not done and n - prompt.numel() < max_new_tokens:
             generated = n - prompt.numel()
             cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
+            calls0 = self.drafter.draft_calls if self.drafter is not None else 0
+            if clock is not None:
+                clock.mark()
             steps = draft_round(self.drafter, policy, seq, n, cap) if cap > 0 else []
             num = len(steps)
+            if clock is not None:
+                clock.mark()
+                res.phases.setdefault("draft_forwards", []).append(
+                    (self.drafter.draft_calls if self.drafter is not None else 0) - calls0
+                )
+                res.phases.setdefault("verify_tokens", []).append(n + num - runner.length)
             logits, _ = runner.feed(seq[runner.length : n + num], keep=num + 1)
             p = probs_from_logits(logits, sampling)  # (L+1, V)
             tokens = seq[n : n + num]
@@ -324,6 +369,8 @@ class SpeculativeDecoder:
             runner.rollback(n + tau)
             if self.drafter is not None:
                 self.drafter.rollback(n + tau)
+            if clock is not None:
+                clock.mark()
             n += len(new)
             policy.end_round(num, tau)
             res.rounds += 1
@@ -339,6 +386,11 @@ class SpeculativeDecoder:
         res.target_calls = res.rounds
         res.draft_calls = self.drafter.draft_calls if self.drafter is not None else 0
         res.head_calls = getattr(policy, "head_calls", 0) - head_calls0
+        res.host_reads = host_reads.count - reads0
+        if clock is not None:  # marks come in threes per round: start, end of drafting, end of verification
+            ms = clock.elapsed_ms()
+            res.phases["draft_ms"] = ms[0::3]
+            res.phases["verify_ms"] = ms[1::3]
         res.wall_time = time.perf_counter() - start
         return res
 

@@ -94,7 +94,24 @@ def test_fixed_k_reads_once_per_round_and_nowhere_else(tiny_llama_pair, fast, ve
     with record_reads() as stray:
         res = dec.generate(torch.tensor([3, 7, 11]), max_new_tokens=24, temperature=temperature, seed=2)
     assert stray == []
-    assert host_reads.count - before == res.rounds
+    assert host_reads.count - before == res.rounds == res.host_reads
+
+
+def test_profile_times_every_round_and_a_bare_replay(tiny_llama_pair):
+    from acchead.inference.bench.loop_profile import profile_loop, profile_table
+    from acchead.sampling import SamplingConfig
+
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder(target, draft, policy="specdec:k=3")
+    res = dec.generate(torch.tensor([3, 7, 11]), max_new_tokens=16, temperature=0.0, profile=True)
+    ph = res.phases
+    assert len(ph["draft_ms"]) == len(ph["verify_ms"]) == len(ph["draft_forwards"]) == res.rounds
+    assert sum(ph["draft_forwards"]) == res.draft_calls and all(t > 0 for t in ph["verify_ms"])
+    # The first round feeds the prompt and K candidates, later ones the next token and up to K candidates.
+    assert ph["verify_tokens"][0] == 3 + 3 and set(ph["verify_tokens"][1:]) <= {2, 3, 4}
+    prof = profile_loop(dec, [torch.tensor([3, 7, 11])], 16, SamplingConfig(0.0), reps=2)
+    assert prof["host_reads_per_round"] == 1.0 and prof["bare_draft_ms"] > 0 and prof["bare_target_ms"] > 0
+    assert "specdec:k=3" in profile_table([prof])
 
 
 @pytest.mark.parametrize(

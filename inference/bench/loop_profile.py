@@ -1,0 +1,112 @@
+"""Where a decode's time goes, per path: a draft step and a verification inside the decoder beside a bare
+replay of the same forward, and the host reads per round.
+
+    profile = profile_loop(decoder, prompts, max_new_tokens=64, sampling=SamplingConfig())
+
+A draft step inside the decoder is a round's drafting time over its draft forwards (the forward plus S's
+processing, the sample, the stop rule and the bookkeeping around them); a verification is the round's
+target forward with everything after it (p, τ, the next token, the status read, both rollbacks). A bare
+replay runs the same runner's forward alone, on a cache of the prompt's length, with nothing around it.
+Their ratio is the decoder's overhead on that path (the device-resident loop's goal on an H100: at most
+1.2 for both). Timings use CUDA events on a GPU and `perf_counter` on the CPU (`SpeculativeDecoder.generate
+(profile=True)`); the host reads come from `acchead.inference.host_reads`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.drafters import ModelDrafter
+from acchead.sampling import SamplingConfig
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bare_feed_ms(runner: Any, prompt: torch.Tensor, count: int, reps: int = 20) -> float:
+    """Median ms of `runner.feed(count tokens)` after `prompt` ((T,) int64), rolled back between reps."""
+    device = torch.device(getattr(runner, "device", "cpu"))
+    runner.reset(prompt.numel() + count + 1)
+    runner.feed(prompt.to(device))
+    ids = prompt[-1:].repeat(count).to(device)
+    times = []
+    with torch.inference_mode():
+        for _ in range(reps + 2):  # the first two warm caches and allocators
+            _sync(device)
+            t0 = time.perf_counter()
+            runner.feed(ids, keep=count)
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+            runner.rollback(prompt.numel())
+    return statistics.median(times[2:])
+
+
+def profile_loop(
+    decoder: SpeculativeDecoder,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int = 0,
+    reps: int = 20,
+) -> dict[str, Any]:
+    """Profile `decoder` over `prompts` ((T,) int64 each); returns medians in ms, their bare counterparts,
+    the ratios, and host reads per round. Call `decoder.warm_up` first on the fast path."""
+    draft_step, verify, verify_tokens, reads, rounds = [], [], [], 0, 0
+    for i, prompt in enumerate(prompts):
+        res = decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
+                               top_k=sampling.top_k, top_p=sampling.top_p, seed=seed + i, profile=True)
+        ph = res.phases
+        draft_step += [ms / n for ms, n in zip(ph["draft_ms"], ph["draft_forwards"], strict=True) if n > 0]
+        verify += ph["verify_ms"]
+        verify_tokens += ph["verify_tokens"]
+        reads, rounds = reads + res.host_reads, rounds + res.rounds
+    out: dict[str, Any] = {
+        "policy": decoder.policy.spec,
+        "path": "fast" if decoder.fast else "eager",
+        "rounds": rounds,
+        "host_reads_per_round": reads / max(rounds, 1),
+        "verify_ms": statistics.median(verify) if verify else None,
+        "draft_step_ms": statistics.median(draft_step) if draft_step else None,
+    }
+    # The bare target replay of the verification length the decoder used most (ties: the longest).
+    count = max(set(verify_tokens), key=lambda c: (verify_tokens.count(c), c)) if verify_tokens else 1
+    prompt = prompts[0]
+    out["verify_tokens"] = count
+    out["bare_target_ms"] = bare_feed_ms(decoder._runner, prompt, count, reps)
+    out["verify_vs_bare"] = out["verify_ms"] / out["bare_target_ms"] if out["verify_ms"] else None
+    if isinstance(decoder.drafter, ModelDrafter):
+        out["bare_draft_ms"] = bare_feed_ms(decoder.drafter.runner, prompt, 1, reps)
+        out["draft_step_vs_bare"] = (
+            out["draft_step_ms"] / out["bare_draft_ms"] if out["draft_step_ms"] else None
+        )
+    return out
+
+
+def profile_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown table of `profile_loop` results."""
+
+    def f(x: float | None, spec: str = ".3f") -> str:
+        return "–" if x is None else format(x, spec)
+
+    lines = [
+        "| path | policy | draft step ms (bare) | ratio | verify ms, L+1 tokens (bare) | ratio | "
+        "host reads / round |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        draft = f"{f(r['draft_step_ms'])} ({f(r.get('bare_draft_ms'))})"
+        verify = f"{f(r['verify_ms'])}, {r['verify_tokens']} ({f(r['bare_target_ms'])})"
+        ratios = f(r.get("draft_step_vs_bare"), ".2f"), f(r["verify_vs_bare"], ".2f")
+        lines.append(
+            f"| {r['path']} | `{r['policy']}` | {draft} | {ratios[0]} | {verify} | {ratios[1]} | "
+            f"{r['host_reads_per_round']:.2f} |"
+        )
+    return "\n".join(lines)
