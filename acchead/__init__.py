@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AcceptanceHead", "AccheadError", "HeadMetadata", "SamplingConfig", "load_head", "save_head"]
 
+
 # The torch-backed names load on first use (PEP 562): the console scripts import `acchead.<stage>`, which
 # runs this file, and their `--help` must not wait for torch.
 def __getattr__(name: str) -> object:

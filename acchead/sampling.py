@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads where it is used: the CLIs parse S before they need it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
     For greedy, returns 0 at the argmax and -inf elsewhere.
     """
+    import torch
+
     x = logits.float()
     if cfg.greedy:
         out = torch.full_like(x, -math.inf)
@@ -96,5 +100,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     top, arg = flat.max(dim=-1)
     if bool((top == 1).all()):
         return arg.reshape(probs.shape[:-1])
+    import torch
+
     out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
     return out.reshape(probs.shape[:-1])

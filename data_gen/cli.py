@@ -15,15 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from accelerate import PartialState
-from tqdm.auto import tqdm
-
 from acchead.data_gen.config import GenDataArgs, parse_args
-from acchead.data_gen.labeler import Labeler
 from acchead.data_gen.prompts import encode_prompts, fit_to_context, load_prompts, prompts_digest
-from acchead.data_gen.shards import TOKEN_EMBEDDINGS, PartWriter, RunDir, plan_batches, write_npy
 from acchead.errors import AccheadError, cli_errors
-from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer, model_identity
 
 CACHE_AUTO_LIMIT = 4 * 2**30  # bytes: auto caches features if the estimated float16 cache is at most this
 
@@ -69,6 +63,14 @@ def run(args: GenDataArgs, *, progress: bool = True) -> dict:
 
 
 def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict:
+    # Deferred: torch, transformers and accelerate take seconds to import; `--help` and bad flags need none.
+    from accelerate import PartialState
+    from tqdm.auto import tqdm
+
+    from acchead.data_gen.labeler import Labeler
+    from acchead.data_gen.shards import TOKEN_EMBEDDINGS, PartWriter, RunDir, plan_batches, write_npy
+    from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer, model_identity
+
     state = PartialState()
     if args.device_map and state.num_processes > 1:
         raise AccheadError("--device-map shards one target over all GPUs; use it with a single process")
@@ -211,10 +213,11 @@ def _summary(gen_config: dict, out: Path, note: str = "done") -> None:
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # before any heavy import: `--help` and bad flags answer at once
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars: gen-data shows its own progress
-    run(parse_args(argv))
+    run(args)
     return 0
 
 

@@ -19,10 +19,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
 

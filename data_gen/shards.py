@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import re
 import shutil
 import sys
@@ -311,7 +312,9 @@ class RunDir:
             "rows": len(ds),
             "positions": int(labels.size),
             "draft_positions": int(per_row.sum()),
-            "mean_label": float(labels.mean()) if labels.size else 0.0,
+            # fsum: exactly rounded, so the order the parts were labelled in (a resumed run's differs)
+            # cannot change the last digits.
+            "mean_label": math.fsum(labels.astype(np.float64).tolist()) / labels.size if labels.size else 0.0,
             "share_label_one": float((labels >= 1.0).mean()) if labels.size else 0.0,
         }
         gen_config = {

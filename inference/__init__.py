@@ -5,11 +5,40 @@ drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_dec
 The benchmark that measures them, `acchead-bench`, is the subpackage `acchead.inference.bench`.
 """
 
-# bandit_policy also registers the ucb:/exp3: specs with parse_policy (see policies.COMPOSITE_PARSERS).
-from acchead.inference.bandit_policy import BanditPolicy
-from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
-from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
-from acchead.inference.policies import StopPolicy, parse_policy
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from acchead.inference.bandit_policy import BanditPolicy
+    from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
+    from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
+    from acchead.inference.policies import StopPolicy, parse_policy
 
 __all__ = ["BanditPolicy", "DraftStep", "Drafter", "GenerationResult", "ModelDrafter", "SpeculativeDecoder",
            "StopPolicy", "bandit_decoder", "parse_policy"]
+
+
+def __getattr__(name: str) -> object:
+    """The names above load on first use (PEP 562): importing `acchead.inference.cli_decode` or the bench
+    runs this file, and their `--help` must not wait for torch and transformers."""
+    if name not in __all__:
+        raise AttributeError(f"module 'acchead.inference' has no attribute {name!r}")
+    # bandit_policy also registers the ucb:/exp3: specs with parse_policy (see policies.COMPOSITE_PARSERS).
+    from acchead.inference.bandit_policy import BanditPolicy
+    from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
+    from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
+    from acchead.inference.policies import StopPolicy, parse_policy
+
+    names = {
+        "BanditPolicy": BanditPolicy, "DraftStep": DraftStep, "Drafter": Drafter,
+        "GenerationResult": GenerationResult, "ModelDrafter": ModelDrafter,
+        "SpeculativeDecoder": SpeculativeDecoder, "StopPolicy": StopPolicy, "bandit_decoder": bandit_decoder,
+        "parse_policy": parse_policy,
+    }  # fmt: skip
+    globals().update(names)
+    return names[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

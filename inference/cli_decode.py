@@ -14,23 +14,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-import torch
-from transformers import TextStreamer
-from transformers.utils import logging as hf_logging
+from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError, cli_errors
-from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
-from acchead.inference.policies import needs_head, parse_policy
-from acchead.models import (
-    check_prompt,
-    check_tokenizers_match,
-    context_length,
-    load_causal_lm,
-    load_tokenizer,
-)
 from acchead.sampling import SamplingConfig
 from acchead.zoo import DRAFT_DIR, TARGET_DIR, default_head, fallback_head
+
+# torch, transformers and the decoders load in `main`, after the flags: `--help` must not wait for them.
+if TYPE_CHECKING:
+    import torch
+
+    from acchead.inference.decoder import GenerationResult
 
 DEFAULT_PROMPT = (
     'def is_palindrome(text: str) -> bool:\n'
@@ -69,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (repeatable output)")
     p.add_argument("--dtype", default="float32", help="model dtype: float32 | float16 | bfloat16")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="device for both models")
+    p.add_argument("--device", default="auto",
+                   help="device for both models (auto: cuda if available, else cpu)")
     p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
                    help="static KV caches and forwards compiled once per shape (CUDA graphs on a GPU); "
                    "default: on for CUDA, off on the CPU, where compiling costs tens of seconds up front")
@@ -109,6 +103,8 @@ def _fit_prompt(
     Returns (ids, None) when it fits. When it does not: with `--truncate-prompt`, its last tokens and its
     original length (and says so on stderr); without, one AccheadError line naming the flag.
     """
+    from acchead.models import check_prompt, context_length
+
     limits = [c for c in map(context_length, models) if c is not None]
     keep = min(limits) - max_new_tokens if limits else ids.numel()
     if ids.numel() <= keep or not truncate:
@@ -138,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_new_tokens < 1:
         raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompt = _read_prompt(args)
+    import acchead.inference.bandit_policy  # noqa: F401  (registers the ucb:/exp3: specs with parse_policy)
+    from acchead.inference.policies import needs_head, parse_policy
+
     head_path = None
     if not needs_head(args.policy):
         # A bad spec or an oracle with sampling fails before any model is loaded.
@@ -153,6 +152,15 @@ def main(argv: list[str] | None = None) -> int:
         if not head_path.exists():
             raise AccheadError(f"no acceptance head at {head_path}; train one (acchead-train) and pass "
                                "--head, or pick another --policy such as specdec:k=4")
+    import torch
+    from transformers import TextStreamer
+    from transformers.utils import logging as hf_logging
+
+    from acchead.inference.decoder import SpeculativeDecoder
+    from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     hf_logging.disable_progress_bar()  # weight-loading bars would interleave with the streamed text
     tok = load_tokenizer(args.target)
     check_tokenizers_match(tok, load_tokenizer(args.draft))

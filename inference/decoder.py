@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
-from acchead.inference import host_reads
 from acchead.inference.device_random import NEXT, TAU, key_hash
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
 from acchead.inference.host_reads import read

@@ -452,8 +452,10 @@ def needs_head(spec: str) -> bool:
 
 # Parsers of composite specs by name: `ucb`/`exp3` (BanditSpec, in `acchead.inference.bandit_policy`). A
 # composite is built from the policies of this module, so its module imports this one and registers its
-# parser here (importing it from here would close an import cycle). The package `acchead.inference` imports
-# bandit_policy, so these names are known whichever module a caller imports first.
+# parser here (importing it from here would close an import cycle). bandit_policy is imported, and these
+# names known, at the first use of a name of the package `acchead.inference` (e.g. its `parse_policy`),
+# by `SpeculativeDecoder` given a spec string, and by `acchead-decode`; `parse_policy` imported from this
+# module alone does not know them (the package loads lazily: the CLIs' `--help` must not wait for torch).
 COMPOSITE_PARSERS: dict[str, Callable[..., StopPolicy]] = {}
 
 

@@ -59,6 +59,15 @@ def make_tiny_llama(vocab_size: int, hidden_size: int, num_layers: int, seed: in
         return LlamaForCausalLM(cfg).eval()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _acchead_cache_dir(tmp_path_factory):
+    """The user cache (`acchead.cache`: built prompt sets) goes to one temporary directory per session, never
+    ~/.cache/acchead; subprocesses the tests start inherit it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ACCHEAD_CACHE_DIR", str(tmp_path_factory.mktemp("acchead-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """Byte-level BPE with 320 tokens; EOS `<|endoftext|>` is id 0."""

@@ -238,5 +238,6 @@ def test_specdecpp_fast_head_path_equals_the_module():
         pol = parse_policy("specdecpp:h=0.5", head=head)
         pol.call.logit = lambda step, f=f: torch.tensor(f)  # a head that outputs f
         pol.start_round(0)
-        assert pol.should_stop(DraftStep(token=0, q=torch.ones(2) / 2, hidden=torch.zeros(24), index=1)) is stop
+        step = DraftStep(token=0, q=torch.ones(2) / 2, hidden=torch.zeros(24), index=1)
+        assert pol.should_stop(step) is stop
         assert bool(torch.isfinite(torch.as_tensor(pol._log_p_hat)))

@@ -24,6 +24,7 @@ from gendata_fixture import gen_data  # noqa: F401  (pytest fixture)
 from test_gen_data_cli import PROMPTS, base_args, read_run, write_jsonl
 
 from acchead.data_gen import cli as gen_cli
+from acchead.data_gen.labeler import Labeler
 from acchead.data_gen.shards import PartWriter, RunDir
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
@@ -128,7 +129,7 @@ def test_gen_data_kill_loses_at_most_the_unflushed_batches(
     assert gen_cli.main(base_args(tiny_pair_dirs, prompts_file, ref, "--shard-size", "256")) == 0
     out = tmp_path / "killed"
     args = base_args(tiny_pair_dirs, prompts_file, out, "--shard-size", "256", "--flush-seconds", "0")
-    real_label, labelled = gen_cli.Labeler.label, []
+    real_label, labelled = Labeler.label, []
 
     def label_then_die(self, idx, prompts):
         if len(labelled) >= 6:
@@ -136,13 +137,13 @@ def test_gen_data_kill_loses_at_most_the_unflushed_batches(
         labelled.extend(idx)
         return real_label(self, idx, prompts)
 
-    monkeypatch.setattr(gen_cli.Labeler, "label", label_then_die)
+    monkeypatch.setattr(Labeler, "label", label_then_die)
     with pytest.raises(RuntimeError, match="simulated kill"):
         gen_cli.main(args)
     first = sorted(labelled)
     labelled.clear()
     monkeypatch.setattr(
-        gen_cli.Labeler, "label", lambda self, idx, p: labelled.extend(idx) or real_label(self, idx, p)
+        Labeler, "label", lambda self, idx, p: labelled.extend(idx) or real_label(self, idx, p)
     )
     assert gen_cli.main(args) == 0
     assert sorted(labelled) == sorted(set(range(len(PROMPTS))) - set(first)), "labelled batches were kept"
@@ -204,8 +205,8 @@ def test_gen_data_overwrite_replaces_another_run(
 
 # --------------------------------------------------------------------------------------------------- train
 
-TRAIN_FAST = ["--kind", "candidate", "--epochs", "3", "--batch-size", "64", "--lr", "3e-2", "--depth", "1", "--no-progress",
-              "--threads", "1", "--logger", "none"]  # fmt: skip
+TRAIN_FAST = ["--kind", "candidate", "--epochs", "3", "--batch-size", "64", "--lr", "3e-2", "--depth", "1",
+              "--no-progress", "--threads", "1", "--logger", "none"]  # fmt: skip
 PROG = Path(sys.argv[0]).name  # what cli_errors prints as the program name in-process
 
 
@@ -586,10 +587,35 @@ def test_two_gen_data_processes_on_one_out(tiny_pair_dirs, prompts_file, tmp_pat
 
 
 # Smaller batches than TRAIN_FAST (~62 steps per epoch, each followed by a checkpoint): kills land mid-run.
-# A checkpoint after every batch, and enough epochs that a run signalled right after its first checkpoint
-# is still running when the signal lands (with 3 epochs it sometimes had finished on a loaded machine, and
-# once with 8 on an idle one: the SIGINT run exited 0 with its head written; not understood, see the README).
-TRAIN_SLOW = [*TRAIN_FAST, "--batch-size", "16", "--checkpoint-every", "0", "--epochs", "30"]
+# 8 epochs: seconds of training left after the first checkpoint, which the tests wait for before signalling.
+# (30 epochs did not help the SIGINT test: its failures came from an inherited ignored SIGINT, see below.)
+TRAIN_SLOW = [*TRAIN_FAST, "--batch-size", "16", "--checkpoint-every", "0", "--epochs", "8"]
+
+
+def _popen_ctrl_c_able(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """`subprocess.Popen` whose child gets SIGINT's default disposition whatever this process has.
+
+    A suite started in the background by a shell without job control (`make test ... &`, `nohup`, some CI
+    runners) runs with SIGINT ignored. An ignored signal stays ignored across fork and exec, Python then
+    installs no KeyboardInterrupt handler, and a Ctrl-C sent to the child is dropped: the run trains to the
+    end and exits 0. A handler (unlike SIG_IGN) is reset to the default by exec, so one is set around the
+    fork.
+    """
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(cmd, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """Whether process `pid` ignores SIGINT (its SigIgn mask in /proc; False where there is no /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), "0")
+    return bool(int(mask, 16) >> (signal.SIGINT - 1) & 1)
 
 
 @pytest.fixture(scope="module")
@@ -629,8 +655,10 @@ def test_train_sigint_exits_130_with_one_line_and_resume_last_continues(
     out = tmp_path / "interrupted"
     cmd = [sys.executable, "-m", "acchead.train.cli", "--data", str(gen_data["data"]), "--out", str(out),
            *TRAIN_SLOW]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _popen_ctrl_c_able(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
     _wait_for((out / "checkpoints", "last.ckpt"), proc)
+    assert not _ignores_sigint(proc.pid), "the training process ignores SIGINT"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]

@@ -20,6 +20,7 @@ from conftest import make_tiny_tokenizer
 from acchead.configs import config_path
 from acchead.data_gen import cli
 from acchead.data_gen.config import DEFAULT_MIX_RATIO, build_parser, parse_args
+from acchead.data_gen.labeler import Labeler
 from acchead.data_gen.shards import RunDir
 from acchead.errors import AccheadError
 
@@ -135,9 +136,9 @@ def test_resume_after_crash_equals_uninterrupted_run(
 
     monkeypatch.setattr(RunDir, "write_shard", real_write)
     labelled = []
-    real_label = cli.Labeler.label
+    real_label = Labeler.label
     monkeypatch.setattr(
-        cli.Labeler, "label", lambda self, idx, p: labelled.extend(idx) or real_label(self, idx, p)
+        Labeler, "label", lambda self, idx, p: labelled.extend(idx) or real_label(self, idx, p)
     )
     assert cli.main(base_args(tiny_pair_dirs, prompts_file, out)) == 0
     assert sorted(labelled) == sorted(set(range(10)) - set(saved)), "only the unwritten parts are recomputed"

@@ -43,8 +43,8 @@ def test_training_on_gpu_bf16_exports_a_head(gen_data, tmp_path):  # noqa: F811
     from acchead.train.cli import main as train_main
 
     argv = ["--data", str(gen_data["data"]), "--out", str(tmp_path / "o"), "--w-rej", "6", "--depth", "2",
-            "--kind", "candidate", "--epochs", "1", "--batch-size", "64", "--no-progress", "--accelerator", "gpu",
-            "--precision", "bf16-mixed"]  # fmt: skip
+            "--kind", "candidate", "--epochs", "1", "--batch-size", "64", "--no-progress",
+            "--accelerator", "gpu", "--precision", "bf16-mixed"]  # fmt: skip
     assert train_main(argv) == 0
     head, _ = load_head(tmp_path / "o" / "head.safetensors")
     assert all(bool(p.isfinite().all()) for p in head.parameters())

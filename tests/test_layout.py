@@ -188,3 +188,24 @@ def test_import_acchead_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "[]"
+
+
+HEAVY = ("torch", "transformers", "lightning", "accelerate", "datasets", "matplotlib")
+
+
+@pytest.mark.parametrize("script", sorted(PYPROJECT["project"]["scripts"]))
+def test_console_script_help_and_bad_flags_import_nothing_heavy(script):
+    """`--help` and a bad flag answer before torch & co. are imported (seconds each on a 2-core box); run
+    in a fresh interpreter, like the console script."""
+    module, _, func = PYPROJECT["project"]["scripts"][script].partition(":")
+    code = (
+        f"import sys\nfrom {module} import {func}\ncodes = []\n"
+        "for argv in (['--help'], ['--no-such-flag']):\n"
+        "    try:\n"
+        f"        {func}(argv)\n"
+        "    except SystemExit as e:\n"
+        "        codes.append(e.code)\n"
+        f"print(codes, sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip().splitlines()[-1] == "[0, 2] []", f"{script}: {out.stdout[-300:]}"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import ast
+import json
 import random
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from acchead.cache import cache_dir
 from acchead.errors import AccheadError
 from acchead.zoo import prompts
 from acchead.zoo.prompts import (
@@ -136,3 +140,79 @@ def test_unknown_name_and_bad_limit():
         load_prompt_set("mbpp")
     with pytest.raises(AccheadError, match="limit"):
         load_prompt_set("humaneval", limit=-1)
+
+
+def _never_built():
+    raise AssertionError("built again instead of read from the cache")
+
+
+def test_a_cached_stdlib_set_is_the_built_set(tmp_path, monkeypatch):
+    """The second load reads the cache file (nothing is built), and it holds the built set exactly."""
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path))
+    name = "stdlib-functions"
+    built = list(prompts._PROMPT_SETS[name][1]())  # the building code, never the cache
+    assert load_prompt_set(name) == built  # built, and written to the cache
+    path = prompts.cache_path(name, prompts.cache_key(name))
+    assert path.parent == tmp_path / "prompts" and path.is_file()
+    monkeypatch.setitem(prompts._PROMPT_SETS, name, ("", _never_built))
+    assert load_prompt_set(name) == built
+    assert load_prompt_set(name, limit=7) == built[:7]
+
+
+def test_a_changed_key_or_a_bad_cache_file_rebuilds(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "mod.py"
+    src.write_text('def f(x):\n    """One."""\n    return x\n')
+    monkeypatch.setattr(prompts, "split_files", lambda: ([src], []))
+    monkeypatch.setattr(prompts, "_stdlib_functions", prompts._stdlib_functions.__wrapped__)  # no memo
+    name, builds = "stdlib-functions", []
+    desc, build = prompts._PROMPT_SETS[name]
+    monkeypatch.setitem(prompts._PROMPT_SETS, name, (desc, lambda: builds.append(1) or build()))
+
+    def load() -> list[str]:
+        return load_prompt_set(name)
+
+    assert load() == load() == ['def f(x):\n    """One."""\n'] and len(builds) == 1  # then read back
+    # The corpus: its files' paths, sizes and mtimes are in the key.
+    src.write_text('def f(x):\n    """Two, longer."""\n    return x\n')
+    two = ['def f(x):\n    """Two, longer."""\n']
+    assert load() == load() == two and len(builds) == 2
+    # The definition: the source of prompts.py and corpus.py (here an edited copy), and CACHE_FORMAT.
+    edited = tmp_path / "corpus.py"
+    edited.write_text(Path(prompts.corpus.__file__).read_text() + "# edited\n")
+    monkeypatch.setattr(prompts.corpus, "__file__", str(edited))
+    assert load() == load() == two and len(builds) == 3
+    monkeypatch.setattr(prompts, "CACHE_FORMAT", prompts.CACHE_FORMAT + 1)
+    assert load() == load() == two and len(builds) == 4
+    # The interpreter.
+    monkeypatch.setattr(sys, "version", sys.version + " (another build)")
+    assert load() == load() == two and len(builds) == 5
+    # A corrupt, truncated or foreign cache file is rebuilt, silently, and replaced.
+    path = prompts.cache_path(name, prompts.cache_key(name))
+    for bad in (b'{"key": ', b"\xff\xfe\x00", b"[1, 2]", b'{"key": {}, "value": ["x"]}'):
+        path.write_bytes(bad)
+        assert load() == two and json.loads(path.read_text())["value"] == two
+    assert len(builds) == 9 and capsys.readouterr().err == ""
+
+
+def test_an_unwritable_cache_still_gives_the_set(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path / "file"))
+    src = tmp_path / "mod.py"
+    src.write_text('def f(x):\n    """One."""\n    return x\n')
+    monkeypatch.setattr(prompts, "split_files", lambda: ([src], []))
+    assert load_prompt_set("stdlib-functions") == ['def f(x):\n    """One."""\n']
+    assert "cannot write the cache file" in capsys.readouterr().err
+
+
+def test_cache_dir(monkeypatch, tmp_path):
+    for var in ("ACCHEAD_CACHE_DIR", "ACCHEAD_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "acchead"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "acchead"
+    monkeypatch.setenv("ACCHEAD_CACHE", str(tmp_path / "mag"))  # MaG's bigram tables read it too
+    assert cache_dir() == tmp_path / "mag"
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"

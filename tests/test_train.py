@@ -20,7 +20,8 @@ from acchead.train.metrics import best_constant
 from acchead.train.settings import TrainSettings
 
 # The fixture has ~1k training positions: small batches and a high lr give the head enough steps.
-FAST = ["--kind", "candidate", "--epochs", "4", "--batch-size", "64", "--lr", "3e-2", "--no-progress", "--threads", "1"]
+FAST = ["--kind", "candidate", "--epochs", "4", "--batch-size", "64", "--lr", "3e-2", "--no-progress",
+        "--threads", "1"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

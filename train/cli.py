@@ -203,17 +203,17 @@ def _report_complete(out: Path) -> int:
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
-    from acchead.train.fit import (  # deferred: torch makes `--help` slow
+    args = build_parser().parse_args(argv)
+    overwrite = bool(vars(args).pop("overwrite", False))
+    settings = TrainSettings(**resolve_settings(args))
+    settings.check()
+    from acchead.train.fit import (  # deferred, after the flags: torch and lightning take seconds
         LAST_CKPT,
         quiet_lightning,
         train_head,
     )
 
-    args = build_parser().parse_args(argv)
-    overwrite = bool(vars(args).pop("overwrite", False))
     quiet_lightning()
-    settings = TrainSettings(**resolve_settings(args))
-    settings.check()
     out = Path(settings.out)  # type: ignore[arg-type]
     if not is_main_launch_process():  # a DDP worker: rank 0 holds OUT and writes the outputs
         settings.resume = os.environ.get(RESUME_ENV) or settings.resume

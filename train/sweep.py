@@ -124,11 +124,8 @@ def _run_cells(
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
-    from acchead.train.fit import quiet_lightning  # deferred: torch/lightning make `--help` slow
-
     args = build_parser().parse_args(argv)
     overwrite = bool(vars(args).pop("overwrite", False))
-    quiet_lightning()
     w_rejs = [float(w) for w in getattr(args, "grid_w_rej", W_REJ)]
     depths = [int(d) for d in getattr(args, "grid_depth", DEPTHS)]
     for name in ("grid_w_rej", "grid_depth"):
@@ -143,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     for d in depths:
         if d < 0:
             raise AccheadError(f"--depth must be >= 0, got {d}")
+    from acchead.train.fit import quiet_lightning  # deferred, after the flags: torch/lightning take seconds
+
+    quiet_lightning()
     out = Path(settings0.out)  # type: ignore[arg-type]
     identity = {**run_identity(settings0), "grid_w_rej": w_rejs, "grid_depth": depths}
     if not is_main_launch_process():  # a DDP worker: rank 0 holds OUT and writes the outputs

@@ -27,23 +27,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import numpy as np
-import torch
-from tqdm import tqdm
+from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.rundir import atomic_write_json
 from acchead.zoo import ZOO_DIR
 from acchead.zoo.corpus import read_source, split_files
-from acchead.zoo.distill import (
-    build_teacher_cache,
-    generate_windows,
-    kd_loss,
-    sample_kd_batch,
-    teacher_forced_agreement,
-    window_agreement,
-)
+
+# numpy, torch, tqdm and `acchead.zoo.distill` (which needs them) load where they are used: `--help` and
+# bad flags must not wait seconds for torch.
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    Batch = tuple[torch.Tensor, ...]
+    Sampler = Callable[[torch.Generator], Batch]  # draws one training batch
+    Objective = Callable[[torch.nn.Module, Batch], torch.Tensor]  # scalar loss of a batch
 
 EOS = "<|endoftext|>"
 
@@ -78,6 +77,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def atomic_save(obj: object, path: Path) -> None:
+    import torch
+
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
@@ -108,6 +109,8 @@ def train_tokenizer(work: Path, vocab_size: int) -> Path:
 
 def tokenize_corpus(work: Path, tok_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """(train ids, held-out ids) as uint16 arrays; files are joined with EOS."""
+    import numpy as np
+    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     paths = {"train": work / "train_ids.npy", "heldout": work / "heldout_ids.npy"}
@@ -147,19 +150,22 @@ def make_model(spec: LMSpec, tok, seq_len: int):
     return LlamaForCausalLM(cfg)
 
 
-@torch.no_grad()
 def evaluate(model, ids: np.ndarray, seq_len: int, max_tokens: int) -> dict[str, float]:
     """Mean next-token loss and top-1 accuracy over non-overlapping windows of held-out ids."""
+    import numpy as np
+    import torch
+
     model.eval()
     n = min(len(ids) // (seq_len + 1), max(1, max_tokens // seq_len))
     tot_loss, tot_correct, tot = 0.0, 0, 0
-    for i in range(n):
-        w = torch.from_numpy(ids[i * (seq_len + 1) : (i + 1) * (seq_len + 1)].astype(np.int64))[None]
-        logits = model(w[:, :-1]).logits[0]  # (seq_len, vocab)
-        tgt = w[0, 1:]
-        tot_loss += torch.nn.functional.cross_entropy(logits, tgt, reduction="sum").item()
-        tot_correct += (logits.argmax(-1) == tgt).sum().item()
-        tot += tgt.numel()
+    with torch.no_grad():
+        for i in range(n):
+            w = torch.from_numpy(ids[i * (seq_len + 1) : (i + 1) * (seq_len + 1)].astype(np.int64))[None]
+            logits = model(w[:, :-1]).logits[0]  # (seq_len, vocab)
+            tgt = w[0, 1:]
+            tot_loss += torch.nn.functional.cross_entropy(logits, tgt, reduction="sum").item()
+            tot_correct += (logits.argmax(-1) == tgt).sum().item()
+            tot += tgt.numel()
     model.train()
     return {"loss": tot_loss / tot, "accuracy": tot_correct / tot, "tokens": tot}
 
@@ -171,13 +177,11 @@ def lr_at(progress: float, peak: float, warmup: float = 0.03) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-Batch = tuple[torch.Tensor, ...]
-Sampler = Callable[[torch.Generator], Batch]  # draws one training batch
-Objective = Callable[[torch.nn.Module, Batch], torch.Tensor]  # scalar loss of a batch
-
-
 def lm_sampler(train_ids: np.ndarray, batch_size: int, seq_len: int) -> Sampler:
     """Random windows of the corpus, for next-token cross-entropy."""
+    import numpy as np
+    import torch
+
     data = torch.from_numpy(train_ids.astype(np.int64))
 
     def sample(gen: torch.Generator) -> Batch:
@@ -208,6 +212,8 @@ def train_lm(
     `probe(model)` is called at every checkpoint and at the end; its figures go into the report's
     `curve`, so a run shows how a metric moved with training tokens.
     """
+    import torch
+    from tqdm import tqdm
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -303,7 +309,10 @@ def distill_draft(
     tok_dir: Path, train_ids: np.ndarray, heldout_ids: np.ndarray, args, init_dir: Path | None
 ) -> dict:
     """Train the draft on the target's cached top-k distributions (see `acchead.zoo.distill`)."""
+    import torch
+
     from acchead.models import load_causal_lm
+    from acchead.zoo.distill import build_teacher_cache, kd_loss, sample_kd_batch, teacher_forced_agreement
 
     target = load_causal_lm(args.out_dir / TARGET.name)
     t0 = time.time()
@@ -330,22 +339,23 @@ def distill_draft(
                     run_name="pycode-draft-distill")
 
 
-@torch.inference_mode()
 def decode_step_ms(model: torch.nn.Module, context: int = 256, calls: int = 100) -> float:
     """Median ms of a one-token KV-cached forward at `context` tokens (the cache cropped back after each)."""
+    import torch
     from transformers import DynamicCache
 
-    cache = DynamicCache()
-    x = torch.randint(1, model.config.vocab_size, (1, context))
-    model(input_ids=x, past_key_values=cache, use_cache=True)
-    tok = x[:, -1:]
     times = []
-    for i in range(calls + 10):
-        t = time.perf_counter()
-        model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        if i >= 10:
-            times.append(time.perf_counter() - t)
-        cache.crop(-1)  # transformers 5 takes the number of tokens to remove as a negative count
+    with torch.inference_mode():
+        cache = DynamicCache()
+        x = torch.randint(1, model.config.vocab_size, (1, context))
+        model(input_ids=x, past_key_values=cache, use_cache=True)
+        tok = x[:, -1:]
+        for i in range(calls + 10):
+            t = time.perf_counter()
+            model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            if i >= 10:
+                times.append(time.perf_counter() - t)
+            cache.crop(-1)  # transformers 5 takes the number of tokens to remove as a negative count
     return 1e3 * sorted(times)[len(times) // 2]
 
 
@@ -356,7 +366,10 @@ def pair_report(args, heldout_ids: np.ndarray) -> dict:
     temperature 1 (`distill.generate_windows`); both drafts are scored on those very windows
     (`distill.window_agreement`), plus their held-out corpus loss and decode-step cost.
     """
+    import torch
+
     from acchead.models import load_causal_lm, load_tokenizer
+    from acchead.zoo.distill import generate_windows, window_agreement
     from acchead.zoo.prompts import load_prompt_set
 
     target = load_causal_lm(args.out_dir / TARGET.name)
@@ -432,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.bf16 is None:
         args.bf16 = cpu_has_native_bf16()
     if args.threads:
+        import torch
+
         torch.set_num_threads(args.threads)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     tok_dir = train_tokenizer(args.work_dir, args.vocab_size)

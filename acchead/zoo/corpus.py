@@ -7,6 +7,7 @@ version gets the same split without shipping a file list.
 from __future__ import annotations
 
 import hashlib
+import os
 import sysconfig
 from pathlib import Path
 
@@ -25,13 +26,18 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
     """All non-test `.py` files of the standard library, sorted by relative path."""
     root = root or stdlib_dir()
     out = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if _SKIP_PARTS.intersection(rel.parts[:-1]) or rel.name.startswith("test_"):
-            continue
-        if path.stat().st_size > _MAX_FILE_BYTES:
-            continue
-        out.append(path)
+    # The files of `root.rglob("*.py")` outside the skipped directories, found without walking into them
+    # (site-packages alone may hold tens of thousands of files: seconds of the CLIs' start-up otherwise).
+    # Like rglob, os.walk does not descend into symlinked directories.
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_PARTS]
+        for name in filenames:
+            if not name.endswith(".py") or name.startswith("test_"):
+                continue
+            path = Path(dirpath, name)
+            if path.stat().st_size > _MAX_FILE_BYTES:
+                continue
+            out.append(path)
     return sorted(out, key=lambda p: p.relative_to(root).as_posix())
 
 

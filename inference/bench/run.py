@@ -23,10 +23,7 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.inference.bench.config import (
@@ -38,13 +35,16 @@ from acchead.inference.bench.config import (
     resolve_args,
     used_heads,
 )
-from acchead.inference.bench.costmodel import CostFit, RunCounts, aggregate, fit_costs
-from acchead.inference.bench.head_timing import time_head_overhead
-from acchead.inference.bench.hf_assisted import HF_METHODS, hf_assisted_generate, schedule_params
-from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
 from acchead.inference.bench.prompts import load_prompts
 from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
+
+# torch, tqdm, numpy (costmodel) and the modules that need them load where they are used: `--help` and bad
+# flags must not wait seconds for torch.
+if TYPE_CHECKING:
+    import torch
+
+    from acchead.inference.bench.costmodel import CostFit, RunCounts
 
 
 @dataclass
@@ -60,10 +60,14 @@ class PromptRun:
     output_sha: str
 
     def counts(self) -> RunCounts:
+        from acchead.inference.bench.costmodel import RunCounts
+
         return RunCounts(self.tokens, self.target_calls, self.draft_calls, self.discarded, self.wall_time)
 
 
 def _digest(ids: torch.Tensor) -> str:
+    import torch
+
     return hashlib.sha1(ids.to(torch.int64).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
@@ -113,6 +117,9 @@ class Bench:
 
     def run_one(self, setting: Setting, decoder, i: int, max_new_tokens: int | None = None) -> PromptRun:
         """Decode prompt `i` under `setting` (`decoder` is None for transformers' generate / assisted)."""
+        from acchead.inference.bench.hf_assisted import HF_METHODS, hf_assisted_generate
+        from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
+
         ids = self.prompt_ids[i]
         max_new_tokens = max_new_tokens or self.args.max_new_tokens
         seed = self.args.seed + i  # the same per-prompt seed for every method
@@ -278,6 +285,10 @@ def run_grid(
     whichever method runs while a neighbour is busy. A prompt's file is rewritten (atomically, fsynced)
     after each of its runs, so a kill loses at most the run in progress.
     """
+    from tqdm import tqdm
+
+    from acchead.inference.bench.hf_assisted import HF_METHODS
+
     n = len(bench.prompt_ids)
     # Built before any run, so that a bad spec fails here.
     decoders = {s.key: bench.decoder(s) for s in settings if s.family not in HF_METHODS}
@@ -309,6 +320,8 @@ def _partial_path(out: Path, i: int) -> Path:
 def run_bench(args: argparse.Namespace) -> dict:
     """Load everything, run the grid (resuming from partials), fit, and write the three outputs."""
     from acchead.head_io import load_head
+    from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
+    from acchead.inference.bench.hf_assisted import schedule_params
     from acchead.inference.bench.report import write_outputs
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 
@@ -360,6 +373,8 @@ def _run_and_report(
 ) -> dict:
     """Run the grid (resuming from partials), fit the costs, time each head (`heads`: loaded head by
     family), and build the results object."""
+    from acchead.inference.bench.costmodel import aggregate
+    from acchead.inference.bench.head_timing import time_head_overhead
     from acchead.inference.bench.report import build_results
 
     prompt_ids = bench.prompt_ids
@@ -393,6 +408,9 @@ def path_fits(settings: list[Setting], done: dict[str, list[PromptRun]]) -> dict
     """t_draft, t_target fitted apart per way of running the models: our eager decoders, our fast-path
     decoders, and Hugging Face's `generate` + assisted generation (their forwards counted by hooks).
     None where fewer than 2 runs (or no forward) are available."""
+    from acchead.inference.bench.costmodel import fit_costs
+    from acchead.inference.bench.hf_assisted import HF_METHODS
+
     groups = {
         "eager": [s for s in settings if is_fitted(s.family)],
         "fast": [s for s in settings if s.fast],
@@ -413,6 +431,8 @@ def path_fits(settings: list[Setting], done: dict[str, list[PromptRun]]) -> dict
 def main(argv: list[str] | None = None) -> int:
     args = resolve_args(build_parser().parse_args(argv))
     if args.threads > 0:
+        import torch
+
         torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
