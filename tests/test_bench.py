@@ -119,6 +119,11 @@ def test_bench_fast_path_beside_eager_and_transformers(bench_inputs, tmp_path):
     assert res["speed_by_path"]["fast"]["k_setting"] == "specdec:k=2"
     assert "## Wall clock by path" in (out / "report.md").read_text()
     assert sum(g["goal"].startswith("CPU: ") and g["met"] is not None for g in res["goals"]) == 2
+    # The decoding-loop profile: fixed K on each path, one host read per round, bare replays timed.
+    loop = {(r["path"], r["policy"]): r for r in res["loop_profile"]}
+    assert set(loop) == {("eager", "specdec:k=2"), ("fast", "specdec:k=2")}
+    assert all(r["host_reads_per_round"] == 1.0 and r["bare_draft_ms"] > 0 for r in loop.values())
+    assert "## Decoding loop" in (out / "report.md").read_text()
 
 
 def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys, monkeypatch):

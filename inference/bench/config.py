@@ -282,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", help="model dtype (float32, bfloat16, float16)")
     a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
+    a("--loop-profile-prompts", type=int,
+      help="prompts of the decoding-loop profile (draft step and verification inside the decoder vs a bare "
+           "replay, host reads per round; a fixed-K and a SpecDec++ setting per path); 0 = off")
     a("--fresh", action="store_true", default=None, help="ignore partial results in OUT and rerun everything")
     a("--overwrite", action="store_true", default=None,
       help="replace OUT even if it holds another run (a bench with other settings, gen-data, training)")
@@ -329,7 +332,8 @@ _LISTS = {"methods": _str_list, "paths": _str_list, "k_grid": _int_list, "h_grid
           "tau_grid": _float_list, "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list,
           "adaedl_adapt_grid": _float_list,
           "cost_ratios": _float_list, "extra_specs": _spec_list, "head": _str_list}  # fmt: skip
-_INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls"}
+_INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls",
+         "loop_profile_prompts"}  # fmt: skip
 _FLOATS = {"temperature", "top_p", "adaedl_gamma", "plot_ratio"}
 
 
@@ -388,6 +392,7 @@ def _validate(args: argparse.Namespace) -> None:
         "device",
         "dtype",
         "overhead_calls",
+        "loop_profile_prompts",
     )
     missing = [k for k in required if getattr(args, k) is None]
     if missing:
@@ -404,6 +409,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise AccheadError(f"--num-prompts must be >= 0, got {args.num_prompts}")
     if args.overhead_calls < 1:
         raise AccheadError(f"--overhead-calls must be >= 1, got {args.overhead_calls}")
+    if args.loop_profile_prompts < 0:
+        raise AccheadError(f"--loop-profile-prompts must be >= 0, got {args.loop_profile_prompts}")
     try:
         SamplingConfig(args.temperature, args.top_k, args.top_p)
     except ValueError as e:

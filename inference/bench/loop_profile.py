@@ -31,6 +31,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@torch.inference_mode()  # as the decoder runs (a static cache's write counters are inference tensors)
 def bare_feed_ms(runner: Any, prompt: torch.Tensor, count: int, reps: int = 20) -> float:
     """Median ms of `runner.feed(count tokens)` after `prompt` ((T,) int64), rolled back between reps."""
     device = torch.device(getattr(runner, "device", "cpu"))
@@ -38,14 +39,13 @@ def bare_feed_ms(runner: Any, prompt: torch.Tensor, count: int, reps: int = 20) 
     runner.feed(prompt.to(device))
     ids = prompt[-1:].repeat(count).to(device)
     times = []
-    with torch.inference_mode():
-        for _ in range(reps + 2):  # the first two warm caches and allocators
-            _sync(device)
-            t0 = time.perf_counter()
-            runner.feed(ids, keep=count)
-            _sync(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-            runner.rollback(prompt.numel())
+    for _ in range(reps + 2):  # the first two warm caches and allocators
+        _sync(device)
+        t0 = time.perf_counter()
+        runner.feed(ids, keep=count)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        runner.rollback(prompt.numel())
     return statistics.median(times[2:])
 
 
@@ -88,6 +88,21 @@ def profile_loop(
             out["draft_step_ms"] / out["bare_draft_ms"] if out["draft_step_ms"] else None
         )
     return out
+
+
+def pick_settings(settings: list[Any]) -> list[Any]:
+    """The bench settings to profile: per path, fixed K = 3 (else the first K) and the first SpecDec++ head's
+    h = 0.8 (else its first h); settings with another drafter (MaG, cascades) are left out."""
+    from acchead.inference.bench.config import FAST_SUFFIX, base_family
+
+    picked = []
+    for fast in (False, True):
+        pool = [s for s in settings if s.fast == fast and "+" not in s.spec]
+        for family, key, value in (("specdec", "k", 3), ("specdecpp", "h", 0.8)):
+            group = [s for s in pool if base_family(s.family.removesuffix(FAST_SUFFIX)).startswith(family)]
+            if group:
+                picked.append(next((s for s in group if s.params.get(key) == value), group[0]))
+    return picked
 
 
 def profile_table(rows: list[dict[str, Any]]) -> str:

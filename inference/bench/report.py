@@ -566,6 +566,20 @@ def render_report(results: dict) -> str:
             f"{r['wall_tokens_per_s']:.1f} | {agree} |"
         )
     lines += render_speed(results)
+    if results.get("loop_profile"):
+        from acchead.inference.bench.loop_profile import profile_table
+
+        lines += [
+            "",
+            "## Decoding loop",
+            "",
+            "Median draft step (a round's drafting over its draft forwards) and verification (the target's "
+            "forward through both rollbacks) inside the decoder, beside a bare replay of the same forward "
+            "(verification: of the token count the decoder fed most often), and device-to-host reads per "
+            "round (`acchead.inference.host_reads`).",
+            "",
+            profile_table(results["loop_profile"]),
+        ]
     if results["notes"]:
         lines += ["", "## Notes", "", *[f"- {n}" for n in results["notes"]]]
     return "\n".join(lines) + "\n"

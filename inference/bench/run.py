@@ -388,6 +388,7 @@ def _run_and_report(
         family: time_head_overhead(draft, head, prompt_ids[0], calls=args.overhead_calls, sampling=sampling)
         for family, head in heads.items()
     } or None
+    loop = _profile_loops(args, bench, settings, sampling)
     rows = []
     for s in settings:
         m = aggregate([r.counts() for r in done[s.key]], fits["fast"] if s.fast else fit)
@@ -401,7 +402,29 @@ def _run_and_report(
                 "outputs": [r.output_sha for r in done[s.key]],
             }
         )
-    return build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids), fits)
+    results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids), fits)
+    results["loop_profile"] = loop
+    return results
+
+
+def _profile_loops(
+    args: argparse.Namespace, bench: Bench, settings: list[Setting], sampling: SamplingConfig
+) -> list[dict[str, Any]]:
+    """The decoding loop's profile (`acchead.inference.bench.loop_profile`) over the first
+    `loop_profile_prompts` prompts, for a fixed-K and a SpecDec++ setting per path; [] when off."""
+    from acchead.inference.bench.loop_profile import pick_settings, profile_loop
+
+    n = min(args.loop_profile_prompts, len(bench.prompt_ids))
+    if n == 0:
+        return []
+    prompts = [ids[0] for ids in bench.prompt_ids[:n]]
+    longest = max(p.numel() for p in prompts) + args.max_new_tokens
+    out = []
+    for s in pick_settings(settings):
+        decoder = bench.decoder(s)
+        decoder.warm_up(longest)
+        out.append(profile_loop(decoder, prompts, args.max_new_tokens, sampling, seed=args.seed))
+    return out
 
 
 def path_fits(settings: list[Setting], done: dict[str, list[PromptRun]]) -> dict[str, CostFit | None]:
