@@ -94,10 +94,28 @@ def _hide_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sklearn", None)
 
 
-def test_bench_fast_path_beside_eager_and_transformers(bench_inputs, tmp_path):
+def _load_compiled_pair(monkeypatch, bench_inputs, compiled_pair) -> None:
+    """The bench loads the session's `compiled_pair` (conftest) for the tiny pair's directories (the same
+    weights): their fast-path forwards, compiled once per test run, are shared with tests/test_fast_path.py.
+    Loading from the directories is what the other bench tests do."""
+    import acchead.models
+
+    models = {Path(bench_inputs["target"]): compiled_pair[0], Path(bench_inputs["draft"]): compiled_pair[1]}
+    real = acchead.models.load_causal_lm
+
+    def load(path, dtype="float32", device="cpu", device_map=None):
+        if Path(path) in models and (str(dtype), device, device_map) == ("float32", "cpu", None):
+            return models[Path(path)]
+        return real(path, dtype, device, device_map)
+
+    monkeypatch.setattr(acchead.models, "load_causal_lm", load)
+
+
+def test_bench_fast_path_beside_eager_and_transformers(bench_inputs, tmp_path, monkeypatch, compiled_pair):
     """--paths eager,fast: every draft-model decoder runs on both paths (fast rows NAME@fast, the same
     greedy output and counts), each path and transformers get their own fitted costs, and the report's
     wall-clock section lists all three."""
+    _load_compiled_pair(monkeypatch, bench_inputs, compiled_pair)
     out = tmp_path / "bench"
     argv = [*_argv(bench_inputs, out), "--methods", "autoregressive,specdec,hf-assisted,hf-generate",
             "--k-grid", "2", "--paths", "eager,fast"]  # fmt: skip

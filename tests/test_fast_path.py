@@ -59,7 +59,7 @@ def _greedy(dec: SpeculativeDecoder, prompt: torch.Tensor, n: int = 24) -> list[
     return dec.generate(prompt, max_new_tokens=n, temperature=0).new_ids.tolist()
 
 
-def test_compiled_fast_path_equals_eager_and_decoders_of_one_model_take_turns(tiny_llama_pair):
+def test_compiled_fast_path_equals_eager_and_decoders_of_one_model_take_turns(compiled_pair):
     """torch.compile on the CPU (Inductor, frozen weights, C++ wrapper), one test because compiling is
     the slow part: greedy tokens equal eager decoding's for several policies (a head policy reads the
     draft's hidden state) whose decoders share each model's runner and take turns, with different prompts
@@ -67,8 +67,11 @@ def test_compiled_fast_path_equals_eager_and_decoders_of_one_model_take_turns(ti
 
     A compiled graph is bound to the cache it was captured with (frozen on the CPU, recorded addresses on
     CUDA): a second compiled cache of the same model once replayed the first one's graph into the first
-    one's cache, giving wrong tokens silently. Hence one runner per model, checked here."""
-    target, draft = tiny_llama_pair
+    one's cache, giving wrong tokens silently. Hence one runner per model, checked here.
+
+    The models are the session's `compiled_pair`, shared with tests/test_bench.py: a forward shape either
+    test compiled is reused by the other (warm_up then compiles only the shapes still missing)."""
+    target, draft = compiled_pair
     head = AcceptanceHead(draft.config.hidden_size, depth=1)
     specs = ["autoregressive", "specdec:k=2", "specdecpp:h=0.5,max=3"]
     fast = [SpeculativeDecoder(target, draft, policy=s, head=head, fast=True) for s in specs]

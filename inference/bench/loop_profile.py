@@ -5,7 +5,8 @@ replay of the same forward, and the host reads per round.
 
 A draft step inside the decoder is a round's drafting time over its draft forwards (the forward plus S's
 processing, the sample, the stop rule and the bookkeeping around them); a verification is the round's
-target forward with everything after it (p, τ, the next token, the status read, both rollbacks). A bare
+target forward with everything after it (p, τ, the next token, the status read, both rollbacks), over
+every round but a decode's first (which also feeds the prompt). A bare
 replay runs the same runner's forward alone, on a cache of the prompt's length, with nothing around it.
 Their ratio is the decoder's overhead on that path (the device-resident loop's goal on an H100: at most
 1.2 for both). Timings use CUDA events on a GPU and `perf_counter` on the CPU (`SpeculativeDecoder.generate
@@ -65,8 +66,9 @@ def profile_loop(
                                top_k=sampling.top_k, top_p=sampling.top_p, seed=seed + i, profile=True)
         ph = res.phases
         draft_step += [ms / n for ms, n in zip(ph["draft_ms"], ph["draft_forwards"], strict=True) if n > 0]
-        verify += ph["verify_ms"]
-        verify_tokens += ph["verify_tokens"]
+        # Each decode's first round also feeds the prompt (a prefill, eager on the fast path): left out.
+        verify += ph["verify_ms"][1:]
+        verify_tokens += ph["verify_tokens"][1:]
         reads, rounds = reads + res.host_reads, rounds + res.rounds
     out: dict[str, Any] = {
         "policy": decoder.policy.spec,
