@@ -225,6 +225,7 @@ class SpeculativeDecoder:
             raise AccheadError(f"policy must be a spec string (e.g. 'specdec:k=4') or StopPolicy: {policy!r}")
         # The demo pair's shipped head when none is given: picked per call's S in `generate`.
         self._auto_head: Path | None = None
+        self._demo_heads: dict[SamplingConfig, Path | None] = {}  # by S, filled by `_switch_demo_head`
         if head is None and isinstance(policy, str) and needs_head(policy) and self.draft_model is not None:
             from acchead.zoo import demo_head_for
 
@@ -339,16 +340,14 @@ class SpeculativeDecoder:
         while not done and n - prompt.numel() < max_new_tokens:
             generated = n - prompt.numel()
             cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
-            calls0 = self.drafter.draft_calls if self.drafter is not None else 0
             if clock is not None:
                 clock.mark()
+                calls0 = self._draft_calls()
             steps = draft_round(self.drafter, policy, seq, n, cap) if cap > 0 else []
             num = len(steps)
             if clock is not None:
                 clock.mark()
-                res.phases.setdefault("draft_forwards", []).append(
-                    (self.drafter.draft_calls if self.drafter is not None else 0) - calls0
-                )
+                res.phases.setdefault("draft_forwards", []).append(self._draft_calls() - calls0)
                 res.phases.setdefault("verify_tokens", []).append(n + num - runner.length)
             logits, _ = runner.feed(seq[runner.length : n + num], keep=num + 1)
             p = probs_from_logits(logits, sampling)  # (L+1, V)
@@ -384,7 +383,7 @@ class SpeculativeDecoder:
             streamer.end()
         res.new_ids = torch.tensor(out, dtype=torch.long)
         res.target_calls = res.rounds
-        res.draft_calls = self.drafter.draft_calls if self.drafter is not None else 0
+        res.draft_calls = self._draft_calls()
         res.head_calls = getattr(policy, "head_calls", 0) - head_calls0
         res.host_reads = host_reads.count - reads0
         if clock is not None:  # marks come in threes per round: start, end of drafting, end of verification
@@ -429,11 +428,20 @@ class SpeculativeDecoder:
         logits = self.draft_model(input_ids=full).logits[0, prompt.numel() - 1 : -1]
         return read(logits.argmax(-1) == torch.tensor(ref, device=logits.device))
 
-    def _switch_demo_head(self, sampling: SamplingConfig) -> None:
-        """Use the demo head shipped for `sampling` when it is not the one in use (same spec)."""
-        from acchead.zoo import demo_head_for
+    def _draft_calls(self) -> int:
+        """Draft forwards since the drafter's `begin` (0 without a drafter)."""
+        return self.drafter.draft_calls if self.drafter is not None else 0
 
-        head = demo_head_for(self.draft_model, sampling)
+    def _switch_demo_head(self, sampling: SamplingConfig) -> None:
+        """Use the demo head shipped for `sampling` when it is not the one in use (same spec).
+
+        The draft was matched to the shipped heads' draft at construction, so each S costs one look-up of
+        `heads/defaults.json`, made once per decoder; an S with no shipped head keeps the head in use."""
+        from acchead.zoo import default_head
+
+        if sampling not in self._demo_heads:
+            self._demo_heads[sampling] = default_head(sampling)
+        head = self._demo_heads[sampling]
         if head is not None and head != self._auto_head:
             self._auto_head = head
             self._set_policy(self._spec, head)
