@@ -251,6 +251,7 @@ def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
         ("--cost-ratios", "0.2,-0.1", "--cost-ratios needs finite ratios >= 0"),
         ("--head", "{tmp}/nohead.safetensors", "head file does not exist"),
         ("--extra-specs", "ucb:arms=specdec:k=0", "specdec needs K >= 1"),
+        ("--loop-profile-prompts", "-1", "--loop-profile-prompts must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_error(bench_inputs, tmp_path, capsys, flag, value, message):
