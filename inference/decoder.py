@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +43,15 @@ from transformers import DynamicCache, PreTrainedModel
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
-from acchead.inference.device_random import NEXT, TAU, key_hash
+from acchead.inference.device_random import NEXT, TAU, Word, key_hash
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.model_runner import make_runner
 from acchead.inference.policies import Autoregressive, StopPolicy, needs_head, parse_policy
+from acchead.inference.units import verify_post
 from acchead.inference.verification import VERIFIERS
 from acchead.models import check_prompt
-from acchead.sampling import SamplingConfig, probs_from_logits
+from acchead.sampling import SamplingConfig
 
 
 @dataclass
@@ -130,11 +132,16 @@ def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int,
     exactness tests enumerate this very function with a scripted drafter.
     """
     steps: list[DraftStep] = []
+    fused = getattr(drafter, "fuses_judge", False)
     while len(steps) < cap:
         k = len(steps) + 1
         judged = k < cap
         want_hidden, want_state = policy.needs_hidden and judged, policy.needs_state and judged
-        step = drafter.propose(seq[: n + k - 1], k, want_hidden=want_hidden, want_state=want_state)
+        if fused:  # the draft model's unit runs the rule and hands the flag back in the step
+            judge = policy if judged and policy.judge_at is not None else None
+            step = drafter.propose(seq[: n + k - 1], k, want_hidden, want_state, policy=judge)
+        else:
+            step = drafter.propose(seq[: n + k - 1], k, want_hidden=want_hidden, want_state=want_state)
         seq[n + k - 1] = step.token
         steps.append(step)
         if k == cap:
@@ -213,6 +220,8 @@ class SpeculativeDecoder:
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
         self._runner = make_runner(target, self.fast, compile)
+        self._key_tensors = self.fast and compile
+        self._vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
         if isinstance(draft, PreTrainedModel):
             draft = ModelDrafter(draft, fast=self.fast, compile=compile)
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
@@ -261,20 +270,39 @@ class SpeculativeDecoder:
                 )
         return head
 
-    def warm_up(self, max_length: int) -> None:
-        """Compile, on the fast path, every forward shape a decode of up to `max_length` tokens (prompt +
-        new tokens) can use: the target's verification of 1..cap + 1 tokens and the draft model's steps.
-        Without it each shape compiles on first use, inside a timed decode. Eager: nothing to do."""
+    def warm_up(self, max_length: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> None:
+        """Compile, on the fast path, every unit a decode of up to `max_length` tokens (prompt + new
+        tokens) under this S can run: the target's verification of 0..cap candidates and the draft model's
+        steps (with and without the stop rule). S is part of each unit (its processing and draw), so warm
+        up each S you time. Without it each unit compiles on first use, inside a timed decode. Eager:
+        nothing to do."""
         if not self.fast:
             return
+        try:
+            sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
+        except ValueError as e:
+            raise AccheadError(str(e)) from None
+        if self._auto_head is not None:
+            self._switch_demo_head(sampling)
         with torch.inference_mode():
             # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
             # target's token), so `max_length` is all either needs.
-            self._runner.reset(max_length)
-            self._runner.warm_up(range(1, self.policy.max_cap + 2), keep_all=True)
+            runner = self._runner
+            runner.reset(max_length)
+            dummy = torch.zeros(self.policy.max_cap + 1, dtype=torch.long, device=self.target.device)
+            runner.feed(dummy[:1])  # a decode step, not a prefill: length 0 -> 1
+            keys = [self._key(0, purpose, 0) for purpose in (TAU, NEXT)]
+            for num in range(self.policy.max_cap + 1):
+                runner.rollback(1)
+                q = torch.zeros(num, self._vocab, device=self.target.device)
+                q[:, 0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
+                runner.feed(
+                    dummy[: num + 1], keep=num + 1, post=verify_post,
+                    post_args=(dummy[1 : num + 1], q, sampling, self._verify, *keys),
+                )  # fmt: skip
+            runner.reset(max_length)
             if isinstance(self.drafter, ModelDrafter):
-                hidden = (False, True) if self.policy.needs_hidden or self.policy.needs_state else (False,)
-                self.drafter.warm_up(max_length, hidden)
+                self.drafter.warm_up(max_length, sampling, self.policy)
 
     # ------------------------------------------------------------------------------------------ generate
 
@@ -290,6 +318,7 @@ class SpeculativeDecoder:
         eos_token_id: int | list[int] | None = None,
         streamer: Any = None,
         profile: bool = False,
+        stop_check: Callable[[list[int]], int | None] | None = None,
     ) -> GenerationResult:
         """Decode up to `max_new_tokens` tokens after `input_ids` ((T,) or (1, T)).
 
@@ -297,7 +326,9 @@ class SpeculativeDecoder:
         so a call is repeatable. Generation ends at `max_new_tokens` or after an EOS token. `streamer`
         gets the Hugging Face streamer calls (`put(prompt)`, then `put(new tokens)` per round, `end()`).
         `profile` times each round's drafting and verification into `GenerationResult.phases` (CUDA events
-        on a GPU, so the timing adds no synchronisation).
+        on a GPU, so the timing adds no synchronisation). `stop_check`, called after each round with its new
+        tokens (host ints, after EOS truncation), returns how many of them to keep when generation must
+        end there, else None: how `acchead.inference.hf` applies transformers' stopping criteria.
         """
         prompt = _as_prompt(input_ids)
         try:
@@ -349,20 +380,24 @@ class SpeculativeDecoder:
                 clock.mark()
                 res.phases.setdefault("draft_forwards", []).append(self._draft_calls() - calls0)
                 res.phases.setdefault("verify_tokens", []).append(n + num - runner.length)
-            logits, _ = runner.feed(seq[runner.length : n + num], keep=num + 1)
-            p = probs_from_logits(logits, sampling)  # (L+1, V)
+            # One unit: the target's forward over [x_n, X_1..X_L] (or the prompt), S, the verifier, the
+            # packed status [τ, next token, X_1..X_L].
             tokens = seq[n : n + num]
-            keys = [key_hash(seed, purpose, n, 0) for purpose in (TAU, NEXT)]
-            tau_t, nxt_t = self._verify(tokens, self._stack_q(steps, p), p, sampling.greedy, *keys)
-            seq.index_copy_(0, tau_t.view(1) + n, nxt_t.view(1))  # after the τ accepted candidates
-            # The round's one read: τ, the next token and the candidates.
-            status = read(torch.cat([tau_t.view(1), nxt_t.view(1), tokens]))
+            keys = [self._key(seed, purpose, n) for purpose in (TAU, NEXT)]
+            (status_t,) = runner.feed(
+                seq[runner.length : n + num], keep=num + 1, post=verify_post,
+                post_args=(tokens, self._stack_q(steps), sampling, self._verify, *keys),
+            )  # fmt: skip
+            seq.index_copy_(0, status_t[:1] + n, status_t[1:2])  # the next token, after the τ accepted
+            status = read(status_t)  # the round's one read
             tau, nxt = status[0], status[1]
             new = [*status[2 : 2 + tau], nxt]
             for i, tok in enumerate(new):
                 if tok in eos:
                     new, done = new[: i + 1], True
                     break
+            if stop_check is not None and (keep := stop_check(new)) is not None:
+                new, done = new[:keep], True
             out += new
             # Both caches keep exactly the committed tokens they have seen: prefix + accepted candidates.
             runner.rollback(n + tau)
@@ -393,13 +428,18 @@ class SpeculativeDecoder:
         res.wall_time = time.perf_counter() - start
         return res
 
-    @staticmethod
-    def _stack_q(steps: list[DraftStep], p: torch.Tensor) -> torch.Tensor:
-        """(L, V) draft distributions on p's device, zero-padded to the target's vocabulary width."""
-        v = p.shape[-1]
+    def _key(self, seed: int, purpose: int, n: int) -> Word:
+        """The key of a verifier draw in the round starting at n: a tensor for a compiled unit (an int
+        would be a constant of its graph)."""
+        key = key_hash(seed, purpose, n, 0)
+        return torch.tensor(key, device=self.target.device) if self._key_tensors else key
+
+    def _stack_q(self, steps: list[DraftStep]) -> torch.Tensor:
+        """(L, V) draft distributions on the target's device, zero-padded to its vocabulary width."""
+        v = self._vocab
         if not steps:
-            return p.new_zeros(0, v)
-        q = torch.stack([s.q for s in steps]).to(device=p.device, dtype=torch.float32)
+            return torch.zeros(0, v, device=self.target.device)
+        q = torch.stack([s.q for s in steps]).to(device=self.target.device, dtype=torch.float32)
         if q.shape[-1] > v:
             raise AccheadError(f"the drafter's vocabulary ({q.shape[-1]}) is wider than the target's ({v})")
         return torch.nn.functional.pad(q, (0, v - q.shape[-1])) if q.shape[-1] < v else q

@@ -78,7 +78,10 @@ def uniform(key: Word, width: int, device: torch.device | str = "cpu") -> torch.
     """U(0, 1) draws, open at both ends, one per index 0..width-1 under `key`: (..., width) float64.
 
     key: a Python int from `key_hash`, or an int64 tensor (...) giving one key per row."""
-    idx = _index_hash(width, str(torch.device(device)))
+    if torch.compiler.is_compiling():  # traced: computed in the graph (a constant Inductor folds)
+        idx = _fmix(torch.arange(width, dtype=torch.int64, device=device) ^ _SALT)
+    else:
+        idx = _index_hash(width, str(torch.device(device)))
     if isinstance(key, torch.Tensor):
         key = key.to(idx.device).unsqueeze(-1)
     h = _fmix(_fmix(idx ^ key) ^ _absorb(key, 0x2545F491))

@@ -24,44 +24,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel
 
-from acchead.inference.device_random import DRAFT, key_hash, sample_token
+from acchead.inference.device_random import DRAFT, Word, key_hash
 from acchead.inference.model_runner import make_runner
-from acchead.sampling import SamplingConfig, probs_from_logits
-
-
-@dataclass
-class DraftStep:
-    """One proposed candidate.
-
-    Attributes:
-        token: the candidate token id: a 0-d int64 tensor on the drafter's device (a Python int from
-            host-driven drafters and tests; both index tensors and fill the sequence alike).
-        q: (V,) float32, the draft distribution the candidate was sampled from (after S's processing);
-            one-hot for deterministic drafters.
-        hidden: (H,) the drafter's final hidden state at the candidate's position — the vector its LM head
-            reads after the candidate is fed (`acchead.models.final_hidden`), or None if not computed.
-        index: 1-based position of the candidate within its round.
-        logits: (V,) the draft's raw logits, kept only where q hides its confidence (greedy: q is one-hot);
-            None otherwise.
-        state: (H,) the drafter's final hidden state at the position BEFORE the candidate — the vector
-            whose LM-head output is q (a lookahead head's input, DESIGN §3.1), or None if not computed.
-    """
-
-    token: torch.Tensor | int
-    q: torch.Tensor
-    hidden: torch.Tensor | None
-    index: int
-    logits: torch.Tensor | None = None
-    state: torch.Tensor | None = None
-
-    @property
-    def confidence(self) -> torch.Tensor | None:
-        """(V,) the distribution a confidence rule reads when it differs from q: softmax(logits) under
-        greedy decoding (what Hugging Face's `assistant_confidence_threshold` reads); None means q.
-
-        Computed on demand, so policies that never read it pay no softmax in the draft loop.
-        """
-        return None if self.logits is None else self.logits.float().softmax(-1)
+from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_post
+from acchead.sampling import SamplingConfig
 
 
 @runtime_checkable
@@ -91,28 +57,42 @@ class Drafter(Protocol):
         ...
 
 
+@dataclass
+class _Pending:
+    """What the last forward produced for the next position: its candidate, drawn in the same unit."""
+
+    slot: tuple[int, int]  # (round start, index) the candidate was keyed for
+    q: torch.Tensor  # (V,)
+    token: torch.Tensor  # 0-d int64
+    logits: torch.Tensor | None  # (V,) greedy only
+    state: torch.Tensor | None  # (H,) the state that produced q, if computed
+    stop: torch.Tensor | None  # the stop flag of `token` (a SAMPLE-time rule), if judged
+
+
 class ModelDrafter:
     """A causal LM as drafter, with its own KV cache (a `ModelRunner`), rolled back after verification.
 
-    The cache always holds a prefix of the context. After feeding tokens, the distribution for the next
-    position is kept as `pending` so that the next proposal costs no forward: e.g. computing candidate
-    k's hidden state also yields q_{k+1}, which is how the SpecDec++ "free token" costs nothing.
+    Each forward is one unit with what follows it (`acchead.inference.units.draft_post`): S's processing,
+    the draw of the next candidate and, when the decoder passes the policy, its stop rule. The cache always
+    holds a prefix of the context; the candidate drawn after the last fed token is kept as pending, so the
+    next proposal costs no forward: e.g. computing candidate k's hidden state also yields candidate k + 1,
+    which is how the SpecDec++ "free token" costs nothing.
 
     Args:
         model: the draft model (eval mode, any device/dtype).
-        fast: run it on the fast path (`StaticRunner`: static cache, compiled forwards) instead of eager.
-        compile: on the fast path, capture the forwards (False: the static cache alone, for tests).
+        fast: run it on the fast path (`StaticRunner`: static cache, compiled units) instead of eager.
+        compile: on the fast path, capture the units (False: the static cache alone, for tests).
     """
+
+    fuses_judge = True  # `propose` takes the policy and runs its rule inside the draft's unit
 
     def __init__(self, model: PreTrainedModel, fast: bool = False, compile: bool = True) -> None:
         self.model = model
         self.draft_calls = 0
         self.runner = make_runner(model, fast, compile)
-        # Distribution (V,) for position `runner.length` given the cached tokens, and nothing else; None if
-        # unknown.
-        self._pending: torch.Tensor | None = None
-        self._pending_logits: torch.Tensor | None = None
-        self._pending_state: torch.Tensor | None = None  # (H,) the state `_pending` came from, if computed
+        # A compiled unit takes its random keys as tensors (an int would be a graph constant).
+        self._key_tensors = fast and compile
+        self._pending: _Pending | None = None
         self._sampling = SamplingConfig()
         self._seed = 0
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access (~1 ms per draft
@@ -126,51 +106,79 @@ class ModelDrafter:
         self._seed = seed
         self.draft_calls = 0
 
-    def warm_up(self, max_length: int, hidden: tuple[bool, ...]) -> None:
-        """Prepare (fast path: compile) the draft's decode-time forwards for sequences up to `max_length`:
-        1 token per proposal, 2 after a round whose candidates were all accepted (the last candidate and
-        the bonus token)."""
+    def warm_up(self, max_length: int, sampling: SamplingConfig, policy) -> None:
+        """Prepare (fast path: compile) the draft's decode-time units for sequences up to `max_length`
+        under S and a stop `policy`: 1 token per proposal, 2 after a round whose candidates were all
+        accepted (the last candidate and the bonus token); unjudged and judged steps (the judged ones
+        return the state or hidden state the policy's rule reads)."""
         self.runner.reset(max_length)
-        self.runner.warm_up((1, 2), keep_all=False, hidden=hidden)
+        self._sampling = sampling
+        policy.start_round(0)  # the rule's starting stats
+        judge = policy if policy.judge_at is not None else None
+        dummy = torch.zeros(2, dtype=torch.long, device=self.device)
+        self.runner.feed(dummy[:1])  # a decode step, not a prefill: length 0 -> 1
+        sample_units = {(False, None), (policy.needs_state, judge if policy.judge_at == SAMPLE else None)}
+        for count in (1, 2):
+            for want_state, rule in sample_units:
+                self.runner.rollback(1)
+                self._feed(dummy[:count], want_state, (0, 1), rule, SAMPLE)
+        if policy.needs_hidden:
+            self.runner.rollback(1)
+            self._feed(dummy[:1], True, (0, 1), judge if policy.judge_at == FEED else None, FEED)
+        self.runner.reset(max_length)
+        self._pending = None
 
-    def _feed(self, tokens: torch.Tensor, want_hidden: bool) -> torch.Tensor | None:
-        """Run the draft on `tokens` ((n,) after the cached prefix); sets `_pending`, returns (H,) hidden."""
-        logits, hidden = self.runner.feed(tokens, keep=1, want_hidden=want_hidden)
+    def _key(self, n0: int, index: int) -> Word:
+        key = key_hash(self._seed, DRAFT, n0, index)
+        return torch.tensor(key, device=self.device) if self._key_tensors else key
+
+    def _feed(self, tokens: torch.Tensor, want_hidden: bool, slot: tuple[int, int], policy, judge_at: str):
+        """Run one unit on `tokens` ((n,) after the cached prefix): the forward, the draw of the candidate
+        for `slot`, and `policy`'s rule if it judges at `judge_at` (else no rule). Sets `_pending`; returns
+        (hidden (H,) or None, the flag of the fed token (a FEED-time rule) or None)."""
+        judge = policy.judge if policy is not None and policy.judge_at == judge_at else None
+        stats = policy.stats if judge is not None else None
+        q, token, logits, hidden, flag, stats = self.runner.feed(
+            tokens, keep=1, want_hidden=want_hidden, post=draft_post,
+            post_args=(self._sampling, self._key(*slot), judge, judge_at, tokens[-1].to(self.device), stats),
+        )  # fmt: skip
         self.draft_calls += 1
-        logits = logits[-1]
-        self._pending = probs_from_logits(logits, self._sampling)
-        # Greedy q is one-hot; keep the logits so a confidence rule can read the draft's real confidence.
-        self._pending_logits = logits if self._sampling.greedy else None
-        self._pending_state = hidden
-        return hidden
+        if judge is not None:
+            policy.stats = stats
+        sample_flag = flag if judge_at == SAMPLE else None
+        self._pending = _Pending(slot, q, token, logits, hidden, sample_flag)
+        return hidden, flag if judge_at == FEED else None
 
     def propose(
-        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False, policy=None
     ) -> DraftStep:
+        """As `Drafter.propose`; `policy` (a `StopPolicy` to judge this candidate, or None) runs its rule in
+        the draft's units and returns the flag in `DraftStep.stop`."""
         n = context.numel()
+        n0 = n - index + 1  # the round's start: with the slot, the key of this candidate's draw
         cached = self.runner.length
         if cached > n:
             self.rollback(n)
             cached = n
-        if self._pending is None or cached < n or (want_state and self._pending_state is None):
+        pend = self._pending
+        if pend is None or cached < n or pend.slot != (n0, index) or (want_state and pend.state is None):
             if cached == n:
-                # Cache holds the whole context but its next-token distribution (or the state behind it)
-                # is unknown: re-feed the last token (rare: a rollback landing exactly on the cache's end).
+                # Cache holds the whole context but its next candidate (or the state behind it) is
+                # unknown: re-feed the last token (rare: a rollback landing exactly on the cache's end).
                 self.runner.rollback(n - 1)
                 cached = n - 1
-            self._feed(context[cached:], want_hidden=want_state)
-        q, logits, state = self._pending, self._pending_logits, self._pending_state if want_state else None
-        assert q is not None
-        # Keyed by (round start n - index + 1, slot index): unique per candidate of a decode, so no noise
-        # is ever reused after a rollback. Greedy q is one-hot: its argmax is the sample, no draw.
-        key = key_hash(self._seed, DRAFT, n - index + 1, index)
-        token = sample_token(q, self._sampling.greedy, key)
+            self._feed(context[cached:], want_state, (n0, index), policy, SAMPLE)
+            pend = self._pending
+        assert pend is not None
+        stop = pend.stop if policy is not None else None
         hidden = None
         if want_hidden:
-            hidden = self._feed(token.view(1), want_hidden=True)
+            hidden, fed_stop = self._feed(pend.token.view(1), True, (n0, index + 1), policy, FEED)
+            stop = fed_stop if fed_stop is not None else stop
         else:
-            self._pending = None  # q belonged to the position now taken by the (unfed) candidate
-        return DraftStep(token=token, q=q, hidden=hidden, index=index, logits=logits, state=state)
+            self._pending = None  # the pending candidate is now handed out
+        state = pend.state if want_state else None
+        return DraftStep(pend.token, pend.q, hidden, index, logits=pend.logits, state=state, stop=stop)
 
     def rollback(self, length: int) -> None:
         if self.runner.length > length:

@@ -31,6 +31,12 @@ from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, input_offset, needs_stats
 TOKEN_TABLE_MAX = 1 << 24  # elements (64 MB in float32): the largest folded token table built
 
 
+def rows(table: torch.Tensor, token: torch.Tensor | int) -> torch.Tensor:
+    """table[[token]]: (1, ...) the token's entry, by `index_select` rather than `table[token]`, which with a
+    0-d tensor index reads the token back to the host (and cannot be traced into a compiled step)."""
+    return table.index_select(0, torch.as_tensor(token, device=table.device).view(1))
+
+
 class HeadCall:
     """One head evaluation per candidate: `logit(step)`; `input(step)` is the vector it reads.
 
@@ -100,11 +106,11 @@ class HeadCall:
             logq = torch.log_softmax(step.logits.float(), -1) if step.logits is not None else step.q.log()
             logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,)
             if "logq" in inputs:
-                parts.append(logq[step.token : step.token + 1])
+                parts.append(rows(logq, step.token))
             if "entropy" in inputs:
                 parts.append(torch.dot(logq.exp(), logq).neg_()[None])
         if "token" in inputs and with_token:
-            parts.append(self._out_emb[step.token].float())
+            parts.append(rows(self._out_emb, step.token)[0].float())
         if "topk" in inputs:
             parts.append(logq.topk(TOPK_WIDTH).values)
         return torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -114,7 +120,7 @@ class HeadCall:
         if self._token_table is None:
             return self.logit_of(self._input(step, with_token=True))
         x = self._input(step, with_token=False).to(self._w_out.dtype)
-        return self._layers(torch.addmv(self._token_table[step.token], self._proj_rest, x))
+        return self._layers(torch.addmv(rows(self._token_table, step.token)[0], self._proj_rest, x))
 
     def logit_of(self, x: torch.Tensor) -> torch.Tensor:
         """The head's logit for one full input vector (input_size,), 0-d: `head(x)`, faster."""

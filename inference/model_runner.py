@@ -29,8 +29,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable
-from typing import Protocol
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
@@ -69,13 +69,20 @@ class ModelRunner(Protocol):
         ...
 
     def feed(
-        self, tokens: torch.Tensor, keep: int = 1, want_hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        tokens: torch.Tensor,
+        keep: int = 1,
+        want_hidden: bool = False,
+        post: Callable | None = None,
+        post_args: tuple = (),
+    ) -> Any:
         """Append `tokens` ((n,) int64, any device) after the cached prefix.
 
-        Returns:
+        Returns, without `post`:
             logits: (keep, V) for the last `keep` positions, on the model's device.
             hidden: (H,) the final hidden state at the last position if `want_hidden`, else None.
+        With `post`: `post(logits, hidden, *post_args)`, run in the same unit as the forward (the fast path
+        compiles them together; `post` must be pure tensor code, its non-tensor arguments constants).
         """
         ...
 
@@ -114,8 +121,13 @@ class EagerRunner:
         self.length = 0
 
     def feed(
-        self, tokens: torch.Tensor, keep: int = 1, want_hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        tokens: torch.Tensor,
+        keep: int = 1,
+        want_hidden: bool = False,
+        post: Callable | None = None,
+        post_args: tuple = (),
+    ) -> Any:
         out = self.model(
             input_ids=tokens.to(self.device)[None],
             past_key_values=self.cache,
@@ -124,7 +136,8 @@ class EagerRunner:
             logits_to_keep=keep,
         )
         self.length += tokens.numel()
-        return out.logits[0, -keep:], final_hidden(out)[0, -1] if want_hidden else None
+        logits, hidden = out.logits[0, -keep:], final_hidden(out)[0, -1] if want_hidden else None
+        return (logits, hidden) if post is None else post(logits, hidden, *post_args)
 
     def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
         self.reset(0)  # nothing to compile
@@ -134,18 +147,42 @@ class EagerRunner:
         self.length = min(self.length, length)
 
 
-def _step(model: PreTrainedModel, cache: StaticCache, input_ids: torch.Tensor, keep: int, want_hidden: bool):
-    """One forward over `input_ids` ((1, n)) after the cache: the function `torch.compile` captures.
+def _step(
+    model: PreTrainedModel,
+    cache: StaticCache,
+    input_ids: torch.Tensor,
+    keep: int,
+    want_hidden: bool,
+    post: Callable | None = None,
+    *post_args: Any,
+):
+    """One forward over `input_ids` ((1, n)) after the cache, and what the decoder does with its output:
+    the unit `torch.compile` captures.
 
     Runs the decoder stack and the LM head separately (public `get_decoder` / `get_output_embeddings`),
     because the hidden states `output_hidden_states` returns are collected by hooks that a captured graph
     cannot hold. `StaticRunner` checks once that this equals the model's own forward.
-    Returns logits (1, keep, V) and the final hidden state (1, H) of the last position (or None).
+    Returns logits (keep, V) and the final hidden state (H,) of the last position (or None); with `post`,
+    `post(logits, hidden, *post_args)` instead, traced into the same graph (a draft step's sampling and
+    stop rule, a verification's acceptance and next token: `acchead.inference.units`).
     """
     hidden = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
-    hidden = hidden[:, -keep:]  # (1, keep, H): after the final norm, what the LM head reads
+    hidden = hidden[0, -keep:]  # (keep, H): after the final norm, what the LM head reads
     logits = model.get_output_embeddings()(hidden)
-    return logits, hidden[:, -1] if want_hidden else None
+    last = hidden[-1] if want_hidden else None
+    return (logits, last) if post is None else post(logits, last, *post_args)
+
+
+def _arg_key(arg: Any) -> Hashable:
+    """What tells two calls' extra arguments apart for the compiled-graph bookkeeping: a tensor's shape and
+    dtype (its values are graph inputs), any other argument itself (a constant the graph was traced with)."""
+    if isinstance(arg, torch.Tensor):
+        return ("tensor", tuple(arg.shape), arg.dtype)
+    try:
+        hash(arg)
+    except TypeError:
+        return ("id", id(arg))
+    return arg
 
 
 class StaticRunner:
@@ -244,13 +281,14 @@ class StaticRunner:
             compiling = functools.partial(inductor_config.patch, freezing=True, cpp_wrapper=True)
         seen: set[tuple] = set()
 
-        def run(model, cache, ids, keep, want_hidden):
-            key = (ids.shape[1], keep, want_hidden, self.capacity)
+        def run(model, cache, ids, keep, want_hidden, post, *post_args):
+            # Everything a graph was specialised on: a key seen before may skip the guards (below).
+            key = (ids.shape[1], keep, want_hidden, self.capacity, post, *map(_arg_key, post_args))
             if key in seen:
                 with _SKIP_GUARDS() if _SKIP_GUARDS is not None else contextlib.nullcontext():
-                    return compiled(model, cache, ids, keep, want_hidden)
+                    return compiled(model, cache, ids, keep, want_hidden, post, *post_args)
             with compiling():
-                out = compiled(model, cache, ids, keep, want_hidden)
+                out = compiled(model, cache, ids, keep, want_hidden, post, *post_args)
             seen.add(key)
             return out
 
@@ -295,19 +333,25 @@ class StaticRunner:
     # ----------------------------------------------------------------------------------------- forwards
 
     def feed(
-        self, tokens: torch.Tensor, keep: int = 1, want_hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        tokens: torch.Tensor,
+        keep: int = 1,
+        want_hidden: bool = False,
+        post: Callable | None = None,
+        post_args: tuple = (),
+    ) -> Any:
         n = tokens.numel()
         self._reserve(self.length + n, self.length)
         ids = tokens.to(self.device)[None]
         # The prompt (a new length every call) runs eager; decode-time counts replay their graph.
         prefill = self.length == 0 and n > 1
         fn = _step if self._compiled is None or prefill else self._compiled
-        logits, hidden = fn(self.model, self.cache, ids, keep, want_hidden)
+        out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args)
         self.length += n
-        # Clone: a CUDA-graph replay overwrites its output buffers on the next replay.
-        logits = logits[0, -keep:].clone()
-        return logits, hidden[0].clone() if hidden is not None else None
+        if self._compiled is None or prefill or self.device.type != "cuda":
+            return out
+        # A CUDA-graph replay overwrites its output buffers on the next replay: hand out copies.
+        return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in out)
 
     def rollback(self, length: int) -> None:
         if length < self.length:

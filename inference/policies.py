@@ -52,8 +52,9 @@ import torch.nn.functional as F
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.inference.head_call import HeadCall
+from acchead.inference.head_call import HeadCall, rows
 from acchead.inference.host_reads import read
+from acchead.inference.units import FEED, SAMPLE
 
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
@@ -84,11 +85,29 @@ class StopPolicy:
         """A round begins with `position` tokens already generated; returns the candidate cap (>= 0)."""
         raise NotImplementedError
 
+    # When the rule can judge a candidate (`acchead.inference.units`): SAMPLE, right after drawing it (it
+    # reads q, the logits, the state that produced q); FEED, after feeding it (candidate heads read the
+    # hidden state after it); None: the rule never stops a round early.
+    judge_at: str | None = None
+    # The rule's running state on the device (e.g. SpecDec++'s log P̂), which `judge` threads through.
+    stats: torch.Tensor | None = None
+
     def should_stop(self, step: DraftStep) -> bool:
         """After candidate `step.index` (not called for the candidate that reaches the cap). A rule that
-        judges candidates computes its decision on the device and reads the one flag back through
+        judges candidates computes its decision on the device with `judge` (the draft model's unit has
+        usually done so already: `step.stop`) and reads the one flag back through
         `acchead.inference.host_reads.read`: the only host read it makes."""
-        return False
+        if self.judge_at is None:
+            return False
+        flag = step.stop
+        if flag is None:
+            flag, self.stats = self.judge(step, self.stats)
+        return read(flag)
+
+    def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The stop decision for a candidate as tensor ops: (0-d bool flag, new stats). Pure (no reads, no
+        Python state changes), so the draft's compiled step traces it; constants are the policy's fields."""
+        raise NotImplementedError
 
     @property
     def max_cap(self) -> int:
@@ -102,8 +121,11 @@ class StopPolicy:
         """Hindsight for the oracle: agree[i] = the draft's greedy token at generated position i equals
         the target's. Only called when `needs_reference`."""
 
+    _device = torch.device("cpu")  # the draft's: where `stats` lives
+
     def to(self, device: torch.device | str) -> StopPolicy:
-        """Move any parameters (the head) to the draft's device; returns self."""
+        """Move any parameters (the head) and the rule's state to the draft's device; returns self."""
+        self._device = torch.device(device)
         return self
 
     def attach_draft(self, model: torch.nn.Module) -> None:
@@ -172,15 +194,19 @@ class SpecDecPP(StopPolicy):
         self.needs_hidden = not self.lookahead
         self.needs_state = self.lookahead
         self.free_token = free and not self.lookahead
+        self.judge_at = SAMPLE if self.lookahead else FEED
         self.spec = f"specdecpp:h={h:g},max={max_draft}" + ("" if self.lookahead else f",free={int(free)}")
-        self._log_keep = math.log1p(-h)  # stop once log P̂ < log(1 - h)
-        self._log_p_hat: torch.Tensor | float = 0.0
+        # Stop once log P̂ < log(1 - h). A tensor, so that the compiled step reads it as an input: a float
+        # would be a constant of the graph (one compilation per threshold of a sweep).
+        self._log_keep = torch.tensor(math.log1p(-h), dtype=torch.float64)
         self.head_calls = 0
         self.call = HeadCall(head)
+        self._device = head.out.weight.device
 
     def to(self, device: torch.device | str) -> SpecDecPP:
         self.call.to(device)
-        return self
+        self._log_keep = self._log_keep.to(device)
+        return super().to(device)
 
     def attach_draft(self, model: torch.nn.Module) -> None:
         self.call.attach_draft(model)
@@ -190,13 +216,19 @@ class SpecDecPP(StopPolicy):
         return self.call.input(step)
 
     def start_round(self, position: int) -> int:
-        self._log_p_hat = 0.0
+        # log P̂ of the round, a tensor from the start so that every judged step is the same unit
+        self.stats = torch.zeros((), dtype=torch.float64, device=self._device)
         return self.max_draft
 
     def should_stop(self, step: DraftStep) -> bool:
         self.head_calls += 1
-        self._log_p_hat = self._log_p_hat + F.logsigmoid(self.call.logit(step).double())
-        return read(self._log_p_hat < self._log_keep)
+        return super().should_stop(step)
+
+    def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        log_p_hat = F.logsigmoid(self.call.logit(step).double())
+        if stats is not None:  # None: the round's first judged candidate
+            log_p_hat = stats + log_p_hat
+        return log_p_hat < self._log_keep, log_p_hat
 
 
 class Confidence(StopPolicy):
@@ -212,12 +244,14 @@ class Confidence(StopPolicy):
         self.max_draft = max_draft
         self.spec = f"confidence:tau={tau:g},max={max_draft}"
 
+    judge_at = SAMPLE
+
     def start_round(self, position: int) -> int:
         return self.max_draft
 
-    def should_stop(self, step: DraftStep) -> bool:
+    def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         dist = step.q if step.confidence is None else step.confidence
-        return read(dist[step.token] < self.tau)
+        return rows(dist, step.token)[0] < self.tau, stats
 
 
 def draft_entropy(step: DraftStep) -> torch.Tensor:
@@ -252,11 +286,13 @@ class Entropy(StopPolicy):
         self.max_draft = max_draft
         self.spec = f"entropy:tau={tau:g},max={max_draft}"
 
+    judge_at = SAMPLE
+
     def start_round(self, position: int) -> int:
         return self.max_draft
 
-    def should_stop(self, step: DraftStep) -> bool:
-        return read(draft_entropy(step) > self.tau)
+    def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return draft_entropy(step) > self.tau, stats
 
 
 class AdaEDL(StopPolicy):
@@ -336,13 +372,20 @@ class AdaEDL(StopPolicy):
         """The paper's acceptance lower bound 1 − sqrt(γ·H) for a draft distribution of entropy H."""
         return 1.0 - (self.gamma * torch.as_tensor(entropy).clamp_min(0.0)).sqrt()
 
+    judge_at = SAMPLE
+
     def start_round(self, position: int) -> int:
         if position == 0:
             self.reset()
+        # λ moves between rounds on the host; the device rule reads it as a tensor (a float would be a
+        # constant of the compiled step: one recompile per value). A host-to-device copy, not a read.
+        self.stats = torch.tensor(self.lam, dtype=torch.float64, device=self._device)
         return self.max_draft
 
-    def should_stop(self, step: DraftStep) -> bool:
-        return read(self.lower_bound(draft_entropy(step)) < self.lam)
+    def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        bound = self.lower_bound(draft_entropy(step))
+        lam = stats.to(device=bound.device, dtype=bound.dtype) if stats is not None else self.lam
+        return bound < lam, stats
 
     def end_round(self, drafted: int, accepted: int) -> None:
         if not self.adapt or drafted <= 0:

@@ -166,6 +166,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys, monkeypat
         "oracle",
         "hf-assisted",
         "hf-generate",
+        "hf-custom",
     ]
     assert res["rows"][3]["params"] == {"h": 0.5, "max": 20, "head": str(bench_inputs["head"])}
     assert res["rows"][4]["params"]["head"] == str(bench_inputs["lookahead"])
@@ -194,12 +195,18 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys, monkeypat
     assert res["rows"][10]["params"]["adaptive_threshold"] is False
     assert any("counts (N/N_target/N_draft/N_discarded) agree" in n for n in res["notes"]), res["notes"]
     goals = {g["goal"]: g for g in res["goals"]}
-    assert len(goals) == 10 and sum(g.startswith("greedy:") for g in goals) == 5
+    assert len(goals) == 11 and sum(g.startswith("greedy:") for g in goals) == 5
     assert sum(g.startswith("CPU: ") for g in goals) == 2  # issue 11's wall-clock goals, this device
     overhead_goals = [g for g in goals if g.startswith("head overhead")]
     assert [g.rsplit("(", 1)[1] for g in overhead_goals] == ["specdecpp)", "specdecpp-lookahead)"]
     # Every goal is measured here, except that a random tiny pair may leave no fixed-K-to-oracle gap.
     assert all(g["met"] is not None or "no gap" in g["detail"] for g in goals.values()), goals
+    # hf-custom: the first head's SpecDec++ row (h = 0.5, the grid's only h) decoded through generate.
+    custom, twin = res["rows"][12], res["rows"][3]
+    assert custom["params"] == {"twin": "specdecpp", **twin["params"]} and custom["spec"] == twin["spec"]
+    keys = ("tokens", "target_calls", "draft_calls", "discarded")
+    assert [custom[k] for k in keys] == [twin[k] for k in keys]
+    assert next(g for g in goals.values() if "through transformers' generate" in g["goal"])["met"] is not None
     assert set(res["head_kinds"]["heads"]) == {"specdecpp", "specdecpp-lookahead"}
     assert set(res["head_kinds"]["winners"]) == {"0.2", "0.1", "0.05", "fitted"}
     assert any(line.startswith("head kinds at c = 0.2: ") for line in res["summary"])
@@ -212,7 +219,7 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys, monkeypat
 
     capsys.readouterr()
     assert main(argv) == 0
-    assert "resuming: 24 of 24 runs" in capsys.readouterr().out
+    assert "resuming: 26 of 26 runs" in capsys.readouterr().out
     again = json.loads((out / "results.json").read_text())
     assert [r["wall_time"] for r in again["rows"]] == [r["wall_time"] for r in res["rows"]]
 
@@ -223,8 +230,29 @@ def test_bench_end_to_end_then_resumes(bench_inputs, tmp_path, capsys, monkeypat
     del data["runs"][lost]
     part.write_text(json.dumps(data))
     assert main(argv) == 0
-    assert "resuming: 23 of 24 runs" in capsys.readouterr().out
+    assert "resuming: 25 of 26 runs" in capsys.readouterr().out
     assert lost in json.loads(part.read_text())["runs"]
+
+
+def test_hf_custom_row_decodes_through_generate(bench_inputs, tmp_path, monkeypatch):
+    """The hf-custom row runs `target.generate(custom_generate=acchead.inference.hf.generate)` on its twin's
+    spec (fixed K = 3 here: no SpecDec++ row), with the same counts as the twin."""
+    import acchead.inference.bench.hf_custom as hf_custom
+
+    specs, real = [], hf_custom.hf_custom_generate
+
+    def spy(*args, **kwargs):
+        specs.append(kwargs["spec"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf_custom, "hf_custom_generate", spy)
+    out = tmp_path / "bench"
+    assert main(_argv(bench_inputs, out, "--methods", "specdec,hf-custom", "--num-prompts", "1")) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["specdec", "specdec", "hf-custom"]
+    assert specs == ["specdec:k=3", "specdec:k=3"]  # the warm-up and the prompt
+    keys = ("tokens", "target_calls", "draft_calls", "discarded", "matches_autoregressive")
+    assert rows[2]["spec"] == rows[1]["spec"] and [rows[2][k] for k in keys] == [rows[1][k] for k in keys]
 
 
 def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
@@ -284,11 +312,13 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     assert sorted(args.head) == sorted(map(str, shipped))
     settings, _ = build_settings(args, SamplingConfig(0.0))
     specs = [s.spec for s in settings]
-    assert len(settings) == 35 + 9 * len(args.head)  # 9 thresholds h per head
+    assert len(settings) == 36 + 9 * len(args.head)  # 9 thresholds h per head
     assert args.paths == ["eager"] and "hf-generate" in args.methods  # issue 11: opt-in fast path
     assert "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
     assert sum(s.family == "adaedl" for s in settings) == 4
-    assert build_settings(args, SamplingConfig(1.0))[0][-3].family == "adaedl-adapt"  # sampling: no oracle
+    assert build_settings(args, SamplingConfig(1.0))[0][-4].family == "adaedl-adapt"  # sampling: no oracle
+    custom = settings[-1]  # hf-custom: the first head's SpecDec++ h = 0.8, decoded through generate
+    assert (custom.family, custom.spec, custom.head) == ("hf-custom", "specdecpp:h=0.8,max=20", args.head[0])
     user = tmp_path / "user.yaml"
     user.write_text("k_grid: [3, 5]\nextra_specs: ['ucb:arms=specdec:k=2|specdecpp:h=0.5,max=8']\n")
     args = resolve_args(build_parser().parse_args(["--config", str(user), "--k-grid", "7"]))

@@ -9,6 +9,7 @@ import pytest
 
 from acchead.inference.bench.costmodel import CostFit
 from acchead.inference.bench.head_timing import HeadOverhead
+from acchead.inference.bench.hf_custom import overhead_goal
 from acchead.inference.bench.report import (
     _greedy_agreement,
     _kind_lines,
@@ -68,7 +69,15 @@ def _goal_rows(la: float = 1.55, sd: float = 1.30, cf: float = 1.45, ada: float 
         _at("adaedl-adapt", ada, gamma=0.2, lam=0.1),
         _at("oracle", oracle),
         _at("hf-assisted", 1.0, wall=0.5),
+        _custom(_at("specdecpp", 1.35, h=0.5, head="/z/greedy-candidate/head.safetensors"), wall=0.97),
     ]
+
+
+def _custom(twin: dict, wall: float) -> dict:
+    """The hf-custom row of `twin` (its setting decoded through generate), at wall-clock `wall` tokens/s."""
+    r = _at("hf-custom", twin["ratio_speedups"]["0.2"], wall=wall, twin=twin["method"], **twin["params"])
+    r["spec"] = twin["spec"]
+    return r
 
 
 def _overheads(*ratios: float) -> dict[str, HeadOverhead]:
@@ -88,17 +97,19 @@ def test_greedy_goals_are_judged_from_the_rows():
         "greedy: best SpecDec++ captures ≥ 35% of the fixed-K-to-oracle gap at c = 0.2",
     ]
     assert names[5].startswith("our best fixed-K SpecDec wall-clock")
-    assert names[6:] == ["head overhead ≤ 3% of a draft step (specdecpp)",
+    assert names[6].startswith("our decoder through transformers' generate keeps ≥ 0.95×")
+    assert names[7:] == ["head overhead ≤ 3% of a draft step (specdecpp)",
                          "head overhead ≤ 3% of a draft step (specdecpp-lookahead)"]  # fmt: skip
     # 1.55 / 1.30 = 1.19; 1.55 / 1.45 = 1.07; 1.55 / 1.46 = 1.06; (1.55 - 1.3) / (2 - 1.3) = 36%.
-    assert [m for _, m, _ in goals] == [True, True, True, True, True, True, True, False]
+    assert [m for _, m, _ in goals] == [True, True, True, True, True, True, True, True, False]
     details = [d for _, _, d in goals]
     # Best SpecDec++ is taken over both head kinds (the lookahead head here), named by its head.
     assert details[0] == ("1.550× (specdecpp-lookahead h=0.6, head=greedy-lookahead) vs 1.300× "
                           "(specdec k=2): 1.192×")  # fmt: skip
     assert "vs 1.460× (adaedl-adapt gamma=0.2, lam=0.1)" in details[3]  # AdaEDL: either family
     assert details[4].startswith("35.7% of the gap (SpecDec++ 1.550×, fixed K 1.300×, oracle 2.000×")
-    assert details[7].startswith("5.00% (50 µs head vs 1000 µs draft step")
+    assert details[6].startswith("0.97 vs 1.00 tokens/s (specdecpp ") and details[6].endswith("): 0.970×")
+    assert details[8].startswith("5.00% (50 µs head vs 1000 µs draft step")
 
 
 @pytest.mark.parametrize(
@@ -122,7 +133,7 @@ def test_sampling_goals_are_judged_from_the_rows():
         "sampling: best SpecDec++ above the best confidence threshold at c = 0.2",
         "sampling: best SpecDec++ above the best AdaEDL setting at c = 0.2",
     ]
-    assert [m for _, m, _ in goals] == [True, True, True, True, True, True]
+    assert [m for _, m, _ in goals] == [True, True, True, True, True, True, True]
     # 1.40 / 1.30 = 1.077 < 1.08; equal to the best confidence threshold is not above it.
     goals = evaluate_goals(_goal_rows(la=1.40, cf=1.40, ada=1.39), None, greedy=False)
     assert [m for _, m, _ in goals[:3]] == [False, False, True]
@@ -130,7 +141,7 @@ def test_sampling_goals_are_judged_from_the_rows():
 
 def test_goals_not_measured_are_reported_as_such():
     goals = evaluate_goals([_row("autoregressive", 10.0, 10.0)], None)
-    assert [met for _, met, _ in goals] == [None] * 7
+    assert [met for _, met, _ in goals] == [None] * 8
     assert goals[-1] == ("head overhead ≤ 3% of a draft step", None, "not measured (no head loaded)")
     # c = 0.2 not declared: the goals that need it say so; the fitted-cost goal is still judged.
     rows = _goal_rows()
@@ -147,6 +158,15 @@ def test_goals_not_measured_are_reported_as_such():
     assert goals[4][1] is None and goals[4][2].startswith("no gap to capture")
     goals = evaluate_goals([r for r in _goal_rows() if r["method"] != "oracle"], None)
     assert goals[4][1:] == (None, "not measured (needs specdecpp, specdec and oracle runs)")
+
+
+def test_hf_custom_goal_compares_the_row_with_its_twin():
+    twin = _at("specdec", 1.3, wall=10.0, k=3)
+    _, met, detail = overhead_goal([twin, _custom(twin, wall=9.4)])
+    assert met is False and detail.endswith(": 0.940×")  # the wrapper costs 6%
+    assert overhead_goal([twin, _custom(twin, wall=9.6)])[1] is True
+    other = _at("specdec", 1.3, wall=10.0, k=4)  # not the setting the hf-custom row decoded
+    assert overhead_goal([other, _custom(twin, wall=9.6)])[1] is None
 
 
 def test_head_kinds_compared_per_ratio():

@@ -240,4 +240,4 @@ def test_specdecpp_fast_head_path_equals_the_module():
         pol.start_round(0)
         step = DraftStep(token=0, q=torch.ones(2) / 2, hidden=torch.zeros(24), index=1)
         assert pol.should_stop(step) is stop
-        assert bool(torch.isfinite(torch.as_tensor(pol._log_p_hat)))
+        assert bool(torch.isfinite(torch.as_tensor(pol.stats)))

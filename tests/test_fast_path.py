@@ -81,6 +81,7 @@ def test_compiled_fast_path_equals_eager_and_decoders_of_one_model_take_turns(co
     assert fast[1].drafter.runner is fast[2].drafter.runner
     for dec in fast:
         dec.warm_up(64)
+    fast[2].warm_up(64, temperature=1.0)  # S is part of each unit: each S is warmed up
     with torch.compiler.set_stance("fail_on_recompile"):
         for prompt, n in ((torch.tensor([5, 9, 17, 33, 2]), 24), (torch.tensor([7, 1, 4]), 40)):
             for f, e in zip(fast, eager, strict=True):
@@ -89,3 +90,61 @@ def test_compiled_fast_path_equals_eager_and_decoders_of_one_model_take_turns(co
     assert res.tokens == 24
     with pytest.raises(AccheadError, match="distinct target and draft"):
         SpeculativeDecoder(target, target, policy="specdec:k=2", fast=True)
+
+
+def _rounds(dec: SpeculativeDecoder, prompt: torch.Tensor, **kw) -> tuple[list[int], list[int], int]:
+    res = dec.generate(prompt, max_new_tokens=24, **kw)
+    return res.new_ids.tolist(), res.drafted_per_round, res.head_calls
+
+
+def _same_as_eager(target, draft, cases, temperatures) -> list[list[int]]:
+    """Each (spec, head) case compiled and eager: the same tokens, round lengths and head calls under each
+    temperature (after `warm_up`, nothing compiles). Returns the greedy round lengths per case."""
+    prompt = torch.tensor([5, 9, 17, 33, 2])
+    lengths = []
+    for spec, head in cases:
+        fast = SpeculativeDecoder(target, draft, policy=spec, head=head, fast=True)
+        eager = SpeculativeDecoder(target, draft, policy=spec, head=head, fast=False)
+        for t in temperatures:
+            fast.warm_up(64, temperature=t)
+        for t in temperatures:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                got = _rounds(fast, prompt, temperature=t, seed=7)
+            assert got == _rounds(eager, prompt, temperature=t, seed=7), (spec, t)
+            if t == 0:
+                lengths.append(got[1])
+    return lengths
+
+
+def _token_heads(hidden: int, inputs_list) -> list[AcceptanceHead]:
+    torch.manual_seed(0)
+    heads = [AcceptanceHead(hidden, depth=1, kind="lookahead", inputs=inputs) for inputs in inputs_list]
+    for head in heads:  # a bias that makes stops common, so the rounds differ between heads
+        torch.nn.init.constant_(head.out.bias, 1.0)
+    return heads
+
+
+def test_compiled_units_make_the_eager_stop_decisions(compiled_pair):
+    """The draft's unit (forward, S, the draw, the stop rule: here a lookahead head reading the state and the
+    candidate's token row) and the verification's unit compiled: the same tokens, the same round lengths (so
+    the same stop decisions) and head calls as the eager path. Two heads of one shape but different weights
+    each match their own eager decoder, and share one compiled step: a head's weights (and its threshold)
+    are inputs of the compiled step, not constants frozen into it (a frozen head would make the second
+    decoder replay the first's rule)."""
+    target, draft = compiled_pair
+    heads = _token_heads(draft.config.hidden_size, [("state", "token")] * 2)
+    cases = [("specdecpp:h=0.5,max=3", heads[0]), ("specdecpp:h=0.6,max=3", heads[1])]
+    lengths = _same_as_eager(target, draft, cases, temperatures=(0.0,))
+    assert lengths[0] != lengths[1], "the two heads should stop differently (else the test proves nothing)"
+
+
+@pytest.mark.slow
+def test_compiled_units_make_the_eager_decisions_and_draws_for_every_rule(compiled_pair):
+    """As above, for every rule judged inside the draft's unit (lookahead heads with log q and entropy
+    inputs, confidence, AdaEDL with its λ as an input) and under sampling: the counter-keyed draws inside
+    the compiled units are the eager ones."""
+    target, draft = compiled_pair
+    (head,) = _token_heads(draft.config.hidden_size, [("state", "logq", "entropy")])
+    cases = [("specdecpp:h=0.5,max=3", head), ("confidence:tau=0.9,max=3", None)]
+    cases.append(("adaedl:lam=0.9,max=3", None))
+    _same_as_eager(target, draft, cases, temperatures=(0.0, 1.0))

@@ -61,6 +61,7 @@ def test_fast_path_on_cuda_equals_eager(tiny_llama_pair, spec):
     fast = SpeculativeDecoder(target, draft, policy=spec, head=head)  # the default on CUDA
     assert fast.fast
     fast.warm_up(prompt.numel() + 32)
+    fast.warm_up(prompt.numel() + 32, temperature=1.0)
     with torch.compiler.set_stance("fail_on_recompile"):
         got = fast.generate(prompt, max_new_tokens=32, temperature=0).new_ids.tolist()
         sampled = fast.generate(prompt, max_new_tokens=32, temperature=1.0, seed=1)

@@ -32,7 +32,7 @@ FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "specdecpp-lookahead",
 # share a family get their name appended: "specdecpp-lookahead[greedy-r1]".
 HEAD_FAMILIES = {"candidate": "specdecpp", "lookahead": "specdecpp-lookahead"}
 FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "adaedl", "adaedl-adapt",
-            "oracle", "hf-assisted", "hf-generate", "extra")  # fmt: skip
+            "oracle", "hf-assisted", "hf-generate", "hf-custom", "extra")  # fmt: skip
 # The paths our decoders can run on (`SpeculativeDecoder(fast=...)`); a fast-path row's family is its eager
 # family with this suffix ("specdec@fast"), so every analysis of the eager rows is unchanged beside it.
 PATHS = ("eager", "fast")
@@ -489,6 +489,8 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         from acchead.inference.bench.hf_assisted import GENERATE_METHOD
 
         settings.append(Setting(GENERATE_METHOD, "", {}, "token"))
+    if "hf-custom" in methods:
+        settings.append(hf_custom_setting(settings, v))
     for spec in extras:  # a bandit arm or cascade using SpecDec++ decodes with the first head
         family = re.split(r"[:+]", spec, maxsplit=1)[0]
         head = str(heads[0][1]) if needs_head(spec) else None
@@ -497,6 +499,28 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
     if not settings:
         raise AccheadError("nothing to run: --methods selects no setting")
     return _on_paths(settings, args.paths), notes
+
+
+def hf_custom_setting(settings: Sequence[Setting], verifier: str) -> Setting:
+    """The `hf-custom` row: one of `settings` (its twin) decoded through transformers' `generate`
+    (`acchead.inference.bench.hf_custom`), so that the two rows' wall clocks give the wrapper's cost.
+
+    The twin is the first SpecDec++ head's h = 0.8 (else its first h), else fixed K = 3 (else the first K),
+    else autoregressive decoding (with `verifier`); its family is kept in the row's params as "twin".
+    """
+    from acchead.inference.bench.hf_custom import METHOD
+
+    twin = None
+    for keep, key, value in ((is_specdecpp, "h", 0.8), (lambda f: f == "specdec", "k", 3)):
+        group = [s for s in settings if keep(s.family)]
+        group = [s for s in group if s.family == group[0].family] if group else []  # the first head only
+        if group:
+            twin = next((s for s in group if s.params.get(key) == value), group[0])
+            break
+    if twin is None:
+        twin = Setting("autoregressive", "autoregressive", {}, verifier)
+    params = {"twin": twin.family, **twin.params}
+    return Setting(METHOD, twin.spec, params, twin.verifier, twin.needs_head, twin.head)
 
 
 def _on_paths(settings: list[Setting], paths: Sequence[str]) -> list[Setting]:

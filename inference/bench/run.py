@@ -162,7 +162,7 @@ class Bench:
         longest = max(ids.shape[1] for ids in self.prompt_ids) + self.args.max_new_tokens
         for s in settings:
             if s.fast:
-                decoders[s.key].warm_up(longest)
+                decoders[s.key].warm_up(longest, **self.sampling.to_dict())
         seen: set[str] = set()
         for s in settings:
             if s.family not in seen:
@@ -422,7 +422,7 @@ def _profile_loops(
     out = []
     for s in pick_settings(settings):
         decoder = bench.decoder(s)
-        decoder.warm_up(longest)
+        decoder.warm_up(longest, **sampling.to_dict())
         out.append(profile_loop(decoder, prompts, args.max_new_tokens, sampling, seed=args.seed))
     return out
 

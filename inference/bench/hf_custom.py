@@ -1,0 +1,244 @@
+"""Our decoder called through transformers' `generate` (`custom_generate=acchead.inference.hf.generate`):
+the bench's `hf-custom` row, and the measurement of what that wrapper costs.
+
+The `hf-custom` row decodes one of the bench's own settings (its "twin": SpecDec++ h = 0.8 of the first
+head when the grid has it; see `acchead.inference.bench.config.hf_custom_setting`) through `generate`, so
+its wall clock beside the twin's is the wrapper's overhead; its counts are the decoder's own.
+
+    python -m acchead.inference.bench.hf_custom --num-prompts 10 --max-new-tokens 64 --repeats 3
+
+times, on the demo pair, greedy, 1 torch thread, after a warm-up, our decoder's `generate` and the same
+decoder object reached through `target.generate(..., custom_generate=...)` on the same prompts, alternating
+which goes first, and prints both tokens/s and their ratio (the goal: the wrapper costs ≤ 5%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from acchead.errors import cli_errors
+from acchead.inference.bench.hf_assisted import sampling_kwargs
+from acchead.sampling import SamplingConfig
+
+METHOD = "hf-custom"
+OVERHEAD_GOAL = 0.05  # through generate, at most 5% fewer tokens/s than the decoder called directly
+
+
+@dataclass
+class CustomResult:
+    """One decode through `generate`; the stat names of `SpeculativeDecoder.generate`'s result.
+
+    Attributes:
+        new_ids: (N,) int64 generated ids on the CPU (prompt excluded).
+        wall_time: seconds spent in `target.generate`, wrapper included.
+    """
+
+    new_ids: torch.Tensor
+    tokens: int
+    target_calls: int
+    draft_calls: int
+    discarded: int
+    wall_time: float
+
+
+def hf_custom_generate(
+    target: Any,
+    draft: Any,
+    input_ids: torch.Tensor,
+    *,
+    spec: str,
+    head: str | Path | None,
+    verifier: str,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int,
+    eos_token_id: int | None = None,
+    fast: bool | None = False,
+) -> CustomResult:
+    """Decode `input_ids` ((1, T)) with policy `spec` through `target.generate(custom_generate=...)`.
+
+    `fast` as for `SpeculativeDecoder` (False: the eager path, the path of the twin row)."""
+    from acchead.inference import hf
+
+    start = time.perf_counter()
+    out = target.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        assistant_model=draft,
+        custom_generate=hf.generate,
+        policy=spec,
+        head=head,
+        verifier=verifier,
+        seed=seed,
+        fast=fast,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        return_dict_in_generate=True,
+        **sampling_kwargs(sampling),
+    )
+    wall = time.perf_counter() - start
+    new_ids = out.sequences[0, input_ids.shape[1] :].cpu()
+    return CustomResult(
+        new_ids=new_ids,
+        tokens=int(new_ids.numel()),
+        target_calls=int(out.target_calls),
+        draft_calls=int(out.draft_calls),
+        discarded=int(out.discarded),
+        wall_time=wall,
+    )
+
+
+def twin_row(rows: list[dict], row: dict) -> dict | None:
+    """The bench row an `hf-custom` row decoded the same setting as (`config.hf_custom_setting`)."""
+    params = {k: v for k, v in row["params"].items() if k != "twin"}
+    family = row["params"].get("twin")
+    return next((r for r in rows if r["method"] == family and r["spec"] == row["spec"]
+                 and r["params"] == params), None)  # fmt: skip
+
+
+def overhead_goal(rows: list[dict]) -> tuple[str, bool | None, str]:
+    """(goal, met, detail): the `hf-custom` row's wall-clock tokens/s ≥ 0.95 × its twin's."""
+    goal = (f"our decoder through transformers' generate keeps ≥ {1 - OVERHEAD_GOAL:.2f}× of its direct "
+            "wall-clock tokens/s")  # fmt: skip
+    row = next((r for r in rows if r["method"] == METHOD), None)
+    twin = twin_row(rows, row) if row is not None else None
+    if row is None or twin is None or twin["wall_tokens_per_s"] <= 0:
+        return goal, None, f"not measured (needs the {METHOD} row and the row of the setting it decodes)"
+    ratio = row["wall_tokens_per_s"] / twin["wall_tokens_per_s"]
+    detail = (f"{row['wall_tokens_per_s']:.2f} vs {twin['wall_tokens_per_s']:.2f} tokens/s "
+              f"({twin['method']} {row['spec']}): {ratio:.3f}×")  # fmt: skip
+    return goal, ratio >= 1 - OVERHEAD_GOAL, detail
+
+
+def measure_overhead(
+    target: Any,
+    draft: Any,
+    prompts: list[torch.Tensor],
+    *,
+    policy: str,
+    head: str | Path | None,
+    max_new_tokens: int,
+    repeats: int,
+    eos_token_id: int | None,
+) -> dict[str, float]:
+    """Greedy tokens/s of the decoder called directly and through `generate`, on the same prompts.
+
+    Both calls reach the same `SpeculativeDecoder` object (`hf.decoder_for`), so only the wrapper differs;
+    each prompt runs both ways `repeats` times, alternating which goes first so that a slow drift of the
+    machine's load falls on both. Both are timed from outside the call. Asserts equal outputs.
+    """
+    from acchead.inference import hf
+
+    decoder = hf.decoder_for(target, draft, policy, head, "token", None)
+
+    def direct(ids: torch.Tensor) -> list[int]:
+        res = decoder.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=eos_token_id)
+        return res.new_ids.tolist()
+
+    def through(ids: torch.Tensor) -> list[int]:
+        res = hf_custom_generate(target, draft, ids, spec=policy, head=head, verifier="token",
+                                 max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), seed=0,
+                                 eos_token_id=eos_token_id)  # fmt: skip
+        return res.new_ids.tolist()
+
+    direct(prompts[0]), through(prompts[0])  # warm-up: first calls build caches and look heads up
+    seconds = {"direct": 0.0, "generate": 0.0}
+    tokens = 0
+    for r in range(repeats):
+        for i, ids in enumerate(prompts):
+            outs = {}
+            for name in ("direct", "generate") if (r + i) % 2 == 0 else ("generate", "direct"):
+                start = time.perf_counter()
+                outs[name] = (direct if name == "direct" else through)(ids)
+                seconds[name] += time.perf_counter() - start
+            if outs["direct"] != outs["generate"]:
+                raise AssertionError(f"prompt {i}: the two calls decoded different tokens")
+            tokens += len(outs["direct"])
+    direct_tps, generate_tps = tokens / seconds["direct"], tokens / seconds["generate"]
+    calls = repeats * len(prompts)
+    return {
+        "tokens": tokens,
+        "calls": calls,
+        "direct_tokens_per_s": direct_tps,
+        "generate_tokens_per_s": generate_tps,
+        "ratio": generate_tps / direct_tps,
+        "overhead_ms_per_call": (seconds["generate"] - seconds["direct"]) / calls * 1e3,
+        "preparation_ms_per_call": _preparation_ms(target, draft, prompts[0], max_new_tokens),
+    }
+
+
+def _preparation_ms(
+    target: Any, draft: Any, ids: torch.Tensor, max_new_tokens: int, calls: int = 50
+) -> float:
+    """Milliseconds `generate` spends before it calls the loop (a loop that returns at once): the part of
+    the wrapper's cost that the side-by-side timing resolves only as noise."""
+
+    def loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        return input_ids
+
+    kw = dict(attention_mask=torch.ones_like(ids), assistant_model=draft, custom_generate=loop,
+              max_new_tokens=max_new_tokens, do_sample=False)  # fmt: skip
+    target.generate(ids, **kw)
+    start = time.perf_counter()
+    for _ in range(calls):
+        target.generate(ids, **kw)
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m acchead.inference.bench.hf_custom",
+        description="Greedy tokens/s of our decoder called directly vs through transformers' generate "
+        "(custom_generate), side by side on the same prompts (default: the demo pair, 1 thread).",
+    )
+    p.add_argument("--target", default=None, help="target model directory (default: the demo target)")
+    p.add_argument("--draft", default=None, help="draft model directory (default: the demo draft)")
+    p.add_argument("--head", default=None, help="head file (default: the demo pair's shipped greedy head)")
+    p.add_argument("--policy", default="specdecpp", help="policy spec (default: specdecpp, the head's h)")
+    p.add_argument("--prompts", default="humaneval", help="prompt set name or .jsonl file")
+    p.add_argument("--num-prompts", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
+    return p
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    from acchead import zoo
+    from acchead.inference.bench.prompts import load_prompts
+    from acchead.models import load_causal_lm, load_tokenizer
+
+    hf_logging.set_verbosity_error()
+    target = load_causal_lm(args.target or zoo.TARGET_DIR)
+    draft = load_causal_lm(args.draft or zoo.DRAFT_DIR)
+    tok = load_tokenizer(args.target or zoo.TARGET_DIR)
+    texts = load_prompts(args.prompts, args.num_prompts)
+    prompts = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
+    m = measure_overhead(target, draft, prompts, policy=args.policy, head=args.head,
+                         max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                         eos_token_id=tok.eos_token_id)  # fmt: skip
+    print(f"{m['calls']} calls, {m['tokens']} tokens each way, {torch.get_num_threads()} thread(s)")
+    print(f"direct:   {m['direct_tokens_per_s']:.1f} tokens/s")
+    print(f"generate: {m['generate_tokens_per_s']:.1f} tokens/s (custom_generate)")
+    verdict = "met" if m["ratio"] >= 1 - OVERHEAD_GOAL else "NOT met"
+    print(f"ratio {m['ratio']:.3f} ({m['overhead_ms_per_call']:.2f} ms per call): goal ≥ "
+          f"{1 - OVERHEAD_GOAL:.2f} {verdict}")  # fmt: skip
+    print(f"generate's preparation alone: {m['preparation_ms_per_call']:.2f} ms per call")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,389 @@
+"""SpecDec++ inside transformers' own `generate`: a `custom_generate` decoding loop that runs our decoder.
+
+    from acchead.inference import hf
+
+    out = target.generate(**inputs, assistant_model=draft, custom_generate=hf.generate,
+                          head="head.safetensors", max_new_tokens=128, do_sample=False)
+
+`generate` prepares the inputs, the generation config, the logits processors and the stopping criteria, then
+hands them to `generate` below (transformers 5.x calls a callable `custom_generate` in place of its own
+decoding loop), which decodes with a `SpeculativeDecoder(target, draft, policy, head, verifier)`: exact, so
+the output is distributed as transformers' own sampling from the target (greedy: token for token its
+greedy output). Keyword arguments of our own: `head` (an `AcceptanceHead` or a head file; None on the demo
+pair: its shipped head for the requested S), `policy` (any spec of ours, default "specdecpp": the head's
+measured threshold), `verifier` ("token" or "block"), `seed` and `fast` (as for `SpeculativeDecoder`).
+The same loop ships as a directory for `custom_generate=custom_generate_dir(), trust_remote_code=True`.
+
+What is honoured, and how:
+- S comes from the logits processors generate built: temperature -> top-k -> top-p (the order
+  `acchead.sampling` applies); `do_sample=False` is greedy. Any other processor (repetition penalty, bad
+  words, min_length / min_new_tokens, no_repeat_ngram, ...) changes the target's distribution in a way the
+  verifier cannot reproduce, so it is refused with one line naming it.
+- Stopping criteria: the max-length criterion becomes our `max_new_tokens`, the EOS criterion our EOS ids
+  (every id of a list), and any other criterion (stop strings, max time, the caller's own) is called after
+  each new token on prompt + tokens so far (with `scores=None`: we compute no scores); the first that fires
+  ends generation keeping that token, as in `generate`'s loop.
+- The streamer gets the prompt from `generate` itself, then one `put` of the new tokens per round, `end()`.
+- Sampled draws are keyed by `seed` (`acchead.inference.device_random`); `generate` takes no seed, so by
+  default one is drawn from torch's global generator: `torch.manual_seed(s)` makes a call repeatable.
+- Returns what `generate` returns: (1, T + N) ids, or with `return_dict_in_generate=True` a
+  `SpeculativeGenerateOutput` (`GenerateDecoderOnlyOutput` plus the round statistics). Scores, logits,
+  attentions and hidden states are not computed: asking for them is refused. Batch size 1, unpadded.
+
+transformers 5.4-5.23 drop `assistant_model`, `streamer` and `tokenizer` on the way to a callable
+(`GenerationMixin._extract_generation_mode_kwargs` replaces its dict with the callable's own keyword
+arguments). `assistant_model` and `streamer` are read from the calling `generate`'s frame
+(`_generate_arguments`); the tokenizer is lost before our loop runs, so `stop_strings=` raises in
+`generate` itself: pass `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`,
+or use the directory form, which builds that criterion from `stop_strings` and `tokenizer`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation import (
+    EosTokenCriteria,
+    LogitNormalization,
+    LogitsProcessorList,
+    MaxLengthCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
+from acchead.inference.policies import Autoregressive, StopPolicy
+from acchead.sampling import SamplingConfig
+
+# Where a target keeps its decoders by (draft, policy, head, verifier, fast): repeated calls reuse one
+# (no rebuilt policy, no recompiled fast path). On the model object, so the two are freed together.
+_DECODERS = "_acchead_hf_decoders"
+# The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
+_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+# Model inputs generate prepares for its own loops; the decoder recomputes what it needs of them.
+_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "past_key_values",
+             "cache_position"}  # fmt: skip
+_GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
+
+
+@dataclass
+class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
+    """`generate`'s output with `return_dict_in_generate=True`, plus the speculative decode's statistics.
+
+    Attributes:
+        sequences: (1, T + N) int64, prompt + new tokens, on the prompt's device.
+        scores, logits, attentions, hidden_states, past_key_values: always None (not computed).
+        target_calls, draft_calls, drafted, discarded, rounds, head_calls: as in
+            `acchead.inference.decoder.GenerationResult`.
+        accepted_per_round, drafted_per_round: per round, τ and L.
+    """
+
+    target_calls: int | None = None
+    draft_calls: int | None = None
+    drafted: int | None = None
+    discarded: int | None = None
+    rounds: int | None = None
+    head_calls: int | None = None
+    accepted_per_round: list[int] | None = None
+    drafted_per_round: list[int] | None = None
+
+
+def generate(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    *,
+    assistant_model: PreTrainedModel | None = None,
+    streamer: Any = None,
+    head: AcceptanceHead | str | Path | None = None,
+    policy: str | StopPolicy = "specdecpp",
+    verifier: str = "token",
+    seed: int | None = None,
+    fast: bool | None = None,
+    **model_kwargs: Any,
+) -> torch.Tensor | SpeculativeGenerateOutput:
+    """The decoding loop `model.generate(..., custom_generate=generate)` runs (see the module docstring).
+
+    Args:
+        model: the target. input_ids: (1, T) prompt, prepared by `generate`.
+        logits_processor, stopping_criteria, generation_config: as `generate` prepared them.
+        assistant_model, streamer: the draft and the streamer given to `generate` (read from its frame
+            when transformers does not pass them on).
+        head, policy, verifier, fast: as for `SpeculativeDecoder`.
+        seed: keys every sampled draw; None draws one from torch's global generator.
+        model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
+
+    Returns:
+        (1, T + N) int64 on the prompt's device, or a `SpeculativeGenerateOutput` when the config asks
+        for `return_dict_in_generate`.
+    """
+    from_generate, assistant_model, streamer = _generate_arguments(assistant_model, streamer)
+    if generation_config is None:
+        raise AccheadError("call acchead.inference.hf.generate as model.generate(..., custom_generate=...)")
+    _check_config(generation_config)
+    _check_inputs(input_ids, model_kwargs)
+    if assistant_model is None and not _is_autoregressive(policy):
+        raise AccheadError(f"policy {_spec(policy)!r} needs a draft: pass generate assistant_model=DRAFT")
+    sampling = sampling_from(logits_processor, generation_config)
+    prompt_len = input_ids.shape[1]
+    max_length, eos, others = split_criteria(stopping_criteria)
+    max_length = generation_config.max_length if max_length is None else max_length
+    # generate's loop checks its criteria after each token, so it always makes at least one.
+    max_new_tokens = max(1, max_length - prompt_len)
+    decoder = decoder_for(model, assistant_model, policy, head, verifier, fast)
+    if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed
+        seed = int(torch.randint(0, 2**62, ()).item())
+    res = decoder.generate(
+        input_ids,
+        max_new_tokens=max_new_tokens,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        seed=seed,
+        eos_token_id=eos or None,
+        # generate has already streamed the prompt when it called us
+        streamer=_AfterPrompt(streamer) if streamer is not None and from_generate else streamer,
+        stop_check=_stop_check(others, input_ids, max_new_tokens) if others else None,
+    )
+    sequences = torch.cat([input_ids, res.new_ids.to(input_ids.device)[None]], dim=1)
+    if generation_config.return_dict_in_generate:
+        return _output(sequences, res)
+    return sequences
+
+
+def custom_generate_dir() -> Path:
+    """The directory to pass as `custom_generate=` (with `trust_remote_code=True`): it holds
+    `custom_generate/generate.py`, which runs `run_directory_form`."""
+    return Path(__file__).resolve().parent / "hf_custom_generate"
+
+
+def run_directory_form(
+    model: PreTrainedModel,
+    inputs: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | SpeculativeGenerateOutput:
+    """The directory form: `generate` hands a `custom_generate` directory all its arguments unprepared.
+
+    The tokenizer would be lost on the way to the callable, so `stop_strings` (from the call or the given
+    `generation_config`) become a `StopStringCriteria` here; then `generate` runs again with `generate`
+    above as its loop, which receives everything else as in the callable form.
+    """
+    tokenizer = kwargs.pop("tokenizer", None)
+    if kwargs.get("assistant_tokenizer") is not None:
+        raise AccheadError("assistant_tokenizer is not supported: the draft must use the target's tokenizer")
+    stop_strings = kwargs.pop("stop_strings", None)
+    if stop_strings is None and generation_config is not None and generation_config.stop_strings is not None:
+        generation_config = copy.deepcopy(generation_config)
+        stop_strings, generation_config.stop_strings = generation_config.stop_strings, None
+    if model.generation_config.stop_strings is not None:
+        # generate refills a missing value from the model's config, so it cannot be taken out here
+        raise AccheadError(
+            "the model's generation_config sets stop_strings: set model.generation_config.stop_strings = "
+            "None and pass stop_strings=... to generate"
+        )
+    if stop_strings is not None:
+        if tokenizer is None:
+            raise AccheadError("stop_strings need the tokenizer: pass tokenizer=... to generate")
+        stop = StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)
+        stopping_criteria = StoppingCriteriaList([*(stopping_criteria or []), stop])
+    # The class's generate: a model loaded with trust_remote_code may have its own `generate` attribute.
+    return type(model).generate(
+        model, inputs, generation_config=generation_config, stopping_criteria=stopping_criteria,
+        custom_generate=generate, **kwargs,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ pieces
+
+
+def sampling_from(processors: LogitsProcessorList | None, config: GenerationConfig) -> SamplingConfig:
+    """S from the processors `generate` built: its temperature, top-k and top-p warpers, in that order.
+
+    Greedy when `do_sample` is off (warpers then cannot move the argmax). `LogitNormalization` is a
+    log-softmax: neither the argmax nor the softmax changes. Anything else is refused (AccheadError).
+    """
+    params: dict[str, float | int] = {}
+    refused, last = [], -1
+    for p in processors or ():
+        kind = type(p)
+        if kind is LogitNormalization:
+            continue
+        if kind not in _WARPERS or getattr(p, "filter_value", -math.inf) != -math.inf:
+            refused.append(kind.__name__)
+            continue
+        if _WARPERS.index(kind) <= last or getattr(p, "min_tokens_to_keep", 1) != 1:
+            refused.append(f"{kind.__name__} (repeated, reordered or min_tokens_to_keep > 1)")
+            continue
+        last = _WARPERS.index(kind)
+        if kind is TemperatureLogitsWarper:
+            params["temperature"] = float(p.temperature)
+        elif kind is TopKLogitsWarper:
+            params["top_k"] = int(p.top_k)
+        else:
+            params["top_p"] = float(p.top_p)
+    if refused:
+        raise AccheadError(f"logits processors the decoder cannot apply exactly: {', '.join(refused)}")
+    if not config.do_sample:
+        return SamplingConfig(0.0)
+    try:
+        return SamplingConfig(**params)
+    except ValueError as e:
+        raise AccheadError(str(e)) from None
+
+
+def split_criteria(criteria: StoppingCriteriaList | None) -> tuple[int | None, list[int], list[Any]]:
+    """(max_length, EOS ids, other criteria): the length and EOS criteria the decoder applies itself, and
+    those it calls token by token. Several max-length criteria: the smallest length wins, as in a loop."""
+    max_length: int | None = None
+    eos: list[int] = []
+    others = []
+    for c in criteria or ():
+        if type(c) is MaxLengthCriteria:
+            max_length = c.max_length if max_length is None else min(max_length, c.max_length)
+        elif type(c) is EosTokenCriteria:
+            eos += [t for t in torch.as_tensor(c.eos_token_id).flatten().tolist() if t not in eos]
+        else:
+            others.append(c)
+    return max_length, eos, others
+
+
+def decoder_for(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    policy: str | StopPolicy,
+    head: AcceptanceHead | str | Path | None,
+    verifier: str,
+    fast: bool | None,
+) -> SpeculativeDecoder:
+    """The target's `SpeculativeDecoder` for these arguments, built on first use and kept on the target
+    (an adaptive policy's state carries over between calls, as with one decoder called repeatedly)."""
+    head_key = str(Path(head).expanduser().resolve()) if isinstance(head, str | Path) else head
+    key = (draft, policy, head_key, verifier, fast)
+    decoders = target.__dict__.setdefault(_DECODERS, {})
+    if key not in decoders:
+        decoders[key] = SpeculativeDecoder(target, draft, policy, head, verifier, fast)
+    return decoders[key]
+
+
+def _generate_arguments(assistant_model: Any, streamer: Any) -> tuple[bool, Any, Any]:
+    """(called by generate, assistant_model, streamer): what was passed, else what the calling
+    `GenerationMixin.generate` was given (transformers drops both on the way to a callable)."""
+    frame = sys._getframe(2)  # 0: here, 1: `generate` above, 2: its caller
+    if frame.f_code is not _GENERATE_CODE:
+        return False, assistant_model, streamer
+    local = frame.f_locals
+    if assistant_model is None:
+        assistant_model = local.get("assistant_model")
+    return True, assistant_model, streamer if streamer is not None else local.get("streamer")
+
+
+def _check_config(config: GenerationConfig) -> None:
+    if (config.num_beams or 1) > 1:
+        raise AccheadError(f"num_beams={config.num_beams}: speculative decoding is not beam search")
+    if (config.num_return_sequences or 1) > 1:
+        raise AccheadError(
+            f"num_return_sequences={config.num_return_sequences}: one sequence per call (vary seed= instead)"
+        )
+    wanted = [k for k in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+              if getattr(config, k, False)]  # fmt: skip
+    if wanted:
+        raise AccheadError(f"{', '.join(wanted)}: the decoder computes no scores, logits or states")
+
+
+def _check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
+    """Batch 1, a non-empty prompt, no padding, no cache to continue from, no other model inputs."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise AccheadError(
+            f"batch size {input_ids.shape[0] if input_ids.dim() == 2 else '?'}: custom_generate decodes one "
+            "sequence; for larger workloads use SpeculativeDecoder per prompt or acchead-bench"
+        )
+    if input_ids.shape[1] == 0:
+        raise AccheadError("the speculative decoder needs input_ids (inputs_embeds are not supported)")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise AccheadError("the attention mask has zeros: pass one unpadded sequence")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+        raise AccheadError("past_key_values holds tokens: the speculative decoder starts from the prompt")
+    extra = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
+    if extra:
+        raise AccheadError(f"model inputs the speculative decoder cannot feed: {', '.join(extra)}")
+
+
+def _is_autoregressive(policy: str | StopPolicy) -> bool:
+    if isinstance(policy, StopPolicy):
+        return isinstance(policy, Autoregressive)
+    return policy.strip().partition(":")[0].strip().lower() == "autoregressive"
+
+
+def _spec(policy: str | StopPolicy) -> str:
+    return policy if isinstance(policy, str) else policy.spec
+
+
+class _AfterPrompt:
+    """Passes the decoder's streamer calls on, except its first `put` (the prompt, which generate has
+    already streamed before calling the loop)."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer = streamer
+        self._prompt_done = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._prompt_done:
+            self.streamer.put(value)
+        self._prompt_done = True
+
+    def end(self) -> None:
+        self.streamer.end()
+
+
+def _stop_check(criteria: list[Any], prompt: torch.Tensor, max_new_tokens: int):
+    """The decoder's `stop_check`: after each round, the criteria on prompt + tokens so far, one new
+    token at a time; returns how many of the round's tokens to keep when one fires (that token included)."""
+    stopping = StoppingCriteriaList(criteria)
+    ids = torch.empty(1, prompt.shape[1] + max_new_tokens, dtype=torch.long, device=prompt.device)
+    ids[:, : prompt.shape[1]] = prompt
+    length = prompt.shape[1]
+
+    def check(new: list[int]) -> int | None:
+        nonlocal length
+        for i, token in enumerate(new):
+            ids[0, length] = token
+            length += 1
+            if bool(stopping(ids[:, :length], None).any()):
+                return i + 1
+        return None
+
+    return check
+
+
+def _output(sequences: torch.Tensor, res: GenerationResult) -> SpeculativeGenerateOutput:
+    return SpeculativeGenerateOutput(
+        sequences=sequences,
+        target_calls=res.target_calls,
+        draft_calls=res.draft_calls,
+        drafted=res.drafted,
+        discarded=res.discarded,
+        rounds=res.rounds,
+        head_calls=res.head_calls,
+        accepted_per_round=list(res.accepted_per_round),
+        drafted_per_round=list(res.drafted_per_round),
+    )
