@@ -13,9 +13,12 @@ Output is distributed exactly as the target's under S (greedy: token-for-token t
 decoding), whatever the policy, because the policy only sees the past (tests/test_exactness.py).
 
 Two paths run the models (`acchead.inference.model_runner`): eager (`DynamicCache`, cropped) and fast
-(`fast=True`: static caches, rollback by moving a position, every forward shape compiled once and
-replayed; CUDA graphs on a GPU). Same algorithm, same counts; the fast path is the default on CUDA. On
-the CPU it is opt-in: it pays tens of seconds of compilation per model before its first decode.
+(`fast=True`: static caches, rollback by moving a position, every unit compiled once and replayed; CUDA
+graphs on a GPU). A unit is a forward with what its output feeds (`acchead.inference.units`): a draft step
+(S, the draw, the stop rule), a fixed-K round's K draft steps, a verification (S, the verifier, the packed
+status). One loop and the same unit functions run both paths, eager or compiled; same algorithm, same
+counts. The fast path is the default on CUDA; on the CPU it is opt-in: it pays tens of seconds of
+compilation per model before its first decode (`warm_up`, once per S).
 
 The round's state lives on the target's device: the sequence, the candidates and their q, the verifier's
 τ and next token (drawn with counter-based noise keyed by (seed, round start), so the same seed gives the
@@ -131,8 +134,12 @@ def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int,
     `should_stop` reads one flag per judged candidate, and fixed K none. Module-level so that the
     exactness tests enumerate this very function with a scripted drafter.
     """
-    steps: list[DraftStep] = []
     fused = getattr(drafter, "fuses_judge", False)
+    if fused and policy.fixed_length and cap == policy.max_cap:  # fixed K: one unit drafts the round
+        steps = drafter.propose_block(seq[:n], cap)
+        seq[n : n + cap] = torch.stack([s.token for s in steps])
+        return steps
+    steps: list[DraftStep] = []
     while len(steps) < cap:
         k = len(steps) + 1
         judged = k < cap
@@ -360,7 +367,9 @@ class SpeculativeDecoder:
         # The sequence lives on the target's device (a draft elsewhere reads its context by copy); `out`
         # mirrors the generated tokens on the host, filled from each round's status read.
         seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long, device=t_dev)
-        seq[: prompt.numel()] = prompt.to(t_dev)
+        # From pinned memory without blocking: a pageable host-to-device copy synchronises the stream.
+        cuda = t_dev.type == "cuda"
+        seq[: prompt.numel()] = prompt.pin_memory().to(t_dev, non_blocking=True) if cuda else prompt
         out: list[int] = []
         n = prompt.numel()  # committed length
         runner = self._runner  # the target's KV cache: holds runner.length tokens
@@ -432,7 +441,8 @@ class SpeculativeDecoder:
         """The key of a verifier draw in the round starting at n: a tensor for a compiled unit (an int
         would be a constant of its graph)."""
         key = key_hash(seed, purpose, n, 0)
-        return torch.tensor(key, device=self.target.device) if self._key_tensors else key
+        # `full`, not `tensor`: no host-to-device copy (from pageable memory it synchronises the stream).
+        return torch.full((), key, dtype=torch.int64, device=self.target.device) if self._key_tensors else key
 
     def _stack_q(self, steps: list[DraftStep]) -> torch.Tensor:
         """(L, V) draft distributions on the target's device, zero-padded to its vocabulary width."""

@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 
 from acchead.inference.device_random import DRAFT, Word, key_hash
 from acchead.inference.model_runner import make_runner
-from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_post
+from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_block_post, draft_post
 from acchead.sampling import SamplingConfig
 
 
@@ -110,7 +110,7 @@ class ModelDrafter:
         """Prepare (fast path: compile) the draft's decode-time units for sequences up to `max_length`
         under S and a stop `policy`: 1 token per proposal, 2 after a round whose candidates were all
         accepted (the last candidate and the bonus token); unjudged and judged steps (the judged ones
-        return the state or hidden state the policy's rule reads)."""
+        return the state or hidden state the policy's rule reads); for fixed K, the whole round."""
         self.runner.reset(max_length)
         self._sampling = sampling
         policy.start_round(0)  # the rule's starting stats
@@ -125,12 +125,23 @@ class ModelDrafter:
         if policy.needs_hidden:
             self.runner.rollback(1)
             self._feed(dummy[:1], True, (0, 1), judge if policy.judge_at == FEED else None, FEED)
+        if policy.fixed_length and policy.max_cap > 0:  # the whole round as one unit (`propose_block`)
+            k = policy.max_cap
+            keys = key_hash(0, DRAFT, 0, torch.arange(1, k + 1, device=self.device))
+            for count in (1, 2):
+                self.runner.rollback(1)
+                self.runner.feed(
+                    dummy[:count], keep=1, post=draft_block_post, post_feeds=k - 1,
+                    post_args=(self.model, self.runner.cache, sampling, keys, k),
+                )  # fmt: skip
         self.runner.reset(max_length)
         self._pending = None
 
     def _key(self, n0: int, index: int) -> Word:
         key = key_hash(self._seed, DRAFT, n0, index)
-        return torch.tensor(key, device=self.device) if self._key_tensors else key
+        # `full` writes the value with a kernel; `torch.tensor(key, device=cuda)` would copy it from pageable
+        # host memory, which synchronises the stream.
+        return torch.full((), key, dtype=torch.int64, device=self.device) if self._key_tensors else key
 
     def _feed(self, tokens: torch.Tensor, want_hidden: bool, slot: tuple[int, int], policy, judge_at: str):
         """Run one unit on `tokens` ((n,) after the cached prefix): the forward, the draw of the candidate
@@ -179,6 +190,24 @@ class ModelDrafter:
             self._pending = None  # the pending candidate is now handed out
         state = pend.state if want_state else None
         return DraftStep(pend.token, pend.q, hidden, index, logits=pend.logits, state=state, stop=stop)
+
+    def propose_block(self, context: torch.Tensor, count: int) -> list[DraftStep]:
+        """All `count` candidates of a fixed-length round after `context` ((n,) committed tokens) in one
+        unit (`acchead.inference.units.draft_block_post`): the same draws as `count` proposals, one
+        forward each, with no step returning to Python in between."""
+        n = context.numel()
+        if self.runner.length >= n:  # the first forward must produce the logits after context[-1]
+            self.rollback(n - 1)
+        cached = self.runner.length
+        slots = torch.arange(1, count + 1, device=self.device)
+        keys = key_hash(self._seed, DRAFT, n, slots)  # (count,) int64: the per-step keys, as a tensor
+        q, tokens = self.runner.feed(
+            context[cached:], keep=1, post=draft_block_post, post_feeds=count - 1,
+            post_args=(self.model, self.runner.cache, self._sampling, keys, count),
+        )  # fmt: skip
+        self.draft_calls += count
+        self._pending = None
+        return [DraftStep(tokens[i], q[i], None, i + 1) for i in range(count)]
 
     def rollback(self, length: int) -> None:
         if self.runner.length > length:

@@ -8,7 +8,8 @@ Both the target's verification and a draft model's proposals go through a `Model
   eager PyTorch, i.e. one kernel launch (GPU) or one dispatch (CPU) per operator of the model.
 - `StaticRunner`, the fast path: a transformers `StaticCache` of fixed capacity, preallocated once, so
   rolling back is moving a position (stale keys past it are masked by the causal mask and overwritten by
-  the next write); and every forward of a given token count is compiled once with `torch.compile`
+  the next write); and every unit (a forward of a given token count with the decoder's work on its output,
+  `feed(..., post=...)`; `acchead.inference.units`) is compiled once with `torch.compile`
   (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph (`mode="reduce-overhead"`), on the
   CPU as Inductor's fused C++ kernels with the weights frozen into the graph (prepacked for MKL, which
   is what makes a one-token forward cheaper than eager's GEMV calls; docs/speed.md).
@@ -38,9 +39,10 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from acchead.errors import AccheadError
 from acchead.models import final_hidden
 
-# Compiled graphs per runner: every token count a decoder can ask for (cap <= 63) with and without the
-# hidden state, with room to spare. Dynamo's default (8) would silently fall back to eager past it.
-_RECOMPILE_LIMIT = 256
+# Compiled graphs of `step_forward` per process: a unit per token count a decoder can ask for (cap <= 63),
+# per S, verifier and stop-rule variant, with room to spare. Dynamo's defaults (8 per frame, 256 in all)
+# would silently fall back to eager past them.
+_RECOMPILE_LIMIT = 2048
 
 
 def _skip_guards_stance() -> Callable | None:
@@ -75,6 +77,7 @@ class ModelRunner(Protocol):
         want_hidden: bool = False,
         post: Callable | None = None,
         post_args: tuple = (),
+        post_feeds: int = 0,
     ) -> Any:
         """Append `tokens` ((n,) int64, any device) after the cached prefix.
 
@@ -83,6 +86,8 @@ class ModelRunner(Protocol):
             hidden: (H,) the final hidden state at the last position if `want_hidden`, else None.
         With `post`: `post(logits, hidden, *post_args)`, run in the same unit as the forward (the fast path
         compiles them together; `post` must be pure tensor code, its non-tensor arguments constants).
+        `post_feeds`: tokens `post` itself feeds to the model through `step_forward` and this runner's
+        cache (a fixed-K draft round), counted in `length`.
         """
         ...
 
@@ -127,6 +132,7 @@ class EagerRunner:
         want_hidden: bool = False,
         post: Callable | None = None,
         post_args: tuple = (),
+        post_feeds: int = 0,
     ) -> Any:
         out = self.model(
             input_ids=tokens.to(self.device)[None],
@@ -135,7 +141,7 @@ class EagerRunner:
             output_hidden_states=want_hidden,
             logits_to_keep=keep,
         )
-        self.length += tokens.numel()
+        self.length += tokens.numel() + post_feeds
         logits, hidden = out.logits[0, -keep:], final_hidden(out)[0, -1] if want_hidden else None
         return (logits, hidden) if post is None else post(logits, hidden, *post_args)
 
@@ -147,7 +153,7 @@ class EagerRunner:
         self.length = min(self.length, length)
 
 
-def _step(
+def step_forward(
     model: PreTrainedModel,
     cache: StaticCache,
     input_ids: torch.Tensor,
@@ -223,20 +229,20 @@ class StaticRunner:
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
         # Allocate the key/value tensors now, on the model's device and dtype, so that their addresses
         # never change (a captured graph reads them in place); and check, once, that the decoder stack
-        # plus LM head that `_step` runs is the model's forward (no logit scaling or soft-capping after
+        # plus LM head that `step_forward` runs is the model's forward (no logit scaling or soft-capping after
         # the head, which some architectures add).
         with torch.inference_mode():
             ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
             if old is None:
                 ref = self.model(input_ids=ids).logits
-                ours, _ = _step(self.model, self.cache, ids, 1, False)
+                ours, _ = step_forward(self.model, self.cache, ids, 1, False)
                 if not torch.allclose(ours.float(), ref.float(), rtol=1e-3, atol=1e-3):
                     raise AccheadError(
                         f"{type(self.model).__name__}: its logits are not the LM head of the decoder's last "
                         "hidden state, which the fast path computes; use fast=False"
                     )
             else:
-                _step(self.model, self.cache, ids, 1, False)
+                step_forward(self.model, self.cache, ids, 1, False)
         self._counters = [getattr(layer, "cumulative_length", None) for layer in self.cache.layers]
         if not all(isinstance(c, torch.Tensor) for c in self._counters):
             import transformers
@@ -256,7 +262,7 @@ class StaticRunner:
         self._set_length(keep)
 
     def _make_compiled(self) -> Callable:
-        """`_step` compiled for this runner's device, as a function of the same arguments.
+        """`step_forward` compiled for this runner's device, as a function of the same arguments.
 
         Once a (token count, keep, want_hidden, capacity) has been compiled, later calls with it skip
         dynamo's guard evaluation (0.5 ms of a 5.9 ms target step on the CPU, measured): the guards that
@@ -267,12 +273,14 @@ class StaticRunner:
         import torch._dynamo
         import torch._inductor.config as inductor_config
 
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _RECOMPILE_LIMIT)
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, _RECOMPILE_LIMIT)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, _RECOMPILE_LIMIT)
         if self.device.type == "cuda":
-            compiled = torch.compile(_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            compiled = torch.compile(step_forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
             compiling = contextlib.nullcontext
         else:
-            compiled = torch.compile(_step, fullgraph=True, dynamic=False)
+            compiled = torch.compile(step_forward, fullgraph=True, dynamic=False)
             # Inductor reads these from its global config when it compiles (passing them in `options=`
             # left the weights unfrozen), so they are set around the call that compiles a new shape:
             # freezing folds the weights into the graph, prepacked for MKL (4.9 instead of 5.6 ms per
@@ -339,15 +347,16 @@ class StaticRunner:
         want_hidden: bool = False,
         post: Callable | None = None,
         post_args: tuple = (),
+        post_feeds: int = 0,
     ) -> Any:
         n = tokens.numel()
-        self._reserve(self.length + n, self.length)
+        self._reserve(self.length + n + post_feeds, self.length)
         ids = tokens.to(self.device)[None]
         # The prompt (a new length every call) runs eager; decode-time counts replay their graph.
         prefill = self.length == 0 and n > 1
-        fn = _step if self._compiled is None or prefill else self._compiled
+        fn = step_forward if self._compiled is None or prefill else self._compiled
         out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args)
-        self.length += n
+        self.length += n + post_feeds
         if self._compiled is None or prefill or self.device.type != "cuda":
             return out
         # A CUDA-graph replay overwrites its output buffers on the next replay: hand out copies.

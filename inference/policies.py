@@ -80,6 +80,7 @@ class StopPolicy:
     free_token: bool = False
     greedy_only: bool = False
     needs_reference: bool = False
+    fixed_length: bool = False  # every round drafts `max_cap` candidates (never judged): one draft unit
 
     def start_round(self, position: int) -> int:
         """A round begins with `position` tokens already generated; returns the candidate cap (>= 0)."""
@@ -150,6 +151,10 @@ class Autoregressive(StopPolicy):
 
 class FixedK(StopPolicy):
     """SpecDec: always draft k candidates."""
+
+    # Every round drafts exactly k (fewer only at the end of a generation): the draft model drafts the k
+    # candidates as one unit (`ModelDrafter.propose_block`).
+    fixed_length = True
 
     def __init__(self, k: int) -> None:
         if k < 1:
@@ -378,8 +383,8 @@ class AdaEDL(StopPolicy):
         if position == 0:
             self.reset()
         # λ moves between rounds on the host; the device rule reads it as a tensor (a float would be a
-        # constant of the compiled step: one recompile per value). A host-to-device copy, not a read.
-        self.stats = torch.tensor(self.lam, dtype=torch.float64, device=self._device)
+        # constant of the compiled step: one recompile per value), filled by a kernel (no copy, no sync).
+        self.stats = torch.full((), self.lam, dtype=torch.float64, device=self._device)
         return self.max_draft
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -116,6 +117,42 @@ def draft_post(
             step = DraftStep(token=fed, q=row[:0], hidden=hidden, index=0)
         flag, stats = judge(step, stats)
     return q, token, kept, hidden, flag, stats
+
+
+def draft_block_post(
+    logits: torch.Tensor,
+    hidden: torch.Tensor | None,
+    model: torch.nn.Module,
+    cache: Any,
+    sampling: SamplingConfig,
+    keys: torch.Tensor,
+    count: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed-length draft round after its first forward: `count` candidates, each drawn and fed to the
+    draft in turn, as one unit (fixed K never stops early, so nothing needs the host between steps).
+
+    Args:
+        logits: (1, V) the draft's logits after the committed tokens (the round's first forward).
+        hidden: unused.
+        model, cache: the draft and its KV cache; candidates 1..count-1 are fed through `step_forward`
+            (the last candidate is not fed: the target verifies it, and the draft's next round re-feeds
+            whatever it keeps).
+        keys: (count,) int64, the draws' keys (`key_hash(seed, DRAFT, round start, 1..count)`).
+    Returns:
+        q (count, V) float32 and the candidates (count,) int64.
+    """
+    from acchead.inference.model_runner import step_forward
+
+    row = logits[-1]
+    qs, tokens = [], []
+    for i in range(count):
+        q = probs_from_logits(row, sampling)
+        token = sample_token(q, sampling.greedy, keys[i])
+        qs.append(q)
+        tokens.append(token)
+        if i + 1 < count:
+            row = step_forward(model, cache, token.view(1, 1), 1, False)[0][-1]
+    return torch.stack(qs), torch.stack(tokens)
 
 
 def verify_post(

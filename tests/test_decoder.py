@@ -114,6 +114,25 @@ def test_round_accounting(tiny_llama_pair):
     assert k3.discarded == k3.drafted - sum(k3.accepted_per_round)
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_fixed_k_round_unit_draws_what_k_single_steps_draw(tiny_llama_pair, fast):
+    """Fixed K drafts a round in one unit (`ModelDrafter.propose_block`); a rule that never stops early,
+    confidence with tau = 0, drafts the same K candidates one step at a time. Their draws are keyed by
+    (seed, round start, slot), so both decode the same tokens in the same rounds at T = 1, with one draft
+    forward per candidate (eager, and on the static cache uncompiled)."""
+    target, draft = tiny_llama_pair
+    prompt = torch.tensor([5, 9, 17, 33, 2])
+    res = [
+        SpeculativeDecoder(target, draft, policy=spec, fast=fast, compile=False).generate(
+            prompt, max_new_tokens=30, temperature=1.0, top_k=50, seed=11
+        )
+        for spec in ("specdec:k=3", "confidence:tau=0,max=3")
+    ]
+    assert res[0].new_ids.tolist() == res[1].new_ids.tolist()
+    assert res[0].drafted_per_round == res[1].drafted_per_round
+    assert res[0].draft_calls == res[1].draft_calls == res[0].drafted
+
+
 def test_free_token_costs_no_draft_forward(tiny_llama_pair):
     """free=1: draft forwards == drafted tokens (q_{k+1} came with e_k); free=0 wastes that forward."""
     target, draft = tiny_llama_pair
