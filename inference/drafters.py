@@ -132,7 +132,7 @@ class ModelDrafter:
                 self.runner.rollback(1)
                 self.runner.feed(
                     dummy[:count], keep=1, post=draft_block_post, post_feeds=k - 1,
-                    post_args=(self.model, self.runner.cache, sampling, keys, k),
+                    post_args=(sampling, keys, k),
                 )  # fmt: skip
         self.runner.reset(max_length)
         self._pending = None
@@ -203,7 +203,7 @@ class ModelDrafter:
         keys = key_hash(self._seed, DRAFT, n, slots)  # (count,) int64: the per-step keys, as a tensor
         q, tokens = self.runner.feed(
             context[cached:], keep=1, post=draft_block_post, post_feeds=count - 1,
-            post_args=(self.model, self.runner.cache, self._sampling, keys, count),
+            post_args=(self._sampling, keys, count),
         )  # fmt: skip
         self.draft_calls += count
         self._pending = None

@@ -84,8 +84,9 @@ class ModelRunner(Protocol):
         Returns, without `post`:
             logits: (keep, V) for the last `keep` positions, on the model's device.
             hidden: (H,) the final hidden state at the last position if `want_hidden`, else None.
-        With `post`: `post(logits, hidden, *post_args)`, run in the same unit as the forward (the fast path
-        compiles them together; `post` must be pure tensor code, its non-tensor arguments constants).
+        With `post`: `post(logits, hidden, model, cache, *post_args)`, run in the same unit as the forward
+        (the fast path compiles them together; `post` must be pure tensor code, its non-tensor arguments
+        constants).
         `post_feeds`: tokens `post` itself feeds to the model through `step_forward` and this runner's
         cache (a fixed-K draft round), counted in `length`.
         """
@@ -143,7 +144,7 @@ class EagerRunner:
         )
         self.length += tokens.numel() + post_feeds
         logits, hidden = out.logits[0, -keep:], final_hidden(out)[0, -1] if want_hidden else None
-        return (logits, hidden) if post is None else post(logits, hidden, *post_args)
+        return (logits, hidden) if post is None else post(logits, hidden, self.model, self.cache, *post_args)
 
     def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
         self.reset(0)  # nothing to compile
@@ -169,14 +170,14 @@ def step_forward(
     because the hidden states `output_hidden_states` returns are collected by hooks that a captured graph
     cannot hold. `StaticRunner` checks once that this equals the model's own forward.
     Returns logits (keep, V) and the final hidden state (H,) of the last position (or None); with `post`,
-    `post(logits, hidden, *post_args)` instead, traced into the same graph (a draft step's sampling and
-    stop rule, a verification's acceptance and next token: `acchead.inference.units`).
+    `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (a draft step's
+    sampling and stop rule, a verification's acceptance and next token: `acchead.inference.units`).
     """
     hidden = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
     hidden = hidden[0, -keep:]  # (keep, H): after the final norm, what the LM head reads
     logits = model.get_output_embeddings()(hidden)
     last = hidden[-1] if want_hidden else None
-    return (logits, last) if post is None else post(logits, last, *post_args)
+    return (logits, last) if post is None else post(logits, last, model, cache, *post_args)
 
 
 def _arg_key(arg: Any) -> Hashable:

@@ -81,6 +81,8 @@ FEED = "feed"  # the rule judges the candidate this unit fed (candidate heads re
 def draft_post(
     logits: torch.Tensor,
     hidden: torch.Tensor | None,
+    model: torch.nn.Module,
+    cache: Any,
     sampling: SamplingConfig,
     key: Word,
     judge: Judge | None,
@@ -95,6 +97,7 @@ def draft_post(
         logits: (1, V) the draft's logits for the next position.
         hidden: (H,) the final hidden state at the last fed position (the state that produced `logits`,
             which is also the hidden state of the last fed token), or None.
+        model, cache: the forward's (unused here; every post receives them).
         sampling: S; greedy draws are argmaxes.
         key: the draw's key (`key_hash(seed, DRAFT, round start, slot)`).
         judge: the stop rule's tensor update, or None (fixed K, unjudged candidates).
@@ -134,9 +137,10 @@ def draft_block_post(
     Args:
         logits: (1, V) the draft's logits after the committed tokens (the round's first forward).
         hidden: unused.
-        model, cache: the draft and its KV cache; candidates 1..count-1 are fed through `step_forward`
-            (the last candidate is not fed: the target verifies it, and the draft's next round re-feeds
-            whatever it keeps).
+        model, cache: the draft and its KV cache, those of the forward before (passed by it, not as
+            extra arguments: Inductor then treats the weights as the same frozen constants); candidates
+            1..count-1 are fed through `step_forward` (the last candidate is not fed: the target verifies
+            it, and the draft's next round re-feeds whatever it keeps).
         keys: (count,) int64, the draws' keys (`key_hash(seed, DRAFT, round start, 1..count)`).
     Returns:
         q (count, V) float32 and the candidates (count,) int64.
@@ -158,6 +162,8 @@ def draft_block_post(
 def verify_post(
     logits: torch.Tensor,
     hidden: torch.Tensor | None,
+    model: torch.nn.Module,
+    cache: Any,
     tokens: torch.Tensor,
     q: torch.Tensor,
     sampling: SamplingConfig,
@@ -169,7 +175,7 @@ def verify_post(
 
     Args:
         logits: (L+1, V) the target's logits after the committed prefix + X_<i, i = 1..L+1.
-        hidden: unused (the target's hidden states are not read).
+        hidden, model, cache: unused (every post receives them).
         tokens: (L,) int64 the candidates; q: (L, V) float32 their draft distributions.
         verify: `verify_token` or `verify_block` (acchead.inference.verification).
         key_tau, key_next: the keys of the τ and next-token draws.
