@@ -1,7 +1,8 @@
 """Speculative decoders (token/block verification; fixed-K, SpecDec++, confidence, oracle, bandits).
 
 The decoding loop is `decoder`, its stop policies `policies` (bandits: `bandit`, `bandit_policy`), its
-drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_decode` is `acchead-decode`.
+drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_decode` is `acchead-decode`;
+`hf` runs the decoder as transformers' own `generate` loop (`custom_generate=acchead.inference.hf.generate`).
 The benchmark that measures them, `acchead-bench`, is the subpackage `acchead.inference.bench`.
 """
 

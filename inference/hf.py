@@ -25,7 +25,8 @@ What is honoured, and how:
   ends generation keeping that token, as in `generate`'s loop.
 - The streamer gets the prompt from `generate` itself, then one `put` of the new tokens per round, `end()`.
 - Sampled draws are keyed by `seed` (`acchead.inference.device_random`); `generate` takes no seed, so by
-  default one is drawn from torch's global generator: `torch.manual_seed(s)` makes a call repeatable.
+  default one is drawn from torch's global generator: `torch.manual_seed(s)` makes a call repeatable
+  (greedy decoding draws nothing, and leaves the generator as plain greedy `generate` does).
 - Returns what `generate` returns: (1, T + N) ids, or with `return_dict_in_generate=True` a
   `SpeculativeGenerateOutput` (`GenerateDecoderOnlyOutput` plus the round statistics). Scores, logits,
   attentions and hidden states are not computed: asking for them is refused. Batch size 1, unpadded.
@@ -147,8 +148,8 @@ def generate(
     # generate's loop checks its criteria after each token, so it always makes at least one.
     max_new_tokens = max(1, max_length - prompt_len)
     decoder = decoder_for(model, assistant_model, policy, head, verifier, fast)
-    if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed
-        seed = int(torch.randint(0, 2**62, ()).item())
+    if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed; greedy draws nothing
+        seed = 0 if sampling.greedy else int(torch.randint(0, 2**62, ()).item())
     res = decoder.generate(
         input_ids,
         max_new_tokens=max_new_tokens,
@@ -167,10 +168,11 @@ def generate(
     return sequences
 
 
-def custom_generate_dir() -> Path:
+def custom_generate_dir() -> str:
     """The directory to pass as `custom_generate=` (with `trust_remote_code=True`): it holds
-    `custom_generate/generate.py`, which runs `run_directory_form`."""
-    return Path(__file__).resolve().parent / "hf_custom_generate"
+    `custom_generate/generate.py`, which runs `run_directory_form`. A str, because `generate` takes only a
+    str for a directory (a `Path` is neither str nor callable, and `generate` would silently ignore it)."""
+    return str(Path(__file__).resolve().parent / "hf_custom_generate")
 
 
 def run_directory_form(

@@ -255,6 +255,29 @@ def test_hf_custom_row_decodes_through_generate(bench_inputs, tmp_path, monkeypa
     assert rows[2]["spec"] == rows[1]["spec"] and [rows[2][k] for k in keys] == [rows[1][k] for k in keys]
 
 
+def test_hf_custom_runner_and_overhead_measurement(tiny_llama_pair):
+    """The hf-custom runner returns the decoder's own counts; the overhead measurement times both ways."""
+    from acchead.inference.bench.hf_custom import hf_custom_generate, measure_overhead
+    from acchead.inference.decoder import SpeculativeDecoder
+
+    target, draft = tiny_llama_pair
+    ids = torch.tensor([[3, 7, 11, 5]])
+    res = hf_custom_generate(target, draft, ids, spec="specdec:k=3", head=None, verifier="token",
+                             max_new_tokens=12, sampling=SamplingConfig(1.0, 50), seed=4)  # fmt: skip
+    eos = target.generation_config.eos_token_id  # what generate stops at when given no EOS id
+    ref = SpeculativeDecoder(target, draft, policy="specdec:k=3").generate(
+        ids, max_new_tokens=12, temperature=1.0, top_k=50, seed=4, eos_token_id=eos
+    )
+    keys = ("tokens", "target_calls", "draft_calls", "discarded")
+    assert res.new_ids.tolist() == ref.new_ids.tolist() and [getattr(res, k) for k in keys] == [
+        getattr(ref, k) for k in keys
+    ]
+    m = measure_overhead(target, draft, [ids, ids[:, :2]], policy="specdec:k=3", head=None, max_new_tokens=6,
+                         repeats=2, eos_token_id=None)  # fmt: skip
+    assert (m["calls"], m["tokens"]) == (4, 24) and m["ratio"] > 0 and m["min_ratio"] > 0
+    assert m["preparation_ms_per_call"] > 0
+
+
 def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
     out = tmp_path / "bench"
     argv = _argv(bench_inputs, out, "--temperature", "1.0", "--top-k", "50", "--methods",

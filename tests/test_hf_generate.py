@@ -3,13 +3,15 @@
 Greedy output equals `target.generate(do_sample=False)` token for token (with EOS inside a round, stop
 strings, a caller's stopping criterion, `max_length`); sampled 3-token continuations pass the chi-square
 test against the target's exact distribution under S; S is read from generate's logits processors exactly;
-streamers, `return_dict_in_generate`, seeds, the refusals, the decoder cache and the directory form.
+generation config files, streamers, `return_dict_in_generate`, seeds, the refusals, the decoder cache, the
+directory form, and the demo pair's shipped head. Built on test_exactness's peaked tiny Llamas.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -216,6 +218,9 @@ def test_seed_defaults_to_torchs_global_generator(tiny_llama_pair, prompt):
             _ours(target, draft, prompt, policy="specdec:k=3", do_sample=True, temperature=1.0).tolist()
         )
     assert runs[0] == runs[1] != runs[2]
+    state = torch.get_rng_state()
+    _ours(target, draft, prompt, policy="specdec:k=3")  # greedy: the global generator is left alone
+    assert torch.equal(torch.get_rng_state(), state)
     explicit = _ours(target, draft, prompt, policy="specdec:k=3", do_sample=True, temperature=1.0, seed=7)
     assert explicit.tolist() == _ours(target, draft, prompt, policy="specdec:k=3", do_sample=True, seed=7,
                                       temperature=1.0).tolist()  # fmt: skip
@@ -312,8 +317,8 @@ def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatc
     monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path))
     monkeypatch.setattr(sys, "path", list(sys.path))
     target, draft = pair
-    path = str(hf.custom_generate_dir())
-    assert (hf.custom_generate_dir() / "custom_generate" / "generate.py").is_file()
+    path = hf.custom_generate_dir()
+    assert (Path(path) / "custom_generate" / "generate.py").is_file()
     t = prompt["input_ids"].shape[1]
     full = target.generate(**prompt, max_new_tokens=24, do_sample=False)
     out = target.generate(**prompt, assistant_model=draft, custom_generate=path, trust_remote_code=True,

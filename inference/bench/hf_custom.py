@@ -9,7 +9,9 @@ its wall clock beside the twin's is the wrapper's overhead; its counts are the d
 
 times, on the demo pair, greedy, 1 torch thread, after a warm-up, our decoder's `generate` and the same
 decoder object reached through `target.generate(..., custom_generate=...)` on the same prompts, alternating
-which goes first, and prints both tokens/s and their ratio (the goal: the wrapper costs ≤ 5%).
+which goes first, and prints both tokens/s and their ratio, over all calls and over each prompt's fastest
+call of each way (the figure a neighbour's load on a shared machine disturbs least; the goal, ≤ 5% fewer
+tokens/s through generate, is judged on it), and `generate`'s own preparation time per call.
 """
 
 from __future__ import annotations
@@ -133,13 +135,20 @@ def measure_overhead(
     Both calls reach the same `SpeculativeDecoder` object (`hf.decoder_for`), so only the wrapper differs;
     each prompt runs both ways `repeats` times, alternating which goes first so that a slow drift of the
     machine's load falls on both. Both are timed from outside the call. Asserts equal outputs.
+
+    Returns tokens/s and their ratio over all calls ("ratio"), and from each prompt's fastest call of
+    each way ("min_ratio": what a neighbour's load on a shared machine disturbs least), the mean extra
+    milliseconds per call, the ratio of this process's CPU time ("cpu_ratio": blind to other processes'
+    load) and `generate`'s own preparation time per call.
     """
     from acchead.inference import hf
 
     decoder = hf.decoder_for(target, draft, policy, head, "token", None)
+    # generate falls back on the model's EOS ids when given None: the direct call must stop where it does
+    eos = target.generation_config.eos_token_id if eos_token_id is None else eos_token_id
 
     def direct(ids: torch.Tensor) -> list[int]:
-        res = decoder.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=eos_token_id)
+        res = decoder.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=eos)
         return res.new_ids.tolist()
 
     def through(ids: torch.Tensor) -> list[int]:
@@ -149,27 +158,37 @@ def measure_overhead(
         return res.new_ids.tolist()
 
     direct(prompts[0]), through(prompts[0])  # warm-up: first calls build caches and look heads up
-    seconds = {"direct": 0.0, "generate": 0.0}
-    tokens = 0
+    ways = {"direct": direct, "generate": through}
+    times: dict[str, list[list[float]]] = {name: [[] for _ in prompts] for name in ways}
+    cpu = dict.fromkeys(ways, 0.0)  # this process's CPU seconds: what other processes' load leaves alone
+    lengths = []
     for r in range(repeats):
         for i, ids in enumerate(prompts):
             outs = {}
             for name in ("direct", "generate") if (r + i) % 2 == 0 else ("generate", "direct"):
-                start = time.perf_counter()
-                outs[name] = (direct if name == "direct" else through)(ids)
-                seconds[name] += time.perf_counter() - start
+                start, start_cpu = time.perf_counter(), time.process_time()
+                outs[name] = ways[name](ids)
+                times[name][i].append(time.perf_counter() - start)
+                cpu[name] += time.process_time() - start_cpu
             if outs["direct"] != outs["generate"]:
                 raise AssertionError(f"prompt {i}: the two calls decoded different tokens")
-            tokens += len(outs["direct"])
-    direct_tps, generate_tps = tokens / seconds["direct"], tokens / seconds["generate"]
+            if r == 0:
+                lengths.append(len(outs["direct"]))
+    tokens = sum(lengths)
+    total = {name: sum(map(sum, t)) for name, t in times.items()}
+    fastest = {name: sum(map(min, t)) for name, t in times.items()}
     calls = repeats * len(prompts)
     return {
-        "tokens": tokens,
+        "tokens": tokens * repeats,
         "calls": calls,
-        "direct_tokens_per_s": direct_tps,
-        "generate_tokens_per_s": generate_tps,
-        "ratio": generate_tps / direct_tps,
-        "overhead_ms_per_call": (seconds["generate"] - seconds["direct"]) / calls * 1e3,
+        "direct_tokens_per_s": tokens * repeats / total["direct"],
+        "generate_tokens_per_s": tokens * repeats / total["generate"],
+        "ratio": total["direct"] / total["generate"],
+        "min_direct_tokens_per_s": tokens / fastest["direct"],
+        "min_generate_tokens_per_s": tokens / fastest["generate"],
+        "min_ratio": fastest["direct"] / fastest["generate"],
+        "overhead_ms_per_call": (total["generate"] - total["direct"]) / calls * 1e3,
+        "cpu_ratio": cpu["direct"] / cpu["generate"],
         "preparation_ms_per_call": _preparation_ms(target, draft, prompts[0], max_new_tokens),
     }
 
@@ -231,12 +250,15 @@ def main(argv: list[str] | None = None) -> int:
                          max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                          eos_token_id=tok.eos_token_id)  # fmt: skip
     print(f"{m['calls']} calls, {m['tokens']} tokens each way, {torch.get_num_threads()} thread(s)")
-    print(f"direct:   {m['direct_tokens_per_s']:.1f} tokens/s")
-    print(f"generate: {m['generate_tokens_per_s']:.1f} tokens/s (custom_generate)")
-    verdict = "met" if m["ratio"] >= 1 - OVERHEAD_GOAL else "NOT met"
-    print(f"ratio {m['ratio']:.3f} ({m['overhead_ms_per_call']:.2f} ms per call): goal ≥ "
-          f"{1 - OVERHEAD_GOAL:.2f} {verdict}")  # fmt: skip
+    print(f"all calls:        direct {m['direct_tokens_per_s']:.1f} tokens/s, through generate "
+          f"{m['generate_tokens_per_s']:.1f} tokens/s: ratio {m['ratio']:.3f} "
+          f"({m['overhead_ms_per_call']:+.2f} ms per call)")  # fmt: skip
+    print(f"fastest per prompt: direct {m['min_direct_tokens_per_s']:.1f} tokens/s, through generate "
+          f"{m['min_generate_tokens_per_s']:.1f} tokens/s: ratio {m['min_ratio']:.3f}")  # fmt: skip
+    print(f"CPU time:         ratio {m['cpu_ratio']:.3f}")
     print(f"generate's preparation alone: {m['preparation_ms_per_call']:.2f} ms per call")
+    verdict = "met" if m["min_ratio"] >= 1 - OVERHEAD_GOAL else "NOT met"
+    print(f"goal: through generate ≥ {1 - OVERHEAD_GOAL:.2f}× direct (fastest per prompt): {verdict}")
     return 0
 
 

@@ -116,9 +116,12 @@ class Bench:
         return self._bigram
 
     def run_one(self, setting: Setting, decoder, i: int, max_new_tokens: int | None = None) -> PromptRun:
-        """Decode prompt `i` under `setting` (`decoder` is None for transformers' generate / assisted)."""
+        """Decode prompt `i` under `setting` (`decoder` is None for transformers' generate / assisted and
+        for our decoder through transformers' generate, hf-custom)."""
         from acchead.inference.bench.hf_assisted import HF_METHODS, hf_assisted_generate
         from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
+        from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
+        from acchead.inference.bench.hf_custom import hf_custom_generate
 
         ids = self.prompt_ids[i]
         max_new_tokens = max_new_tokens or self.args.max_new_tokens
@@ -129,6 +132,20 @@ class Bench:
                 self.target,
                 self.draft if setting.family == HF_METHOD else None,
                 ids,
+                max_new_tokens=max_new_tokens,
+                sampling=s,
+                seed=seed,
+                eos_token_id=self.eos,
+            )
+        elif setting.family == CUSTOM_METHOD:
+            res = hf_custom_generate(
+                self.target,
+                self.draft,
+                ids,
+                spec=setting.spec,
+                head=setting.head if setting.needs_head else None,
+                verifier=setting.verifier,
+                fast=setting.fast,
                 max_new_tokens=max_new_tokens,
                 sampling=s,
                 seed=seed,
@@ -288,10 +305,12 @@ def run_grid(
     from tqdm import tqdm
 
     from acchead.inference.bench.hf_assisted import HF_METHODS
+    from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
 
     n = len(bench.prompt_ids)
-    # Built before any run, so that a bad spec fails here.
-    decoders = {s.key: bench.decoder(s) for s in settings if s.family not in HF_METHODS}
+    # Built before any run, so that a bad spec fails here (hf-custom decodes its twin's spec, built here
+    # too, through `generate`, which keeps its own decoder on the target).
+    decoders = {s.key: bench.decoder(s) for s in settings if s.family not in (*HF_METHODS, CUSTOM_METHOD)}
     done = [{} if bench.args.fresh else _load_partial(_partial_path(out, i), fingerprint) for i in range(n)]
     todo = sum(s.key not in done[i] for i in range(n) for s in settings)
     resumed = n * len(settings) - todo
