@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 
-from acchead.zoo import build
+from acchead.zoo import arch, build
 from acchead.zoo.distill import (
     TeacherCache,
     build_teacher_cache,
@@ -102,6 +102,7 @@ def test_distillation_moves_the_student_toward_the_teacher(teacher, tmp_path):
     after = kd_loss(LlamaForCausalLM.from_pretrained(args.out_dir / "tiny-draft", dtype=torch.float32), batch)
     assert after.item() < 0.8 * before
     assert report["init"] == "student" and report["curve"] and report["curve"][-1]["tokens"] == 8 * 16 * 60
+    assert report["stopped_by"] == "tokens" and report["batch_size"] == 8
 
 
 def test_generated_windows_follow_the_target_and_score_it_against_itself(teacher):
@@ -128,4 +129,4 @@ def test_build_zoo_help_names_the_recipes(capsys):
 
 
 def test_decode_step_cost_keeps_the_context_fixed(teacher):
-    assert build.decode_step_ms(teacher, context=12, calls=5) > 0
+    assert arch.decode_step_ms(teacher, context=12, calls=5) > 0

@@ -1,18 +1,30 @@
-"""Build the embedded demo pair: a byte-level BPE tokenizer and two Llama LMs trained on stdlib source.
+"""Build the embedded demo pair: a byte-level BPE tokenizer and two Llama LMs trained on Python source.
 
-    acchead-build-zoo                      # tokenizer, target, distilled draft, report (resumable)
+    acchead-build-zoo                      # pair v2: tokenizer, target, distilled draft, report (resumable)
+    acchead-build-zoo --stage arch         # the candidate target shapes and their operator counts
     acchead-build-zoo --stage target       # one stage only
+    acchead-build-zoo --pair v1            # the pair shipped before issue 21, exactly as it was built
     acchead-build-zoo --stage draft --draft-recipe corpus   # the draft shipped before distillation
     acchead-build-zoo --stage report       # agreement before/after distillation -> pair_report.json
 
-The target trains on the corpus (next-token loss). The shipped draft, same size as the corpus draft, is
-distilled from the target (`acchead.zoo.distill`): forward KL to the target's cached top-k distribution
-over the same corpus, starting from the corpus draft.
+Pairs (`PAIRS`): v1 is a 6 x 256 target and a 2 x 128 draft trained on the stdlib (CPU-sized budgets); v2
+(the default, issue 21) a deep, narrow target of the same parameter count (`acchead.zoo.arch` picked its
+shape by operator counts) and the same 2 x 128 draft, trained on the stdlib plus the source of a fixed
+list of installed packages (`acchead.zoo.training_corpus`), with budgets sized for one H100 (each stage
+about ten minutes). Both share the tokenizer (trained on the stdlib LM-train files; v2 keeps it because it
+encodes the held-out files in 6% fewer tokens than one trained on the v2 corpus, docs/pair.md) and the
+40 held-out stdlib files.
+
+The target trains on the corpus (next-token loss). The shipped draft is distilled from the target
+(`acchead.zoo.distill`): forward KL to the target's cached top-k distribution over the same corpus,
+starting from the corpus draft.
 
 Each stage checkpoints to `--work-dir` every few minutes (atomic writes), so a killed run continues where it
 stopped. Training ends at a token budget or a wall-clock budget, whichever comes first; the learning-rate
 schedule (linear warm-up, cosine decay) follows the fraction of that budget used, so a time-limited run
-still anneals. The exported models are stored in float16 to keep the pair small; load them in float32.
+still anneals. On a CPU, give v2 a longer clock (`--minutes`) and fewer tokens (`--budget-scale`): the run
+says what it reached (`train_tokens`, `stopped_by` in its training_report.json). The exported models are
+stored in float16 to keep the pair small; load them in float32.
 """
 
 from __future__ import annotations
@@ -22,17 +34,21 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.rundir import atomic_write_json
 from acchead.zoo import ZOO_DIR
-from acchead.zoo.corpus import read_source, split_files
+from acchead.zoo.arch import add_arch_arguments, llama_config, run_arch
+from acchead.zoo.heldout import evaluate, token_bytes
+from acchead.zoo.pairs import DEFAULT_PAIR, PAIRS, LMSpec, PairSpec
+from acchead.zoo.training_corpus import CORPORA, heldout_source, source_texts, tokenize_corpus, train_sources
 
 # numpy, torch, tqdm and `acchead.zoo.distill` (which needs them) load where they are used: `--help` and
 # bad flags must not wait seconds for torch.
@@ -45,26 +61,6 @@ if TYPE_CHECKING:
     Objective = Callable[[torch.nn.Module, Batch], torch.Tensor]  # scalar loss of a batch
 
 EOS = "<|endoftext|>"
-
-
-@dataclass
-class LMSpec:
-    """Architecture and training budget of one demo LM."""
-
-    name: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    peak_lr: float
-    token_budget: int  # stop after this many training tokens ...
-    minutes: float  # ... or after this many minutes, whichever first
-
-
-DRAFT = LMSpec("pycode-draft", 128, 2, 2, 768, 2e-3, 4_000_000, 6.0)
-TARGET = LMSpec("pycode-target", 256, 6, 4, 1024, 1e-3, 9_000_000, 38.0)
-# The shipped draft: DRAFT's architecture, distilled from TARGET (starting from DRAFT's corpus weights).
-DISTILLED_DRAFT = LMSpec("pycode-draft", 128, 2, 2, 768, 1e-3, 60_000_000, 45.0)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -84,16 +80,24 @@ def atomic_save(obj: object, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def train_tokenizer(work: Path, vocab_size: int) -> Path:
-    """Train the byte-level BPE on the LM-train files; returns the directory holding the HF tokenizer."""
+def tokenizer_dir(work: Path, corpus: str) -> Path:
+    """Where the BPE trained on `corpus` lives: `tokenizer/` for the stdlib (v1's layout), else a sibling."""
+    return work / ("tokenizer" if corpus == "stdlib" else f"tokenizer-{corpus}")
+
+
+def train_tokenizer(work: Path, vocab_size: int, corpus: str = "stdlib") -> Path:
+    """Train the byte-level BPE on `corpus`'s LM-train files; returns the directory holding the HF tokenizer.
+
+    On the stdlib it reproduces the shipped tokenizer byte for byte (checked 2026-11-24, 5 s).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    out = work / "tokenizer"
+    out = tokenizer_dir(work, corpus)
     if (out / "tokenizer.json").exists():
         return out
-    train_files, _ = split_files()
-    texts = [t for f in train_files if (t := read_source(f)) is not None]
+    sources = train_sources(corpus)
+    texts = list(source_texts(sources))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -103,71 +107,17 @@ def train_tokenizer(work: Path, vocab_size: int) -> Path:
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=EOS)
     hf.model_max_length = 1024
-    hf.save_pretrained(out)
+    tmp = out.with_name(out.name + ".tmp")  # written whole, then renamed: `out` exists only when complete
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf.save_pretrained(tmp)
+    os.replace(tmp, out)
     return out
 
 
-def tokenize_corpus(work: Path, tok_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(train ids, held-out ids) as uint16 arrays; files are joined with EOS."""
-    import numpy as np
-    from tqdm import tqdm
-    from transformers import AutoTokenizer
-
-    paths = {"train": work / "train_ids.npy", "heldout": work / "heldout_ids.npy"}
-    if all(p.exists() for p in paths.values()):
-        return np.load(paths["train"]), np.load(paths["heldout"])
-    tok = AutoTokenizer.from_pretrained(tok_dir)
-    for split, files in zip(paths, split_files(), strict=True):
-        ids: list[int] = []
-        for f in tqdm(files, desc=f"tokenize {split}", unit="file"):
-            text = read_source(f)
-            if text is not None:
-                ids.extend(tok(text)["input_ids"])
-                ids.append(tok.eos_token_id)
-        arr = np.asarray(ids, dtype=np.uint16)
-        tmp = paths[split].with_suffix(".tmp.npy")
-        np.save(tmp, arr)
-        os.replace(tmp, paths[split])
-    return np.load(paths["train"]), np.load(paths["heldout"])
-
-
 def make_model(spec: LMSpec, tok, seq_len: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        max_position_embeddings=2 * seq_len,
-        tie_word_embeddings=True,
-        bos_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.eos_token_id,
-    )
-    return LlamaForCausalLM(cfg)
-
-
-def evaluate(model, ids: np.ndarray, seq_len: int, max_tokens: int) -> dict[str, float]:
-    """Mean next-token loss and top-1 accuracy over non-overlapping windows of held-out ids."""
-    import numpy as np
-    import torch
-
-    model.eval()
-    n = min(len(ids) // (seq_len + 1), max(1, max_tokens // seq_len))
-    tot_loss, tot_correct, tot = 0.0, 0, 0
-    with torch.no_grad():
-        for i in range(n):
-            w = torch.from_numpy(ids[i * (seq_len + 1) : (i + 1) * (seq_len + 1)].astype(np.int64))[None]
-            logits = model(w[:, :-1]).logits[0]  # (seq_len, vocab)
-            tgt = w[0, 1:]
-            tot_loss += torch.nn.functional.cross_entropy(logits, tgt, reduction="sum").item()
-            tot_correct += (logits.argmax(-1) == tgt).sum().item()
-            tot += tgt.numel()
-    model.train()
-    return {"loss": tot_loss / tot, "accuracy": tot_correct / tot, "tokens": tot}
+    return LlamaForCausalLM(llama_config(spec.shape(), len(tok), 2 * seq_len, tok.eos_token_id))
 
 
 def lr_at(progress: float, peak: float, warmup: float = 0.03) -> float:
@@ -195,6 +145,18 @@ def lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return model(batch[0], labels=batch[0]).loss
 
 
+def batch_size_for(spec: LMSpec, args) -> int:
+    """Windows per step: `--batch-size` if given, else the spec's."""
+    return getattr(args, "batch_size", None) or spec.batch_size
+
+
+def budgets(spec: LMSpec, args) -> tuple[int, float]:
+    """(tokens, seconds) a stage may train: the spec's, times `--budget-scale`; `--minutes` sets the clock."""
+    minutes = getattr(args, "minutes", None)
+    seconds = minutes * 60 if minutes is not None else spec.minutes * 60 * args.budget_scale
+    return int(spec.token_budget * args.budget_scale), seconds
+
+
 def train_lm(
     spec: LMSpec,
     tok_dir: Path,
@@ -209,6 +171,7 @@ def train_lm(
 ) -> dict:
     """Train one LM (from scratch, or from `init_dir`) until its token or time budget; export it.
 
+    `sampler(gen)` draws a batch on the CPU (the same batches on any device); it moves to `args.device`.
     `probe(model)` is called at every checkpoint and at the end; its figures go into the report's
     `curve`, so a run shows how a metric moved with training tokens.
     """
@@ -216,27 +179,28 @@ def train_lm(
     from tqdm import tqdm
     from transformers import AutoTokenizer, LlamaForCausalLM
 
+    device = torch.device(getattr(args, "device", "cpu"))
     tok = AutoTokenizer.from_pretrained(tok_dir)
     torch.manual_seed(args.seed)
     if init_dir is not None:
         model = LlamaForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
     else:
         model = make_model(spec, tok, args.seq_len)
-    model.train()
+    model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=spec.peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt = args.work_dir / f"{run_name or spec.name}.ckpt.pt"
     state: dict = {"step": 0, "tokens": 0, "elapsed": 0.0, "curve": []}
     gen = torch.Generator().manual_seed(args.seed)
     if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
+        saved = torch.load(ckpt, weights_only=False, map_location="cpu")
         model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
+        opt.load_state_dict(saved["opt"])  # its state follows the parameters' device
         gen.set_state(saved["gen"])
         state = {"curve": [], **saved["state"]}
         print(f"[{spec.name}] resumed at step {state['step']} ({state['tokens']:,} tokens)")
-    budget_tokens = int(spec.token_budget * args.budget_scale)
-    budget_s = spec.minutes * 60 * args.budget_scale
-    tokens_per_step = args.batch_size * args.seq_len
+    budget_tokens, budget_s = budgets(spec, args)
+    batch_size = batch_size_for(spec, args)
+    tokens_per_step = batch_size * args.seq_len
 
     def checkpoint() -> None:
         state["elapsed"] = time.time() - t_start
@@ -249,16 +213,18 @@ def train_lm(
 
     t_start, last_ckpt = time.time() - state["elapsed"], time.time()
     bar = tqdm(total=budget_tokens, initial=state["tokens"], unit="tok", unit_scale=True, desc=spec.name)
+    stopped_by = "tokens"
     while True:
         elapsed = time.time() - t_start
-        progress = max(state["tokens"] / budget_tokens, elapsed / budget_s)
-        if progress >= 1.0:
+        if state["tokens"] >= budget_tokens or elapsed >= budget_s:
+            stopped_by = "tokens" if state["tokens"] >= budget_tokens else "time"
             break
+        progress = max(state["tokens"] / budget_tokens, elapsed / budget_s)
         for g in opt.param_groups:
             g["lr"] = lr_at(progress, spec.peak_lr)
-        batch = sampler(gen)
+        batch = tuple(t.to(device, non_blocking=True) for t in sampler(gen))
         # bf16 autocast keeps fp32 master weights; on CPUs with avx512_bf16 it is ~2.5x faster (measured).
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             loss = objective(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -267,7 +233,8 @@ def train_lm(
         state["step"] += 1
         state["tokens"] += tokens_per_step
         bar.update(tokens_per_step)
-        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
+        if state["step"] % 10 == 0:  # .item() waits for the device: not on every step of a GPU run
+            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
         if time.time() - last_ckpt > args.ckpt_minutes * 60:
             checkpoint()
             last_ckpt = time.time()
@@ -276,26 +243,33 @@ def train_lm(
         checkpoint()
     state["elapsed"] = time.time() - t_start
     model.eval()
-    metrics = evaluate(model, heldout_ids, args.seq_len, args.eval_tokens)
+    metrics = evaluate(model, heldout_ids, args.seq_len, args.eval_tokens, token_bytes(tok))
     out_dir = args.out_dir / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.to(torch.float16).save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(tok_dir).save_pretrained(out_dir)
+    model.to("cpu", torch.float16).save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{torch.get_num_threads()} CPU threads")
     report = {
         "model": spec.name,
         "spec": asdict(spec),
         "budget_scale": args.budget_scale,
+        "budget_tokens": budget_tokens,
+        "budget_minutes": round(budget_s / 60, 2),
+        "stopped_by": stopped_by,
         "init": None if init_dir is None else Path(init_dir).name,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens": state["tokens"],
         "train_steps": state["step"],
         "train_minutes": round(state["elapsed"] / 60, 2),
         "heldout_loss": round(metrics["loss"], 4),
+        "heldout_bits_per_byte": round(metrics["bits_per_byte"], 4),
         "heldout_accuracy": round(metrics["accuracy"], 4),
         "heldout_eval_tokens": metrics["tokens"],
         "seq_len": args.seq_len,
-        "batch_size": args.batch_size,
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}",
+        "batch_size": batch_size,
+        "bf16": bool(args.bf16),
+        "machine": f"{platform.machine()}, {where}, torch {torch.__version__}",
         "python": platform.python_version(),
         **(extra_report or {}),
         "curve": state["curve"],
@@ -305,181 +279,218 @@ def train_lm(
     return report
 
 
+def kd_corpus(train_ids: np.ndarray, seq_len: int, windows: int | None) -> tuple[np.ndarray, str]:
+    """(the ids the teacher is cached over, the cache directory's suffix): all of `train_ids`, or `windows`
+    of its `seq_len`-token windows, evenly spaced so that every source of the corpus is represented."""
+    import numpy as np
+
+    n = len(train_ids) // seq_len
+    if windows is None or windows >= n:
+        return train_ids, ""
+    starts = np.linspace(0, n - 1, windows).round().astype(np.int64) * seq_len
+    return np.concatenate([train_ids[s : s + seq_len] for s in starts]), f"-w{windows}"
+
+
 def distill_draft(
-    tok_dir: Path, train_ids: np.ndarray, heldout_ids: np.ndarray, args, init_dir: Path | None
+    pair: PairSpec, tok_dir: Path, train_ids: np.ndarray, heldout_ids: np.ndarray, args, init_dir: Path | None
 ) -> dict:
-    """Train the draft on the target's cached top-k distributions (see `acchead.zoo.distill`)."""
+    """Train the pair's draft on its target's cached top-k distributions (see `acchead.zoo.distill`)."""
     import torch
 
     from acchead.models import load_causal_lm
     from acchead.zoo.distill import build_teacher_cache, kd_loss, sample_kd_batch, teacher_forced_agreement
 
-    target = load_causal_lm(args.out_dir / TARGET.name)
+    device = torch.device(args.device)
+    target = load_causal_lm(args.out_dir / pair.target.name, device=str(device))
+    # v2's full cache: 50.8M tokens x top-32 x (uint16 id + float16 log-prob) = 6.5 GB, and hours of the
+    # target's forward on a CPU (v1's: 333 MB, 14 min); `--teacher-windows` caches evenly spaced windows.
+    corpus, cache_dir = kd_corpus(train_ids, args.seq_len, args.teacher_windows)
     t0 = time.time()
-    cache = build_teacher_cache(target, train_ids, args.seq_len, args.teacher_topk,
-                                args.work_dir / f"teacher-top{args.teacher_topk}")
+    cache = build_teacher_cache(target, corpus, args.seq_len, args.teacher_topk,
+                                args.work_dir / f"teacher-top{args.teacher_topk}{cache_dir}",
+                                bf16=args.teacher_bf16, batch_size=64 if device.type == "cuda" else 8)
     teacher_minutes = (time.time() - t0) / 60
+    batch_size = batch_size_for(pair.distilled_draft, args)
 
     def sampler(gen: torch.Generator) -> Batch:
-        return sample_kd_batch(cache, train_ids, args.batch_size, gen)
+        return sample_kd_batch(cache, corpus, batch_size, gen)
 
     def probe(model: torch.nn.Module) -> dict[str, float]:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=False):
             m = teacher_forced_agreement(model, target, heldout_ids, args.seq_len, args.probe_tokens)
         return {k: round(v, 4) for k, v in m.items() if k != "tokens"}
 
     extra = {
         "recipe": "distill",
-        "teacher": TARGET.name,
+        "pair": pair.name,
+        "teacher": pair.target.name,
         "teacher_topk": args.teacher_topk,
         "teacher_cache_minutes_this_run": round(teacher_minutes, 2),
         "teacher_windows": cache.num_windows,
+        "teacher_windows_of_corpus": len(train_ids) // args.seq_len,
     }
-    return train_lm(DISTILLED_DRAFT, tok_dir, heldout_ids, args, sampler, kd_loss, init_dir, probe, extra,
-                    run_name="pycode-draft-distill")
+    return train_lm(pair.distilled_draft, tok_dir, heldout_ids, args, sampler, kd_loss, init_dir, probe,
+                    extra, run_name="pycode-draft-distill")
 
 
-def decode_step_ms(model: torch.nn.Module, context: int = 256, calls: int = 100) -> float:
-    """Median ms of a one-token KV-cached forward at `context` tokens (the cache cropped back after each)."""
-    import torch
-    from transformers import DynamicCache
-
-    times = []
-    with torch.inference_mode():
-        cache = DynamicCache()
-        x = torch.randint(1, model.config.vocab_size, (1, context))
-        model(input_ids=x, past_key_values=cache, use_cache=True)
-        tok = x[:, -1:]
-        for i in range(calls + 10):
-            t = time.perf_counter()
-            model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            if i >= 10:
-                times.append(time.perf_counter() - t)
-            cache.crop(-1)  # transformers 5 takes the number of tokens to remove as a negative count
-    return 1e3 * sorted(times)[len(times) // 2]
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
-def pair_report(args, heldout_ids: np.ndarray) -> dict:
-    """Draft/target agreement before and after distillation, on held-out stdlib functions and HumanEval.
-
-    For each prompt set, the target continues the first `--report-prompts` prompts greedily and at
-    temperature 1 (`distill.generate_windows`); both drafts are scored on those very windows
-    (`distill.window_agreement`), plus their held-out corpus loss and decode-step cost.
-    """
-    import torch
-
-    from acchead.models import load_causal_lm, load_tokenizer
-    from acchead.zoo.distill import generate_windows, window_agreement
-    from acchead.zoo.prompts import load_prompt_set
-
-    target = load_causal_lm(args.out_dir / TARGET.name)
-    tok = load_tokenizer(args.out_dir / TARGET.name)
-    drafts = {"before": Path(args.baseline_draft), "after": args.out_dir / DRAFT.name}
-    models = {name: load_causal_lm(path) for name, path in drafts.items()}
-    report: dict = {"drafts": {k: str(v) for k, v in drafts.items()}, "prompt_sets": {}}
-    for name in ("stdlib-heldout-functions", "humaneval"):
-        prompts = [tok(p)["input_ids"] for p in load_prompt_set(name, limit=args.report_prompts)]
-        kw = {"context": 128, "new_tokens": 96, "pad_id": tok.eos_token_id, "k": 1, "batch_size": 32}
-        greedy = generate_windows(target, prompts, desc=f"{name} greedy", **kw)
-        sampled = generate_windows(target, prompts, temperature=1.0, seed=args.seed, desc=f"{name} T=1", **kw)
-        report["prompt_sets"][name] = {
-            "prompts": len(prompts),
-            **{k: {m: round(v, 4) for m, v in window_agreement(d, target, greedy, sampled).items()}
-               for k, d in models.items()},
-        }
-    for k, d in models.items():
-        report[k] = {"heldout": {m: round(v, 4) for m, v in evaluate(d, heldout_ids, args.seq_len,
-                                                                      args.eval_tokens).items()},
-                     "decode_step_ms": round(decode_step_ms(d), 3)}
-    report["target"] = {"decode_step_ms": round(decode_step_ms(target), 3)}
-    threads = torch.get_num_threads()
-    report["machine"] = f"{platform.machine()}, {threads} CPU threads, torch {torch.__version__}"
-    atomic_write_json(args.out_dir / "pair_report.json", report, sort_keys=False)
-    print(json.dumps(report, indent=2))
-    return report
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="acchead-build-zoo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=["all", "tokenizer", "draft", "target", "report"], default="all",
-                   help="which part to build (default: all = tokenizer, target, draft; the distilled draft "
-                        "needs the target in --out-dir)")
+    p.add_argument("--pair", choices=sorted(PAIRS), default=DEFAULT_PAIR,
+                   help="which pair to build: v2 (default, issue 21: deep-narrow target, stdlib + packages "
+                        "corpus, H100-sized budgets) or v1 (the pair shipped before it, reproduced exactly: "
+                        "6 x 256 target, stdlib corpus, CPU-sized budgets)")
+    stages = ["all", "arch", "tokenizer", "draft", "target", "report"]
+    p.add_argument("--stage", default="all", choices=stages,
+                   help="which part to build (default: all = tokenizer, target, draft, report; the distilled "
+                        "draft needs the target in --out-dir); arch: print the candidate target shapes with "
+                        "their operator counts and the pick (builds nothing)")
     p.add_argument("--draft-recipe", choices=["distill", "corpus"], default="distill",
                    help="distill: train the draft on the target's top-k distributions (the shipped draft); "
                         "corpus: next-token loss on the corpus alone (the draft shipped before 0.2)")
     p.add_argument("--distill-init", default="corpus",
                    help="distilled draft's starting weights: 'corpus' (train the corpus draft into "
                         "--work-dir first), 'scratch', or a model directory (default: corpus)")
-    p.add_argument("--teacher-topk", type=int, default=32,
+    p.add_argument("--teacher-topk", type=_positive_int, default=32,
                    help="teacher ids kept per position in the distillation cache (default: 32)")
+    p.add_argument("--teacher-windows", type=_positive_int, default=None,
+                   help="cache the teacher on this many evenly spaced windows of --seq-len tokens, not the "
+                        "whole corpus (default: all; v2's 99k windows are 6.5 GB and hours of the target "
+                        "on a CPU: e.g. 4000 there)")
     p.add_argument("--baseline-draft", default=None,
                    help="report stage: the draft to compare against (default: the corpus draft in "
                         "--work-dir/corpus)")
-    p.add_argument("--report-prompts", type=int, default=64,
+    p.add_argument("--report-prompts", type=_positive_int, default=64,
                    help="report stage: prompts of each set the target continues (default: 64)")
-    p.add_argument("--probe-tokens", type=int, default=16_384,
+    p.add_argument("--probe-tokens", type=_positive_int, default=16_384,
                    help="held-out tokens on which draft/target agreement is logged at each checkpoint")
-    p.add_argument("--out-dir", type=Path, default=ZOO_DIR, help="where pycode-draft/ and pycode-target/ go")
-    p.add_argument("--work-dir", type=Path, default=Path("work/zoo"),
-                   help="tokenized corpus and resumable checkpoints (default: work/zoo)")
-    p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size (default: 4096)")
-    p.add_argument("--seq-len", type=int, default=512, help="training window in tokens (default: 512)")
-    p.add_argument("--batch-size", type=int, default=16, help="windows per optimiser step (default: 16)")
-    p.add_argument("--budget-scale", type=float, default=1.0,
-                   help="multiply both models' token and time budgets (0.01 for a smoke run)")
-    p.add_argument("--eval-tokens", type=int, default=150_000, help="held-out tokens to evaluate on")
-    p.add_argument("--ckpt-minutes", type=float, default=3.0, help="minutes between checkpoints")
+    p.add_argument("--out-dir", type=Path, default=ZOO_DIR,
+                   help="where pycode-draft/ and pycode-target/ go (default: the package's zoo, replacing "
+                        "the shipped pair)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="tokenized corpus and resumable checkpoints (default: work/zoo for v1, "
+                        "work/zoo-v2 for v2)")
+    p.add_argument("--tokenizer-corpus", choices=CORPORA, default=None,
+                   help="corpus the BPE is trained on (default: the pair's, stdlib for both; "
+                        "stdlib+packages trains another into --work-dir, to measure)")
+    p.add_argument("--vocab-size", type=_positive_int, default=4096,
+                   help="BPE vocabulary size (default: 4096)")
+    p.add_argument("--seq-len", type=_positive_int, default=512,
+                   help="training window in tokens (default: 512)")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="windows per optimiser step (default: the spec's: 16 for v1, 64 for v2)")
+    p.add_argument("--budget-scale", type=_positive_float, default=1.0,
+                   help="multiply every model's token budget, and its time budget unless --minutes is "
+                        "given (0.01 for a smoke run)")
+    p.add_argument("--minutes", type=_positive_float, default=None,
+                   help="wall-clock budget of each training stage, replacing the spec's (v2's are sized for "
+                        "one H100: on a CPU give it hours, e.g. --minutes 240 --budget-scale 0.1)")
+    p.add_argument("--eval-tokens", type=_positive_int, default=150_000,
+                   help="held-out tokens to evaluate on (default: 150000)")
+    p.add_argument("--ckpt-minutes", type=float, default=3.0, help="minutes between checkpoints (default: 3)")
+    p.add_argument("--device", default="auto",
+                   help="where to train: auto (cuda if available, else cpu), cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 autocast for training steps (default: on where the CPU has native bf16 "
-                        "(avx512_bf16/amx_bf16): 2.5x faster there, but 4-6x SLOWER than fp32 on a CPU "
+                   help="bf16 autocast for training steps (default: on for cuda, and on a CPU with native "
+                        "bf16 (avx512_bf16/amx_bf16): 2.5x faster there, but 4-6x SLOWER than fp32 on a CPU "
                         "without it (both measured))")
     p.add_argument("--seed", type=int, default=0, help="seed for init and batch sampling")
+    add_arch_arguments(p.add_argument_group("--stage arch: the candidate target shapes"))
     return p
+
+
+def resolve_device(name: str) -> str:
+    """`--device` as a torch device string; a one-line error if CUDA is asked for and absent."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise AccheadError(f"--device {name}: torch sees no CUDA device here (torch {torch.__version__})")
+        return name
+    raise AccheadError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
 
 
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.bf16 is None:
-        args.bf16 = cpu_has_native_bf16()
+    pair = PAIRS[args.pair]
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.stage == "arch":
+        run_arch(args, pair.draft.shape(), PAIRS["v1"].target.shape())
+        return 0
+    args.device = resolve_device(args.device)
+    if args.bf16 is None:
+        args.bf16 = args.device.startswith("cuda") or cpu_has_native_bf16()
+    # The teacher's inference-only forward: bf16 on a GPU; fp32 on a CPU (5x faster there, measured).
+    args.teacher_bf16 = args.device.startswith("cuda")
+    args.work_dir = args.work_dir or pair.work_dir
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    tok_dir = train_tokenizer(args.work_dir, args.vocab_size)
+    tok_dir = train_tokenizer(args.work_dir, args.vocab_size, args.tokenizer_corpus or pair.tokenizer_corpus)
     if args.stage == "tokenizer":
         return 0
-    train_ids, heldout_ids = tokenize_corpus(args.work_dir, tok_dir)
-    print(f"corpus: {len(train_ids):,} train tokens, {len(heldout_ids):,} held-out tokens", file=sys.stderr)
+    train_ids, heldout_ids, corpus = tokenize_corpus(args.work_dir, tok_dir, train_sources(pair.corpus),
+                                                     heldout_source())
+    print(f"pair {pair.name}, corpus {pair.corpus}: {len(train_ids):,} train tokens, {len(heldout_ids):,} "
+          f"held-out tokens; device {args.device}, bf16 {args.bf16}", file=sys.stderr)
+
+    def corpus_sampler(spec: LMSpec) -> Sampler:
+        return lm_sampler(train_ids, batch_size_for(spec, args), args.seq_len)
+
     if args.stage in ("all", "target"):
-        train_lm(TARGET, tok_dir, heldout_ids, args, lm_sampler(train_ids, args.batch_size, args.seq_len))
+        train_lm(pair.target, tok_dir, heldout_ids, args, corpus_sampler(pair.target))
     if args.stage in ("all", "draft"):
-        corpus_sampler = lm_sampler(train_ids, args.batch_size, args.seq_len)
         if args.draft_recipe == "corpus":
-            train_lm(DRAFT, tok_dir, heldout_ids, args, corpus_sampler)
+            train_lm(pair.draft, tok_dir, heldout_ids, args, corpus_sampler(pair.draft))
             return 0
-        if not (args.out_dir / TARGET.name / "config.json").exists():
-            raise AccheadError(f"the distilled draft needs the target: no {args.out_dir / TARGET.name}; "
+        if not (args.out_dir / pair.target.name / "config.json").exists():
+            raise AccheadError(f"the distilled draft needs the target: no {args.out_dir / pair.target.name}; "
                                "build it first (--stage target)")
         init: Path | None
         if args.distill_init == "scratch":
             init = None
         elif args.distill_init == "corpus":
-            init = args.work_dir / "corpus" / DRAFT.name
+            init = args.work_dir / "corpus" / pair.draft.name
             if not (init / "config.json").exists():
                 corpus_args = argparse.Namespace(**{**vars(args), "out_dir": args.work_dir / "corpus"})
-                train_lm(DRAFT, tok_dir, heldout_ids, corpus_args, corpus_sampler)
+                train_lm(pair.draft, tok_dir, heldout_ids, corpus_args, corpus_sampler(pair.draft))
         else:
             init = Path(args.distill_init)
             if not (init / "config.json").exists():
                 raise AccheadError(f"--distill-init {init}: not a model directory (no config.json)")
-        distill_draft(tok_dir, train_ids, heldout_ids, args, init)
+        distill_draft(pair, tok_dir, train_ids, heldout_ids, args, init)
     if args.stage in ("all", "report"):
-        args.baseline_draft = args.baseline_draft or str(args.work_dir / "corpus" / DRAFT.name)
-        pair_report(args, heldout_ids)
+        args.baseline_draft = args.baseline_draft or str(args.work_dir / "corpus" / pair.draft.name)
+        from acchead.zoo.pair_report import pair_report
+
+        pair_report(pair, args, heldout_ids, corpus)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The demo corpus: the running interpreter's standard-library source, split into LM-train and held-out files.
 
 The split is a pure function of the relative file paths (a hash), so every machine with the same Python
-version gets the same split without shipping a file list.
+version gets the same split without shipping a file list. The v2 pair's corpus adds installed packages'
+source (`acchead.zoo.packages`, composed in `acchead.zoo.training_corpus`); the held-out files stay these.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 # Directories whose files are tests or generated tables, not ordinary library code.
 _SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "pydoc_data", "encodings"}
-_MAX_FILE_BYTES = 400_000  # a handful of huge generated modules would dominate a 3M-token corpus
+MAX_FILE_BYTES = 400_000  # a handful of huge generated modules would dominate a 3M-token corpus
 NUM_HELDOUT_FILES = 40
 
 
@@ -35,7 +36,7 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
             if not name.endswith(".py") or name.startswith("test_"):
                 continue
             path = Path(dirpath, name)
-            if path.stat().st_size > _MAX_FILE_BYTES:
+            if path.stat().st_size > MAX_FILE_BYTES:
                 continue
             out.append(path)
     return sorted(out, key=lambda p: p.relative_to(root).as_posix())

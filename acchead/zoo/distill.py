@@ -65,8 +65,9 @@ def build_teacher_cache(
 ) -> TeacherCache:
     """Run `target` over every full window of `corpus` and keep its top-k; resumable, atomic when done.
 
-    `bf16` autocast is off by default: for this inference-only forward it was 5x SLOWER than float32 on
-    the 2-core CPU (6.4 s vs 1.3 s for 8 x 512 tokens of the demo target, measured), unlike training.
+    The windows run on the target's device. `bf16` autocast is off by default: for this inference-only
+    forward it was 5x SLOWER than float32 on the 2-core CPU (6.4 s vs 1.3 s for 8 x 512 tokens of the demo
+    target, measured), unlike training; the build turns it on for a GPU.
     Progress is written to `<path>/progress.json` at most every `ckpt_seconds`, after the memory-mapped
     arrays are flushed, so a killed run redoes at most that much. A finished cache is marked by
     `<path>/done.json`, written last.
@@ -87,18 +88,19 @@ def build_teacher_cache(
     ids = np.lib.format.open_memmap(path / "ids.npy", mode=mode, dtype=np.uint16, shape=shape)
     logp = np.lib.format.open_memmap(path / "logp.npy", mode=mode, dtype=np.float16, shape=shape)
     target.eval()
+    device = next(target.parameters()).device  # the windows go where the target is (CPU or GPU)
     last = time.time()
     bar = tqdm(total=n, initial=start, unit="win", desc=f"teacher top-{k}")
     with torch.inference_mode():
         for w0 in range(start, n, batch_size):
             w1 = min(n, w0 + batch_size)
             x = torch.from_numpy(corpus[w0 * seq_len : w1 * seq_len].astype(np.int64)).view(w1 - w0, seq_len)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = target(x).logits  # (B, T, V)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = target(x.to(device)).logits  # (B, T, V)
             lp = torch.log_softmax(logits.float(), dim=-1)
             top = lp.topk(k, dim=-1)  # values/indices: (B, T, k)
-            ids[w0:w1] = top.indices.to(torch.int32).numpy().astype(np.uint16)
-            logp[w0:w1] = top.values.numpy().astype(np.float16)
+            ids[w0:w1] = top.indices.to(torch.int32).cpu().numpy().astype(np.uint16)
+            logp[w0:w1] = top.values.cpu().numpy().astype(np.float16)
             bar.update(w1 - w0)
             if time.time() - last > ckpt_seconds or w1 == n:
                 ids.flush()
@@ -167,11 +169,12 @@ def teacher_forced_agreement(
     """
     was_training = draft.training
     draft.eval()
+    device = next(draft.parameters()).device  # both models on it
     n = min(len(ids) // seq_len, max(1, max_tokens // seq_len))
     agree = acc = kl = 0.0
     tot = 0
     for i in range(n):
-        x = torch.from_numpy(ids[i * seq_len : (i + 1) * seq_len].astype(np.int64))[None]
+        x = torch.from_numpy(ids[i * seq_len : (i + 1) * seq_len].astype(np.int64))[None].to(device)
         lp = torch.log_softmax(target(x).logits[0].float(), -1)  # (T, V)
         lq = torch.log_softmax(draft(x).logits[0].float(), -1)
         agree += (lp.argmax(-1) == lq.argmax(-1)).sum().item()
