@@ -135,7 +135,7 @@ def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int,
     exactness tests enumerate this very function with a scripted drafter.
     """
     fused = getattr(drafter, "fuses_judge", False)
-    if fused and policy.fixed_length and cap == policy.max_cap:  # fixed K: one unit drafts the round
+    if fused and drafter.round_unit and policy.fixed_length and cap == policy.max_cap:  # one unit: the round
         steps = drafter.propose_block(seq[:n], cap)
         seq[n : n + cap] = torch.stack([s.token for s in steps])
         return steps

@@ -12,6 +12,7 @@ from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
 from acchead.inference import SpeculativeDecoder, parse_policy
 from acchead.inference.cli_decode import main as decode_main
+from acchead.inference.drafters import ModelDrafter
 from acchead.inference.policies import Confidence, FixedK, Oracle, SpecDecPP
 from acchead.models import model_identity
 from acchead.sampling import SamplingConfig
@@ -122,12 +123,11 @@ def test_fixed_k_round_unit_draws_what_k_single_steps_draw(tiny_llama_pair, fast
     forward per candidate (eager, and on the static cache uncompiled)."""
     target, draft = tiny_llama_pair
     prompt = torch.tensor([5, 9, 17, 33, 2])
-    res = [
-        SpeculativeDecoder(target, draft, policy=spec, fast=fast, compile=False).generate(
-            prompt, max_new_tokens=30, temperature=1.0, top_k=50, seed=11
-        )
-        for spec in ("specdec:k=3", "confidence:tau=0,max=3")
-    ]
+    res = []
+    for spec in ("specdec:k=3", "confidence:tau=0,max=3"):
+        drafter = ModelDrafter(draft, fast=fast, compile=False, round_unit=True)
+        dec = SpeculativeDecoder(target, drafter, policy=spec, fast=fast, compile=False)
+        res.append(dec.generate(prompt, max_new_tokens=30, temperature=1.0, top_k=50, seed=11))
     assert res[0].new_ids.tolist() == res[1].new_ids.tolist()
     assert res[0].drafted_per_round == res[1].drafted_per_round
     assert res[0].draft_calls == res[1].draft_calls == res[0].drafted

@@ -148,3 +148,22 @@ def test_compiled_units_make_the_eager_decisions_and_draws_for_every_rule(compil
     cases = [("specdecpp:h=0.5,max=3", head), ("confidence:tau=0.9,max=3", None)]
     cases.append(("adaedl:lam=0.9,max=3", None))
     _same_as_eager(target, draft, cases, temperatures=(0.0, 1.0))
+
+
+@pytest.mark.slow
+def test_compiled_fixed_k_round_unit_equals_eager(compiled_pair):
+    """A fixed-K round as one compiled unit (the CUDA default, opt-in on the CPU) decodes the eager path's
+    tokens in the same rounds, greedy and at T = 1; nothing compiles after `warm_up`."""
+    from acchead.inference.drafters import ModelDrafter
+
+    target, draft = compiled_pair
+    prompt = torch.tensor([5, 9, 17, 33, 2])
+    drafter = ModelDrafter(draft, fast=True, round_unit=True)
+    fast = SpeculativeDecoder(target, drafter, policy="specdec:k=3", fast=True)
+    eager = SpeculativeDecoder(target, draft, policy="specdec:k=3", fast=False)
+    assert fast.fast
+    for t in (0.0, 1.0):
+        fast.warm_up(64, temperature=t)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        got = [_rounds(fast, prompt, temperature=t, seed=5) for t in (0.0, 1.0)]
+    assert got == [_rounds(eager, prompt, temperature=t, seed=5) for t in (0.0, 1.0)]
