@@ -136,6 +136,7 @@ def load_causal_lm(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
     device_map: str | None = None,
+    max_memory: dict[int | str, int] | None = None,
 ) -> PreTrainedModel:
     """A causal LM in eval mode, from a local Hugging Face directory or a hub id.
 
@@ -146,11 +147,15 @@ def load_causal_lm(
         device: where to put the model when `device_map` is None.
         device_map: passed to `from_pretrained` (e.g. "auto" to shard a large target over GPUs with
             accelerate); `device` is then ignored.
+        max_memory: with `device_map`, bytes per device (GPU index or "cpu"); devices left out get no
+            weights (how one of several processes keeps its target on its own GPUs).
     """
     hub = _check_model_dir(path_or_id, ("config.json",), "model")
     kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype), **hub}
     if device_map is not None:
         kwargs["device_map"] = device_map
+        if max_memory is not None:
+            kwargs["max_memory"] = max_memory
     else:
         _check_device(device)
     try:

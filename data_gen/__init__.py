@@ -2,5 +2,7 @@
 
 `acchead-gen-data` (acchead.data_gen.cli) writes the on-disk format that `train/` reads (README, "The
 gen-data format"); the math of one batch is in acchead.data_gen.labeler, prompt sources in
-acchead.data_gen.prompts, resumable output in acchead.data_gen.shards.
+acchead.data_gen.prompts, responses sampled elsewhere (`--responses`) in acchead.data_gen.responses, each
+process's GPUs for a sharded target in acchead.data_gen.placement, resumable output in
+acchead.data_gen.shards.
 """

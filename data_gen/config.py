@@ -2,7 +2,8 @@
 
 Every flag has its default in `configs/gen_data.yaml` (or the file given by `--config`); a flag given on the
 command line overrides the file. The prompt source is one of `--prompt-set`, `--prompts FILE`,
-`--dataset NAME`: one given on the command line replaces the file's choice.
+`--dataset NAME`, or responses generated elsewhere, `--responses FILE`: one given on the command line
+replaces the file's choice.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any
 
 import yaml
 
+from acchead.data_gen.placement import parse_process_gpus
 from acchead.data_gen.prompts import PromptSource
+from acchead.data_gen.responses import ResponsesSource
 from acchead.errors import AccheadError
 from acchead.sampling import SamplingConfig
 
-SOURCE_KEYS = ("prompt_set", "prompts", "dataset")
+SOURCE_KEYS = ("prompt_set", "prompts", "dataset", "responses")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,11 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Label every response position of target samples with its exact acceptance probability "
         "under the decoding configuration S (DESIGN §2): the target samples X, the draft proposes Y_i ~ q_i, "
         "label min(1, p_i(Y_i)/q_i(Y_i)); Z mixes X (prob. r) and Y. Writes a `datasets` dataset to --out, "
-        "resumable (rerun the same command) and spreadable with `accelerate launch`.",
+        "resumable (rerun the same command) and spreadable with `accelerate launch`. With --responses, X "
+        "comes from a serving engine instead and both models run teacher-forced over prompt + X.",
         epilog="Defaults in [brackets] come from configs/gen_data.yaml; a flag overrides its key. Draft and "
         "target must share one tokenizer (the same token->id map and EOS id). Prompts too long for "
         "len(prompt) + max_new_tokens <= context are skipped and counted; empty prompts are refused. "
-        "Several processes: accelerate launch [--num_processes N] -m acchead.data_gen.cli [flags].",
+        "Several processes: accelerate launch [--num_processes N] -m acchead.data_gen.cli [flags]; with "
+        "--device-map each process shards its own target over its share of the GPUs. docs/gen-data.md has "
+        "the --responses format.",
     )
     a = p.add_argument
     a("--config", default=None, help="YAML with defaults for every flag (default: configs/gen_data.yaml)")
@@ -45,9 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", help="device for both models, e.g. cpu, cuda:0 (default: accelerate's per-process one)"
     )
     g.add_argument(
-        "--device-map", help="shard the target over GPUs with this transformers device_map, e.g. auto"
+        "--device-map",
+        help="shard the target over GPUs with this transformers device_map, e.g. auto; with N processes "
+        "on a node of G GPUs, process r shards it over GPUs r*G/N..(r+1)*G/N-1 (N must divide G) and puts "
+        "the draft on the first of them",
     )
-    g = p.add_argument_group("prompts (one source)")
+    g.add_argument(
+        "--process-gpus",
+        help="with --device-map: each process's GPUs instead, ',' within a process and ';' between "
+        "processes in local-rank order, e.g. '0,1,2;3,4,5'",
+    )
+    g = p.add_argument_group("prompts (one source: a prompt set, a file, a dataset, or --responses)")
     g.add_argument("--prompt-set", help="built-in prompt set: stdlib-functions or humaneval")
     g.add_argument(
         "--prompts", help="prompt file: .jsonl, .json, .parquet (field --prompt-field) or .txt (a line each)"
@@ -55,15 +69,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--dataset", help="`datasets` dataset: a save_to_disk directory or a name in the local HF cache"
     )
-    g.add_argument("--dataset-split", help="split of --dataset")
+    g.add_argument(
+        "--responses",
+        help="label responses generated elsewhere (a serving engine) instead of sampling the target: .jsonl "
+        "or `datasets` directory, fields prompt or prompt_ids, response or response_ids, optional "
+        "prompt_index; give the engine's sampling settings as S and its max_tokens as --max-new-tokens. "
+        "Responses that are empty, do not round-trip the tokenizer, hold an EOS before their end, or are too "
+        "long are skipped and counted",
+    )
+    g.add_argument("--dataset-split", help="split of --dataset (or of a --responses dataset with splits)")
     g.add_argument("--prompt-field", help="field/column holding the prompt text in --prompts or --dataset")
     g.add_argument(
         "--chat-template",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="wrap each prompt as a user turn with the target tokenizer's chat template",
+        help="wrap each text prompt as a user turn with the target tokenizer's chat template",
     )
-    g.add_argument("--num-prompts", type=int, help="use the first N prompts (0 = all)")
+    g.add_argument("--num-prompts", type=int, help="use the first N prompts or responses (0 = all)")
     g = p.add_argument_group(
         "sampling configuration S (the decoder's; applied temperature -> top-k -> top-p)"
     )
@@ -72,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, help="nucleus mass (1.0 = off)")
     g = p.add_argument_group("labelling")
     g.add_argument(
-        "--max-new-tokens", type=int, help="response length cap; EOS ends a response earlier (kept)"
+        "--max-new-tokens",
+        type=int,
+        help="response length cap; EOS ends a response earlier (kept); with --responses, longer responses "
+        "are skipped",
     )
     g.add_argument(
         "--mix-ratio",
@@ -101,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="... or after this many seconds, whichever comes first (neither flag changes the data)",
     )
     g.add_argument("--out", help="output directory; rerunning the same command resumes an unfinished run")
+    g.add_argument(
+        "--emit-responses",
+        help="when the run is complete, also write its target responses to this .jsonl in the --responses "
+        "format (prompt_index, prompt_ids, response_ids): a check of labels from responses",
+    )
     g.add_argument(
         "--overwrite",
         action=argparse.BooleanOptionalAction,
@@ -151,7 +181,7 @@ class GenDataArgs:
     dtype: str
     device: str | None
     device_map: str | None
-    source: PromptSource
+    source: PromptSource | ResponsesSource
     chat_template: bool
     num_prompts: int
     sampling: SamplingConfig
@@ -164,6 +194,13 @@ class GenDataArgs:
     out: Path
     flush_seconds: float = 60.0
     overwrite: bool = False
+    process_gpus: list[list[int]] | None = None
+    emit_responses: Path | None = None
+
+    @property
+    def from_responses(self) -> bool:
+        """Labels for responses generated elsewhere (`--responses`) rather than the target's own samples."""
+        return isinstance(self.source, ResponsesSource)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -196,12 +233,23 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
 
     sources = [k for k in SOURCE_KEYS if get(k)]
     if len(sources) != 1:
+        given = f": {', '.join('--' + k.replace('_', '-') for k in sources)}" if sources else ""
         raise AccheadError(
-            f"give exactly one prompt source (--prompt-set, --prompts, --dataset), got {len(sources)}"
+            "give exactly one source of prompts (--prompt-set, --prompts, --dataset) or of responses "
+            f"(--responses), got {len(sources)}{given}"
         )
-    field = str(get("prompt_field") or "prompt")
-    kind = {"prompt_set": "builtin", "prompts": "file", "dataset": "dataset"}[sources[0]]
-    source = PromptSource(kind, str(get(sources[0])), field=field, split=str(get("dataset_split") or "train"))
+    split = str(get("dataset_split") or "train")
+    source: PromptSource | ResponsesSource
+    if sources[0] == "responses":
+        source = ResponsesSource(str(get("responses")), split=split)
+        if get("emit_responses"):
+            raise AccheadError(
+                "--emit-responses writes the target's own responses; with --responses they are the input"
+            )
+    else:
+        field = str(get("prompt_field") or "prompt")
+        kind = {"prompt_set": "builtin", "prompts": "file", "dataset": "dataset"}[sources[0]]
+        source = PromptSource(kind, str(get(sources[0])), field=field, split=split)
 
     try:
         sampling = SamplingConfig(
@@ -246,4 +294,6 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         out=Path(str(get("out"))).expanduser(),
         flush_seconds=float(get("flush_seconds", 60.0)),
         overwrite=bool(get("overwrite", False)),
+        process_gpus=parse_process_gpus(str(get("process_gpus"))) if get("process_gpus") else None,
+        emit_responses=Path(str(get("emit_responses"))).expanduser() if get("emit_responses") else None,
     )

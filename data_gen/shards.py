@@ -35,7 +35,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +82,13 @@ def settings_hash(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_batches(indices: list[int], lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Batches of prompts of similar length (sorted by length, then index) to keep left padding small.
+def plan_batches(
+    indices: list[int], lengths: Sequence[int] | Mapping[int, int], batch_size: int
+) -> list[list[int]]:
+    """Batches of prompts of similar length (sorted by length, then index) to keep padding small.
 
-    gen-data plans them once over all the run's prompts: what is batched together fixes the rounding.
+    `lengths[i]` is prompt i's length (prompt + response when labelling given responses). gen-data plans
+    them once over all the run's prompts: what is batched together fixes the rounding.
     """
     order = sorted(indices, key=lambda i: (lengths[i], i))
     return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]

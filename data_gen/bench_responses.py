@@ -1,0 +1,154 @@
+"""Benchmark (not a test): labelled positions per second, online vs from given responses.
+
+    python -m acchead.data_gen.bench_responses [--num-prompts 64 --max-new-tokens 128 --batch-size 16 ...]
+
+Online (`Labeler.label`), the target samples each response inside gen-data's loop, one forward of each
+model per token; from responses (`Labeler.label_responses`, `acchead-gen-data --responses`), a serving
+engine has sampled them and both models run once, teacher-forced, over prompt + response. Both label the
+same prompts with the same batch size, each batched as `acchead-gen-data` batches it (online by prompt
+length, from responses by prompt + response length); the responses are the online run's own, so the two
+also check each other (the largest label difference and the number of differing draft tokens are
+printed; expected ~1e-7 and 0). The engine's generation time is not counted: it is the engine's work.
+
+Wall time swings with other jobs on a shared CPU; the process's CPU time (one thread: `--threads 1`) does
+not, so both rates are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+
+from acchead.data_gen.cli import context_length, eos_ids
+from acchead.data_gen.labeler import Labeler
+from acchead.data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
+from acchead.data_gen.shards import plan_batches
+from acchead.errors import AccheadError, cli_errors
+from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+from acchead.sampling import SamplingConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m acchead.data_gen.bench_responses",
+        description="Labelled positions per second of gen-data online (the target samples) and from given "
+        "responses (teacher-forced), same prompts and batches; prints the ratio (goal >= 5x on the CPU).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a("--target", default=None, help="target model directory or hub id (default: the demo target)")
+    a("--draft", default=None, help="draft model directory or hub id (default: the demo draft)")
+    a("--prompt-set", default="stdlib-functions", help="built-in prompt set")
+    a("--prompts", default=None, help="prompt file (.jsonl/.json/.parquet/.txt) instead of --prompt-set")
+    a("--num-prompts", type=int, default=64, help="first N prompts")
+    a("--max-new-tokens", type=int, default=128, help="response length cap")
+    a("--batch-size", type=int, default=16, help="prompts per batch, both modes")
+    a("--temperature", type=float, default=0.0, help="S: 0 = greedy")
+    a("--top-k", type=int, default=0, help="S: top-k (0 = off)")
+    a("--top-p", type=float, default=1.0, help="S: nucleus mass (1.0 = off)")
+    a("--mix-ratio", type=float, default=1.0, help="r (gen-data's default for lookahead heads)")
+    a(
+        "--cache-features",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also time the draft's feature pass over prompt + Z (the same work in both modes)",
+    )
+    a("--device", default="cpu", help="torch device for both models")
+    a("--dtype", default="float32", help="model dtype")
+    a("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    return p
+
+
+def _timed(fn, *args) -> tuple[np.ndarray, object]:
+    """([wall seconds, process CPU seconds], result) of fn(*args), synchronising CUDA around it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    w0, c0 = time.perf_counter(), time.process_time()
+    result = fn(*args)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return np.array([time.perf_counter() - w0, time.process_time() - c0]), result
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from acchead.zoo import DRAFT_DIR, TARGET_DIR
+
+    target_path, draft_path = args.target or TARGET_DIR, args.draft or DRAFT_DIR
+    tok = load_tokenizer(target_path)
+    check_tokenizers_match(tok, load_tokenizer(draft_path))
+    source = PromptSource("file", args.prompts) if args.prompts else PromptSource("builtin", args.prompt_set)
+    prompt_ids = encode_prompts(load_prompts(source, limit=args.num_prompts), tok)
+    target = load_causal_lm(target_path, args.dtype, device=args.device)
+    draft = load_causal_lm(draft_path, args.dtype, device=args.device)
+    context = min(context_length(target, tok), context_length(draft, tok))
+    kept = fit_to_context(prompt_ids, args.max_new_tokens, context)
+    if not kept:
+        raise AccheadError("no prompt fits the context with --max-new-tokens")
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    eos = eos_ids(target, tok)
+    labeler = Labeler(
+        target,
+        draft,
+        sampling,
+        mix_ratio=args.mix_ratio,
+        seed=0,
+        max_new_tokens=args.max_new_tokens,
+        eos_ids=eos,
+        pad_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0],
+        cache_features=args.cache_features,
+    )
+    batches = plan_batches(kept, [len(p) for p in prompt_ids], args.batch_size)
+
+    # Warm-up (allocator, kernels) on the first batch, not timed.
+    warm = [prompt_ids[i] for i in batches[0]]
+    rows = labeler.label(batches[0], warm)
+    labeler.label_responses(batches[0], warm, [r.response_ids.tolist() for r in rows])
+
+    times = {"online": np.zeros(2), "responses": np.zeros(2)}
+    online = {}
+    for batch in batches:
+        dt, rows = _timed(labeler.label, batch, [prompt_ids[i] for i in batch])
+        times["online"] += dt
+        online |= {r.prompt_index: r for r in rows}
+    responses = {i: r.response_ids.tolist() for i, r in online.items()}
+    positions = sum(len(r) for r in responses.values())
+    total = {i: len(prompt_ids[i]) + len(responses[i]) for i in kept}
+    max_diff, y_diff = 0.0, 0
+    for batch in plan_batches(kept, total, args.batch_size):
+        prompts, resp = [prompt_ids[i] for i in batch], [responses[i] for i in batch]
+        dt, rows = _timed(labeler.label_responses, batch, prompts, resp)
+        times["responses"] += dt
+        for b in rows:
+            a = online[b.prompt_index]
+            max_diff = max(max_diff, float(np.abs(a.accept_prob - b.accept_prob).max()))
+            y_diff += int((a.draft_ids != b.draft_ids).sum())
+
+    print(
+        f"pair: target {target_path}, draft {draft_path}; device {args.device}, dtype {args.dtype}, "
+        f"threads {torch.get_num_threads()}; S: {sampling}; features {'on' if args.cache_features else 'off'}"
+    )
+    print(
+        f"{len(kept)} prompts in {len(batches)} batches of <= {args.batch_size}, {positions} labelled "
+        f"positions (max {args.max_new_tokens} per prompt)"
+    )
+    print(f"  {'':10s} {'wall s':>8s} {'pos/s':>8s}   {'CPU s':>8s} {'pos/s':>8s}")
+    for name, t in times.items():
+        print(f"  {name:10s} {t[0]:8.2f} {positions / t[0]:8.0f}   {t[1]:8.2f} {positions / t[1]:8.0f}")
+    ratio = times["online"] / times["responses"]
+    print(
+        f"from responses / online: {ratio[0]:.2f}x wall-clock, {ratio[1]:.2f}x CPU time (goal >= 5x); "
+        f"labels differ by at most {max_diff:.2e}, draft tokens in {y_diff} positions"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
