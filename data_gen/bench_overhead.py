@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _timed(fn, *args, **kwargs) -> tuple[np.ndarray, object]:
+def timed(fn, *args, **kwargs) -> tuple[np.ndarray, object]:
     """([wall seconds, process CPU seconds], result) of fn(*args, **kwargs), synchronising CUDA around it."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -67,9 +69,25 @@ def _timed(fn, *args, **kwargs) -> tuple[np.ndarray, object]:
     return np.array([time.perf_counter() - w0, time.process_time() - c0]), result
 
 
-@cli_errors
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+@dataclass
+class BenchInputs:
+    """What both labelling benchmarks load from their flags."""
+
+    tok: Any
+    target: Any
+    draft: Any
+    target_path: Any
+    draft_path: Any
+    prompt_ids: list[list[int]]
+    kept: list[int]  # indices of the prompts that fit the context with --max-new-tokens
+    sampling: SamplingConfig
+    eos: list[int]
+
+
+def load_bench_inputs(args: argparse.Namespace) -> BenchInputs:
+    """The models, prompts, S and EOS ids from a labelling benchmark's
+    flags (--target/--draft, default the demo pair; --prompts or --prompt-set; --num-prompts; S;
+    --max-new-tokens; --device/--dtype/--threads). Shared by this benchmark and `bench_responses`."""
     if args.threads:
         torch.set_num_threads(args.threads)
     from acchead.zoo import DRAFT_DIR, TARGET_DIR
@@ -87,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         raise AccheadError("no prompt fits the context with --max-new-tokens")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     eos = eos_ids(target, tok)
+    return BenchInputs(tok, target, draft, target_path, draft_path, prompt_ids, kept, sampling, eos)
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    b = load_bench_inputs(args)
+    tok, target, draft, kept, sampling, eos = b.tok, b.target, b.draft, b.kept, b.sampling, b.eos
+    prompt_ids, target_path, draft_path = b.prompt_ids, b.target_path, b.draft_path
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     labelers = {
         cache: Labeler(
@@ -115,13 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     labelers[False].label(warm, [prompt_ids[i] for i in warm])
     for batch in batches:
         prompts = [prompt_ids[i] for i in batch]
-        dt, rows = _timed(labelers[False].label, batch, prompts)
+        dt, rows = timed(labelers[False].label, batch, prompts)
         times["label"] += dt
         steps = max(len(r.response_ids) for r in rows)  # the decode steps the labelling loop ran
         tokens += sum(len(r.response_ids) for r in rows)
         ids, mask = left_pad(prompts, pad, target.device)
         with torch.no_grad():
-            dt, _ = _timed(
+            dt, _ = timed(
                 target.generate, input_ids=ids, attention_mask=mask, max_new_tokens=steps,
                 min_new_tokens=steps, **gen_kwargs,
             )  # fmt: skip
@@ -129,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         u = torch.from_numpy(
             np.stack([stream_uniforms(0, i, "generate", args.max_new_tokens) for i in batch])
         )
-        times["own loop"] += _timed(
+        times["own loop"] += timed(
             lambda i=ids, m=mask, u=u: sample_and_label(
                 target, i, m, sampling, u, args.max_new_tokens, eos, pad
             )
         )[0]
-        times["label+features"] += _timed(labelers[True].label, batch, prompts)[0]
+        times["label+features"] += timed(labelers[True].label, batch, prompts)[0]
 
     ratio = times["label"] / times["generate"]  # (wall, CPU)
     print(

@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 import torch
 
-from acchead.data_gen.cli import context_length, eos_ids
+from acchead.data_gen.bench_overhead import load_bench_inputs, timed
 from acchead.data_gen.labeler import Labeler
-from acchead.data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
 from acchead.data_gen.shards import plan_batches
-from acchead.errors import AccheadError, cli_errors
-from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
-from acchead.sampling import SamplingConfig
+from acchead.errors import cli_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,37 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _timed(fn, *args) -> tuple[np.ndarray, object]:
-    """([wall seconds, process CPU seconds], result) of fn(*args), synchronising CUDA around it."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    w0, c0 = time.perf_counter(), time.process_time()
-    result = fn(*args)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return np.array([time.perf_counter() - w0, time.process_time() - c0]), result
-
-
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from acchead.zoo import DRAFT_DIR, TARGET_DIR
-
-    target_path, draft_path = args.target or TARGET_DIR, args.draft or DRAFT_DIR
-    tok = load_tokenizer(target_path)
-    check_tokenizers_match(tok, load_tokenizer(draft_path))
-    source = PromptSource("file", args.prompts) if args.prompts else PromptSource("builtin", args.prompt_set)
-    prompt_ids = encode_prompts(load_prompts(source, limit=args.num_prompts), tok)
-    target = load_causal_lm(target_path, args.dtype, device=args.device)
-    draft = load_causal_lm(draft_path, args.dtype, device=args.device)
-    context = min(context_length(target, tok), context_length(draft, tok))
-    kept = fit_to_context(prompt_ids, args.max_new_tokens, context)
-    if not kept:
-        raise AccheadError("no prompt fits the context with --max-new-tokens")
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    eos = eos_ids(target, tok)
+    b = load_bench_inputs(args)
+    tok, target, draft, kept, sampling, eos = b.tok, b.target, b.draft, b.kept, b.sampling, b.eos
+    prompt_ids, target_path, draft_path = b.prompt_ids, b.target_path, b.draft_path
     labeler = Labeler(
         target,
         draft,
@@ -115,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     times = {"online": np.zeros(2), "responses": np.zeros(2)}
     online = {}
     for batch in batches:
-        dt, rows = _timed(labeler.label, batch, [prompt_ids[i] for i in batch])
+        dt, rows = timed(labeler.label, batch, [prompt_ids[i] for i in batch])
         times["online"] += dt
         online |= {r.prompt_index: r for r in rows}
     responses = {i: r.response_ids.tolist() for i, r in online.items()}
@@ -124,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     max_diff, y_diff = 0.0, 0
     for batch in plan_batches(kept, total, args.batch_size):
         prompts, resp = [prompt_ids[i] for i in batch], [responses[i] for i in batch]
-        dt, rows = _timed(labeler.label_responses, batch, prompts, resp)
+        dt, rows = timed(labeler.label_responses, batch, prompts, resp)
         times["responses"] += dt
         for b in rows:
             a = online[b.prompt_index]

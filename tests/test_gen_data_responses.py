@@ -374,3 +374,16 @@ def test_labelling_benchmark_runs_both_modes_and_they_agree(tiny_pair_dirs, tmp_
     assert len(rates) == 2 and all(r > 0 for r in rates)
     diff = float(out.split("labels differ by at most ")[1].split(",")[0])
     assert diff <= 1e-5 and "draft tokens in 0 positions" in out
+
+
+def test_overhead_benchmark_shares_the_inputs_loader(tiny_pair_dirs, tmp_path, capsys):
+    """The labelling-vs-generate benchmark (`bench_overhead`) loads its models and prompts through the same
+    `load_bench_inputs` as the responses benchmark, and prints its goal line."""
+    from acchead.data_gen import bench_overhead
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS[:3])
+    target, draft = (str(d) for d in tiny_pair_dirs)
+    argv = ["--target", target, "--draft", draft, "--prompts", str(prompts), "--num-prompts", "3",
+            "--max-new-tokens", "4", "--batch-size", "2"]  # fmt: skip
+    assert bench_overhead.main(argv) == 0
+    assert "labelling overhead:" in capsys.readouterr().out
