@@ -33,6 +33,25 @@ from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenize
 from acchead.sampling import SamplingConfig
 
 
+def add_input_flags(p: argparse.ArgumentParser, num_prompts: int, mix_ratio: float, mix_help: str) -> None:
+    """The flags both labelling benchmarks share: models, prompts, lengths, batch size, S and r."""
+    a = p.add_argument
+    a("--target", default=None, help="target model directory or hub id (default: the demo target)")
+    a("--draft", default=None, help="draft model directory or hub id (default: the demo draft)")
+    a("--prompt-set", default="stdlib-functions", help="built-in prompt set")
+    a("--prompts", default=None, help="prompt file (.jsonl/.json/.parquet/.txt) instead of --prompt-set")
+    a("--num-prompts", type=int, default=num_prompts, help="first N prompts")
+    a("--max-new-tokens", type=int, default=128, help="response length cap")
+    a("--batch-size", type=int, default=16, help="prompts per batch (both modes)")
+    a("--temperature", type=float, default=0.0, help="S: 0 = greedy")
+    a("--top-k", type=int, default=0, help="S: top-k (0 = off)")
+    a("--top-p", type=float, default=1.0, help="S: nucleus mass (1.0 = off)")
+    a("--mix-ratio", type=float, default=mix_ratio, help=mix_help)
+    a("--device", default="cpu", help="torch device for both models")
+    a("--dtype", default="float32", help="model dtype")
+    a("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m acchead.data_gen.bench_overhead",
@@ -40,21 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "lengths; prints the ratio (goal <= 1.5x).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    a = p.add_argument
-    a("--target", default=None, help="target model directory or hub id (default: the demo target)")
-    a("--draft", default=None, help="draft model directory or hub id (default: the demo draft)")
-    a("--prompt-set", default="stdlib-functions", help="built-in prompt set")
-    a("--prompts", default=None, help="prompt file (.jsonl/.json/.parquet/.txt) instead of --prompt-set")
-    a("--num-prompts", type=int, default=32, help="first N prompts")
-    a("--max-new-tokens", type=int, default=128, help="response length cap")
-    a("--batch-size", type=int, default=16, help="prompts per batch")
-    a("--temperature", type=float, default=0.0, help="S: 0 = greedy")
-    a("--top-k", type=int, default=0, help="S: top-k (0 = off)")
-    a("--top-p", type=float, default=1.0, help="S: nucleus mass (1.0 = off)")
-    a("--mix-ratio", type=float, default=0.15, help="r")
-    a("--device", default="cpu", help="torch device for both models")
-    a("--dtype", default="float32", help="model dtype")
-    a("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    add_input_flags(p, num_prompts=32, mix_ratio=0.15, mix_help="r")
     return p
 
 

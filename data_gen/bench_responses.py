@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import torch
 
-from acchead.data_gen.bench_overhead import load_bench_inputs, timed
+from acchead.data_gen.bench_overhead import add_input_flags, load_bench_inputs, timed
 from acchead.data_gen.labeler import Labeler
 from acchead.data_gen.shards import plan_batches
 from acchead.errors import cli_errors
@@ -35,27 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
         "responses (teacher-forced), same prompts and batches; prints the ratio (goal >= 5x on the CPU).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    add_input_flags(p, num_prompts=64, mix_ratio=1.0, mix_help="r (gen-data's default for lookahead heads)")
     a = p.add_argument
-    a("--target", default=None, help="target model directory or hub id (default: the demo target)")
-    a("--draft", default=None, help="draft model directory or hub id (default: the demo draft)")
-    a("--prompt-set", default="stdlib-functions", help="built-in prompt set")
-    a("--prompts", default=None, help="prompt file (.jsonl/.json/.parquet/.txt) instead of --prompt-set")
-    a("--num-prompts", type=int, default=64, help="first N prompts")
-    a("--max-new-tokens", type=int, default=128, help="response length cap")
-    a("--batch-size", type=int, default=16, help="prompts per batch, both modes")
-    a("--temperature", type=float, default=0.0, help="S: 0 = greedy")
-    a("--top-k", type=int, default=0, help="S: top-k (0 = off)")
-    a("--top-p", type=float, default=1.0, help="S: nucleus mass (1.0 = off)")
-    a("--mix-ratio", type=float, default=1.0, help="r (gen-data's default for lookahead heads)")
     a(
         "--cache-features",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="also time the draft's feature pass over prompt + Z (the same work in both modes)",
     )
-    a("--device", default="cpu", help="torch device for both models")
-    a("--dtype", default="float32", help="model dtype")
-    a("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     return p
 
 
