@@ -88,6 +88,20 @@ class BenchInputs:
     sampling: SamplingConfig
     eos: list[int]
 
+    def labeler(self, args: argparse.Namespace, cache_features: bool) -> Labeler:
+        """The gen-data labeler both benchmarks time: the flags' S, r and length, seed 0."""
+        return Labeler(
+            self.target,
+            self.draft,
+            self.sampling,
+            mix_ratio=args.mix_ratio,
+            seed=0,
+            max_new_tokens=args.max_new_tokens,
+            eos_ids=self.eos,
+            pad_id=self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos[0],
+            cache_features=cache_features,
+        )
+
 
 def load_bench_inputs(args: argparse.Namespace) -> BenchInputs:
     """The models, prompts, S and EOS ids from a labelling benchmark's
@@ -117,21 +131,11 @@ def load_bench_inputs(args: argparse.Namespace) -> BenchInputs:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     b = load_bench_inputs(args)
-    tok, target, draft, kept, sampling, eos = b.tok, b.target, b.draft, b.kept, b.sampling, b.eos
+    tok, target, kept, sampling, eos = b.tok, b.target, b.kept, b.sampling, b.eos
     prompt_ids, target_path, draft_path = b.prompt_ids, b.target_path, b.draft_path
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     labelers = {
-        cache: Labeler(
-            target,
-            draft,
-            sampling,
-            mix_ratio=args.mix_ratio,
-            seed=0,
-            max_new_tokens=args.max_new_tokens,
-            eos_ids=eos,
-            pad_id=pad,
-            cache_features=cache,
-        )
+        cache: b.labeler(args, cache_features=cache)
         for cache in (False, True)
     }
     batches = plan_batches(kept, [len(p) for p in prompt_ids], args.batch_size)

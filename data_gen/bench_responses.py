@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from acchead.data_gen.bench_overhead import add_input_flags, load_bench_inputs, timed
-from acchead.data_gen.labeler import Labeler
 from acchead.data_gen.shards import plan_batches
 from acchead.errors import cli_errors
 
@@ -50,19 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     b = load_bench_inputs(args)
-    tok, target, draft, kept, sampling, eos = b.tok, b.target, b.draft, b.kept, b.sampling, b.eos
-    prompt_ids, target_path, draft_path = b.prompt_ids, b.target_path, b.draft_path
-    labeler = Labeler(
-        target,
-        draft,
-        sampling,
-        mix_ratio=args.mix_ratio,
-        seed=0,
-        max_new_tokens=args.max_new_tokens,
-        eos_ids=eos,
-        pad_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0],
-        cache_features=args.cache_features,
-    )
+    kept, sampling, prompt_ids = b.kept, b.sampling, b.prompt_ids
+    target_path, draft_path = b.target_path, b.draft_path
+    labeler = b.labeler(args, cache_features=args.cache_features)
     batches = plan_batches(kept, [len(p) for p in prompt_ids], args.batch_size)
 
     # Warm-up (allocator, kernels) on the first batch, not timed.

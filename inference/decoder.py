@@ -46,7 +46,7 @@ from transformers import DynamicCache, PreTrainedModel
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
-from acchead.inference.device_random import NEXT, TAU, Word, key_hash
+from acchead.inference.device_random import NEXT, TAU, Word, key_hash, key_input
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.model_runner import make_runner
@@ -229,6 +229,9 @@ class SpeculativeDecoder:
         self._runner = make_runner(target, self.fast, compile)
         self._key_tensors = self.fast and compile
         self._vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
+        # Resolved once: `PreTrainedModel.device` walks the parameters on every access (`_key` and
+        # `_stack_q` run every round).
+        self._device: torch.device = target.device
         if isinstance(draft, PreTrainedModel):
             draft = ModelDrafter(draft, fast=self.fast, compile=compile)
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
@@ -296,12 +299,12 @@ class SpeculativeDecoder:
             # target's token), so `max_length` is all either needs.
             runner = self._runner
             runner.reset(max_length)
-            dummy = torch.zeros(self.policy.max_cap + 1, dtype=torch.long, device=self.target.device)
+            dummy = torch.zeros(self.policy.max_cap + 1, dtype=torch.long, device=self._device)
             runner.feed(dummy[:1])  # a decode step, not a prefill: length 0 -> 1
             keys = [self._key(0, purpose, 0) for purpose in (TAU, NEXT)]
             for num in range(self.policy.max_cap + 1):
                 runner.rollback(1)
-                q = torch.zeros(num, self._vocab, device=self.target.device)
+                q = torch.zeros(num, self._vocab, device=self._device)
                 q[:, 0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
                 runner.feed(
                     dummy[: num + 1], keep=num + 1, post=verify_post,
@@ -357,7 +360,7 @@ class SpeculativeDecoder:
             policy.set_reference(self._reference(prompt, max_new_tokens, eos))
         head_calls0 = getattr(policy, "head_calls", 0)
         reads0 = host_reads.count
-        t_dev = self.target.device
+        t_dev = self._device
         clock = _PhaseClock(t_dev) if profile else None
 
         start = time.perf_counter()
@@ -440,16 +443,14 @@ class SpeculativeDecoder:
     def _key(self, seed: int, purpose: int, n: int) -> Word:
         """The key of a verifier draw in the round starting at n: a tensor for a compiled unit (an int
         would be a constant of its graph)."""
-        key = key_hash(seed, purpose, n, 0)
-        # `full`, not `tensor`: no host-to-device copy (from pageable memory it synchronises the stream).
-        return torch.full((), key, dtype=torch.int64, device=self.target.device) if self._key_tensors else key
+        return key_input(key_hash(seed, purpose, n, 0), self._device, self._key_tensors)
 
     def _stack_q(self, steps: list[DraftStep]) -> torch.Tensor:
         """(L, V) draft distributions on the target's device, zero-padded to its vocabulary width."""
         v = self._vocab
         if not steps:
-            return torch.zeros(0, v, device=self.target.device)
-        q = torch.stack([s.q for s in steps]).to(device=self.target.device, dtype=torch.float32)
+            return torch.zeros(0, v, device=self._device)
+        q = torch.stack([s.q for s in steps]).to(device=self._device, dtype=torch.float32)
         if q.shape[-1] > v:
             raise AccheadError(f"the drafter's vocabulary ({q.shape[-1]}) is wider than the target's ({v})")
         return torch.nn.functional.pad(q, (0, v - q.shape[-1])) if q.shape[-1] < v else q

@@ -68,6 +68,13 @@ def key_hash(seed: int, purpose: int, n0: Word, slot: Word) -> Word:
     return h
 
 
+def key_input(key: int, device: torch.device, as_tensor: bool) -> Word:
+    """A key as a draw takes it: the int on an eager path; for a compiled unit a 0-d int64 tensor on
+    `device` (an int would be a constant of the graph: one recompile per round), filled by a kernel
+    (`torch.tensor(key, device="cuda")` would copy from pageable host memory, which synchronises)."""
+    return torch.full((), key, dtype=torch.int64, device=device) if as_tensor else key
+
+
 @lru_cache(maxsize=16)
 def _index_hash(width: int, device: str) -> torch.Tensor:
     """(width,) int64: a fixed hash of each index 0..width-1 (computed once per width and device)."""

@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel
 
-from acchead.inference.device_random import DRAFT, Word, key_hash
+from acchead.inference.device_random import DRAFT, Word, key_hash, key_input
 from acchead.inference.model_runner import make_runner
 from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_block_post, draft_post
 from acchead.sampling import SamplingConfig
@@ -94,7 +94,6 @@ class ModelDrafter:
         self, model: PreTrainedModel, fast: bool = False, compile: bool = True, round_unit: bool | None = None
     ) -> None:
         self.model = model
-        self.round_unit = model.device.type == "cuda" if round_unit is None else round_unit
         self.draft_calls = 0
         self.runner = make_runner(model, fast, compile)
         # A compiled unit takes its random keys as tensors (an int would be a graph constant).
@@ -105,6 +104,7 @@ class ModelDrafter:
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access (~1 ms per draft
         # step in a profile of the decode loop).
         self.device: torch.device = model.device
+        self.round_unit = self.device.type == "cuda" if round_unit is None else round_unit
 
     def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         self.runner.reset(input_ids.numel() + 1)  # a static cache grows as the sequence does
@@ -145,10 +145,7 @@ class ModelDrafter:
         self._pending = None
 
     def _key(self, n0: int, index: int) -> Word:
-        key = key_hash(self._seed, DRAFT, n0, index)
-        # `full` writes the value with a kernel; `torch.tensor(key, device=cuda)` would copy it from pageable
-        # host memory, which synchronises the stream.
-        return torch.full((), key, dtype=torch.int64, device=self.device) if self._key_tensors else key
+        return key_input(key_hash(self._seed, DRAFT, n0, index), self.device, self._key_tensors)
 
     def _feed(self, tokens: torch.Tensor, want_hidden: bool, slot: tuple[int, int], policy, judge_at: str):
         """Run one unit on `tokens` ((n,) after the cached prefix): the forward, the draw of the candidate
