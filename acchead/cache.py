@@ -1,7 +1,8 @@
 """The user cache: derived data that is slow to build and cheap to rebuild (the named stdlib prompt sets).
 
-Its directory is `$ACCHEAD_CACHE_DIR`, else `$ACCHEAD_CACHE` (which MaG's bigram tables read too), else
-`$XDG_CACHE_HOME/acchead`, else `~/.cache/acchead`. Deleting it at any time is safe.
+Its directory is `$ACCHEAD_CACHE_DIR`, else `$ACCHEAD_CACHE` (the older name, still read), else
+`$XDG_CACHE_HOME/acchead`, else `~/.cache/acchead`. MaG's bigram tables are kept there too. Deleting it at
+any time is safe.
 
 `cached_json(path, key, build)` returns the value stored at `path` under exactly `key`, else builds it,
 stores it atomically (`acchead.rundir.atomic_write_text`) and returns it. A missing, unreadable, corrupt or

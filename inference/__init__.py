@@ -25,7 +25,6 @@ def __getattr__(name: str) -> object:
     runs this file, and their `--help` must not wait for torch and transformers."""
     if name not in __all__:
         raise AttributeError(f"module 'acchead.inference' has no attribute {name!r}")
-    # bandit_policy also registers the ucb:/exp3: specs with parse_policy (see policies.COMPOSITE_PARSERS).
     from acchead.inference.bandit_policy import BanditPolicy
     from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
     from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter

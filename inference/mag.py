@@ -27,9 +27,6 @@ from acchead.inference.drafters import RoundBufferDrafter
 from acchead.inference.host_reads import read
 from acchead.sampling import SamplingConfig
 
-DEFAULT_CACHE_DIR = Path(os.environ.get("ACCHEAD_CACHE", Path.home() / ".cache" / "acchead"))
-
-
 # Polynomial hashing mod the prime 2^31 − 1: residues multiply without overflowing int64.
 _MOD = 2_147_483_647
 _BASE = 1_000_003
@@ -162,12 +159,13 @@ def build_bigram_table(sequences: Iterable[Sequence[int] | np.ndarray], vocab_si
 def corpus_bigram_table(
     tokenizer, cache_dir: str | Path | None = None, files: Sequence[Path] | None = None
 ) -> np.ndarray:
-    """Bigram table of a corpus under `tokenizer`, cached as .npy in `cache_dir` ($ACCHEAD_CACHE or
-    ~/.cache/acchead by default).
+    """Bigram table of a corpus under `tokenizer`, cached as .npy in `cache_dir` (default: the user
+    cache, `acchead.cache.cache_dir()`: $ACCHEAD_CACHE_DIR, else $ACCHEAD_CACHE, else ~/.cache/acchead).
 
     `files` defaults to the demo corpus, the stdlib LM-train split. The cache key hashes the tokenizer's
     vocabulary and the file paths, so another tokenizer or Python version builds its own table.
     """
+    from acchead.cache import cache_dir as user_cache_dir
     from acchead.zoo.corpus import read_source, split_files
 
     files = list(files) if files is not None else split_files()[0]
@@ -175,7 +173,7 @@ def corpus_bigram_table(
     key = hashlib.sha1(
         json.dumps([sorted(vocab.items()), [str(f) for f in files]]).encode()
     ).hexdigest()[:16]
-    path = Path(cache_dir or DEFAULT_CACHE_DIR) / f"mag-bigram-{key}.npy"
+    path = Path(cache_dir or user_cache_dir()) / f"mag-bigram-{key}.npy"
     if path.exists():
         return np.load(path)
     texts = [t for t in (read_source(f) for f in files) if t]

@@ -42,6 +42,7 @@ fixed-K SpecDec, which is the accounting the cost model (DESIGN §4) assumes.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -500,10 +501,9 @@ def needs_head(spec: str) -> bool:
 
 # Parsers of composite specs by name: `ucb`/`exp3` (BanditSpec, in `acchead.inference.bandit_policy`). A
 # composite is built from the policies of this module, so its module imports this one and registers its
-# parser here (importing it from here would close an import cycle). bandit_policy is imported, and these
-# names known, at the first use of a name of the package `acchead.inference` (e.g. its `parse_policy`),
-# by `SpeculativeDecoder` given a spec string, and by `acchead-decode`; `parse_policy` imported from this
-# module alone does not know them (the package loads lazily: the CLIs' `--help` must not wait for torch).
+# parser here; `parse_policy` imports that module on the first composite spec it meets (a module-level
+# import would close an import cycle, and the CLIs' `--help` must not wait for torch).
+_COMPOSITE_MODULES = {"ucb": "acchead.inference.bandit_policy", "exp3": "acchead.inference.bandit_policy"}
 COMPOSITE_PARSERS: dict[str, Callable[..., StopPolicy]] = {}
 
 
@@ -522,6 +522,8 @@ def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) 
     """
     name, _, body = spec.strip().partition(":")
     name = name.strip().lower()
+    if name in _COMPOSITE_MODULES and name not in COMPOSITE_PARSERS:
+        importlib.import_module(_COMPOSITE_MODULES[name])  # registers its parsers
     if name in COMPOSITE_PARSERS:  # BanditSpec: a selector over policy arms, ucb:arms=specdec:k=2|...
         return COMPOSITE_PARSERS[name](spec, head=head)
     if name not in _KEYS:

@@ -81,6 +81,15 @@ def test_corpus_table_is_built_once_and_cached(tmp_path, tiny_tokenizer):
     assert (t2 == 0).all()
 
 
+def test_corpus_table_defaults_to_the_user_cache(tmp_path, monkeypatch, tiny_tokenizer):
+    # One cache for the whole project: $ACCHEAD_CACHE_DIR moves the bigram tables with the prompt sets.
+    a = tmp_path / "a.py"
+    a.write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path / "user-cache"))
+    corpus_bigram_table(tiny_tokenizer, files=[a])
+    assert len(list((tmp_path / "user-cache").glob("mag-bigram-*.npy"))) == 1
+
+
 def test_drafter_protocol_one_hot_q_and_block_reuse():
     mag = MaxGram(build_bigram_table([[1, 2, 3, 1, 2, 4]], vocab_size=10))
     d = MaGDrafter(mag, vocab_size=12, block=3)

@@ -184,3 +184,17 @@ def test_adaedl_adapts_inside_the_decoder(tiny_llama_pair):
     assert policy.lam != 0.5 and res.rounds > 1
     ref = SpeculativeDecoder(target, None, policy="autoregressive").generate(prompt, 24, temperature=0)
     assert res.new_ids.tolist() == ref.new_ids.tolist()
+
+
+def test_policies_module_alone_parses_bandit_specs():
+    # A fresh interpreter that imports only acchead.inference.policies: the composite specs load their
+    # module on first use (they used to need a name of the package `acchead.inference` touched first).
+    import subprocess
+    import sys
+
+    code = ("from acchead.inference.policies import parse_policy\n"
+            "p = parse_policy('ucb:arms=specdec:k=2|specdec:k=4')\n"
+            "print(type(p).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "BanditPolicy"

@@ -212,7 +212,7 @@ def test_cache_dir(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "home" / ".cache" / "acchead"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_dir() == tmp_path / "xdg" / "acchead"
-    monkeypatch.setenv("ACCHEAD_CACHE", str(tmp_path / "mag"))  # MaG's bigram tables read it too
+    monkeypatch.setenv("ACCHEAD_CACHE", str(tmp_path / "mag"))  # the older name, still read
     assert cache_dir() == tmp_path / "mag"
     monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path / "mine"))
     assert cache_dir() == tmp_path / "mine"
