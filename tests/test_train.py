@@ -162,3 +162,17 @@ def test_draft_other_than_the_caches_is_refused(gen_data, tmp_path, capsys):  # 
             "--draft", str(tmp_path / "other")]
     rc, err = _run(argv, capsys)
     assert rc == 2 and "is not the draft the data was generated with" in err
+
+
+@pytest.mark.parametrize("cli", ["acchead.train.cli", "acchead.train.sweep"])
+def test_bad_data_dir_fails_before_torch_loads(cli, tmp_path):
+    # The first thing a user gets wrong fails in a fraction of a second: no torch or lightning import first.
+    import subprocess
+    import sys
+
+    code = (f"import sys\nfrom {cli} import main\n"
+            f"rc = main(['--data', {str(tmp_path / 'none')!r}, '--out', {str(tmp_path / 'out')!r}])\n"
+            "print(rc, 'torch' in sys.modules, 'lightning' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False", "False"], out.stderr
+    assert f"data directory does not exist: {tmp_path / 'none'}" in out.stderr

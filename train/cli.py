@@ -34,6 +34,7 @@ from acchead.rundir import (
     remove_stale_tmp,
     start,
 )
+from acchead.train.data import read_gen_config
 from acchead.train.settings import TrainSettings
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainSettings)}
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overwrite = bool(vars(args).pop("overwrite", False))
     settings = TrainSettings(**resolve_settings(args))
+    read_gen_config(settings.data)  # a bad --data fails first, before torch and lightning load (seconds)
     settings.check()
     from acchead.train.fit import (  # deferred, after the flags: torch and lightning take seconds
         LAST_CKPT,

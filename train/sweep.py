@@ -24,6 +24,7 @@ from typing import Any
 from acchead.errors import AccheadError, cli_errors
 from acchead.rundir import is_main_launch_process, locked_run, mark_complete
 from acchead.train.cli import add_training_flags, resolve_settings, run_identity, write_json, write_text
+from acchead.train.data import read_gen_config
 from acchead.train.settings import TrainSettings
 
 W_REJ = (1.0, 3.0, 6.0, 12.0)
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for d in depths:
         if d < 0:
             raise AccheadError(f"--depth must be >= 0, got {d}")
+    read_gen_config(settings0.data)  # a bad --data fails here, before torch and lightning load (seconds)
     from acchead.train.fit import quiet_lightning  # deferred, after the flags: torch/lightning take seconds
 
     quiet_lightning()
