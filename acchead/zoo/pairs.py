@@ -2,7 +2,8 @@
 
     v1  the pair shipped before issue 21: 6 x 256 target, 2 x 128 draft, stdlib corpus, CPU-sized budgets
     v2  issue 21's: a 21 x 160 target of v1's target's parameter count, the same 2 x 128 draft, the stdlib
-        plus a fixed list of installed packages (`acchead.zoo.training_corpus`), H100-sized budgets
+        plus a fixed list of installed packages (`acchead.zoo.training_corpus`), H100-sized budgets; the
+        shipped pair (built on a CPU with a longer clock: docs/results/pair-v2/build_cpu.sh)
 
 `acchead-build-zoo --pair v1` rebuilds v1 exactly as it was built (same specs, corpus and tokenizer).
 """
