@@ -68,6 +68,16 @@ def _acchead_cache_dir(tmp_path_factory):
         yield
 
 
+def record_forward_shapes(*models) -> dict:
+    """model -> the `input_ids` shape of each of its forwards from now on (a forward pre-hook per model)."""
+    calls: dict = {m: [] for m in models}
+    for model in models:
+        model.register_forward_pre_hook(
+            lambda m, args, kwargs: calls[m].append(kwargs["input_ids"].shape), with_kwargs=True
+        )
+    return calls
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """Byte-level BPE with 320 tokens; EOS `<|endoftext|>` is id 0."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import record_forward_shapes
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from acchead.data_gen.labeler import Labeler, sample_inverse_cdf, stream_uniforms
@@ -210,11 +211,7 @@ def test_models_with_padded_vocabularies(tiny_llama_pair, tiny_tokenizer):
 def test_one_target_pass_labels_online(tiny_llama_pair, tiny_tokenizer):
     """The target runs once over the prompts and once per fed token: no second forward for the labels."""
     target, draft = tiny_llama_pair
-    calls = {target: [], draft: []}
-    for model in (target, draft):
-        model.register_forward_pre_hook(
-            lambda m, args, kwargs: calls[m].append(kwargs["input_ids"].shape), with_kwargs=True
-        )
+    calls = record_forward_shapes(target, draft)
     prompts = encode(tiny_tokenizer)
     rows = make_labeler(tiny_llama_pair, tiny_tokenizer, SamplingConfig(0.9, 0, 0.95), eos_ids=[-1]).label(
         [0, 1, 2, 3], prompts

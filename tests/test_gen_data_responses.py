@@ -18,7 +18,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_llama, make_tiny_tokenizer
+from conftest import make_tiny_llama, make_tiny_tokenizer, record_forward_shapes
 from test_gen_data import encode, hf_probs, make_labeler
 from test_gen_data_cli import PROMPTS, REPO, read_run, write_jsonl
 
@@ -99,11 +99,7 @@ def test_teacher_forced_labels_match_transformers_warpers(
 
 def test_one_teacher_forced_forward_per_model(tiny_llama_pair, tiny_tokenizer):
     target, draft = tiny_llama_pair
-    calls = {target: [], draft: []}
-    for model in (target, draft):
-        model.register_forward_pre_hook(
-            lambda m, args, kwargs: calls[m].append(kwargs["input_ids"].shape), with_kwargs=True
-        )
+    calls = record_forward_shapes(target, draft)
     prompts = encode(tiny_tokenizer)
     responses = [[5] * n for n in (3, 10, 7, 1)]
     make_labeler(tiny_llama_pair, tiny_tokenizer, SamplingConfig(1.0)).label_responses(

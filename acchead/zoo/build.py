@@ -306,9 +306,11 @@ def distill_draft(
     # target's forward on a CPU (v1's: 333 MB, 14 min); `--teacher-windows` caches evenly spaced windows.
     corpus, cache_dir = kd_corpus(train_ids, args.seq_len, args.teacher_windows)
     t0 = time.time()
+    # The teacher's forward follows the training precision: bf16 on a GPU and on CPUs with native bf16 (1.3x
+    # faster than fp32 for the 21 x 160 target there), fp32 elsewhere (bf16 ran 5x slower; docs/pair.md).
     cache = build_teacher_cache(target, corpus, args.seq_len, args.teacher_topk,
                                 args.work_dir / f"teacher-top{args.teacher_topk}{cache_dir}",
-                                bf16=args.teacher_bf16, batch_size=64 if device.type == "cuda" else 8)
+                                bf16=args.bf16, batch_size=64 if device.type == "cuda" else 8)
     teacher_minutes = (time.time() - t0) / 60
     batch_size = batch_size_for(pair.distilled_draft, args)
 
@@ -449,10 +451,6 @@ def main(argv: list[str] | None = None) -> int:
     args.device = resolve_device(args.device)
     if args.bf16 is None:
         args.bf16 = args.device.startswith("cuda") or cpu_has_native_bf16()
-    # The teacher's inference-only forward follows the training precision: bf16 on a GPU and on CPUs with
-    # native bf16 (1.3x faster than fp32 for the 21 x 160 target there); fp32 on other CPUs, where bf16
-    # autocast ran 5x slower (both measured, docs/pair.md).
-    args.teacher_bf16 = args.bf16
     args.work_dir = args.work_dir or pair.work_dir
     args.work_dir.mkdir(parents=True, exist_ok=True)
     tok_dir = train_tokenizer(args.work_dir, args.vocab_size, args.tokenizer_corpus or pair.tokenizer_corpus)
