@@ -1,7 +1,12 @@
 # acchead: `make test` and `make demo` work on a fresh clone; both create .venv on first use.
 #
 #   make venv                 create/reuse .venv; install torch==2.13.0 (CPU wheel) if no torch, then acchead[dev]
-#   make test                 run the test suite (slow and GPU tests are skipped; `make test PYTEST_ARGS="-m slow"`)
+#                             with the exact versions of requirements/lock.txt (the set the suite last passed with)
+#   make test                 run the test suite in .venv (slow and GPU tests are skipped; `make test PYTEST_ARGS="-m slow"`)
+#   make test-latest          the suite in .venv-latest with the newest release of every dependency (torch stays
+#                             the lock's CPU wheel); when it passes, `make lock` adopts those versions
+#   make test-oldest          the suite in .venv-oldest with the oldest supported releases (requirements/oldest.txt)
+#   make lock                 rewrite requirements/lock.txt from the versions `make test-latest` passed with
 #   make demo                 the whole pipeline on the embedded demo pair, every stage on its defaults:
 #                             gen-data on stdlib prompts (greedy S, r = 1) -> train the shipped heads'
 #                             recipe (lookahead, state+token, w_rej 3, depth 3) -> bench every method on
@@ -11,7 +16,8 @@
 #
 # GPU users bring their own torch: either install your CUDA build into .venv before `make venv`
 # (`python3 -m venv .venv && .venv/bin/pip install torch --index-url <your CUDA index>`) -- a torch that
-# imports is kept -- or reuse a system torch with `make venv TORCH=skip VENV_ARGS=--system-site-packages`.
+# imports is kept, and the lock's torch line is then left out -- or reuse a system torch with
+# `make venv TORCH=skip VENV_ARGS=--system-site-packages`.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,6 +28,10 @@ TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.acchead-installed
+# Exact versions the suite passed with (`make test` and .ci/run install with them as pip constraints).
+LOCK ?= requirements/lock.txt
+OLDEST ?= requirements/oldest.txt
+LOCKED_TORCH := $(shell sed -n 's/^torch==//p' $(LOCK))
 
 # Demo sizes: prompts labelled by gen-data, HumanEval prompts and tokens per prompt in the bench.
 DEMO_DIR ?= runs/demo
@@ -30,7 +40,7 @@ DEMO_BENCH_PROMPTS ?= 10
 DEMO_NEW_TOKENS ?= 128
 BIN := $(VENV)/bin
 
-.PHONY: help venv test demo pair lint
+.PHONY: help venv test test-latest test-oldest lock demo pair lint
 
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
@@ -38,19 +48,53 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 
-# Reinstall when the dependency list changes; an editable install picks up source edits by itself.
-$(STAMP): pyproject.toml | $(PY)
-	@if [ "$(TORCH)" != "skip" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
-		echo "installing $(TORCH) (no torch in $(VENV))"; \
-		$(PY) -m pip install "$(TORCH)"; \
+# install-into VENV CONSTRAINTS: torch first when the venv has none (the pinned CPU wheel), then acchead[dev]
+# under CONSTRAINTS; their torch line is dropped when the venv's torch is another build (a user's CUDA torch).
+define install-into
+	@if [ "$(TORCH)" != "skip" ] && ! $(1)/bin/python -c "import torch" 2>/dev/null; then \
+		echo "installing $(TORCH) (no torch in $(1))"; \
+		$(1)/bin/python -m pip install "$(TORCH)"; \
 	fi
-	$(PY) -m pip install -e ".[dev]"
+	@have=$$($(1)/bin/python -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null); \
+	if [ -n "$$have" ] && ! grep -qx "torch==$$have" $(2); then \
+		echo "keeping $(1)'s torch $$have (not the constraints' torch)"; grep -v '^torch==' $(2) > $(1)/constraints.txt; \
+	else cp $(2) $(1)/constraints.txt; fi
+	$(1)/bin/python -m pip install -e ".[dev]" -c $(1)/constraints.txt
+endef
+
+# Reinstall when the dependency list or the lock changes; an editable install picks up source edits by itself.
+$(STAMP): pyproject.toml $(LOCK) | $(PY)
+	$(call install-into,$(VENV),$(LOCK))
 	@touch $@
 
 venv: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The newest releases of the day (no constraint but the lock's torch: a newer torch from the index is a CUDA
+# build of several GB). Reinstalled on every run, so a release published since the last run is seen.
+test-latest:
+	@[ -x .venv-latest/bin/python ] || $(PYTHON) -m venv .venv-latest
+	@echo "torch==$(LOCKED_TORCH)" > .venv-latest/torch.txt
+	@.venv-latest/bin/python -c "import torch" 2>/dev/null || .venv-latest/bin/python -m pip install "torch==$(LOCKED_TORCH)"
+	.venv-latest/bin/python -m pip install --upgrade --upgrade-strategy eager -e ".[dev]" -c .venv-latest/torch.txt
+	.venv-latest/bin/python -m pip freeze --exclude-editable > .venv-latest/tested.txt
+	.venv-latest/bin/python -m pytest $(PYTEST_ARGS)
+	@cp .venv-latest/tested.txt .venv-latest/passed.txt
+	@echo "passed with the newest releases: \`make lock\` writes them to $(LOCK)"
+
+# The oldest supported releases (pyproject's lower bounds, resolved once and frozen in $(OLDEST)).
+test-oldest:
+	@[ -x .venv-oldest/bin/python ] || $(PYTHON) -m venv .venv-oldest
+	$(call install-into,.venv-oldest,$(OLDEST))
+	.venv-oldest/bin/python -m pytest $(PYTEST_ARGS)
+
+# Adopt the versions the last passing `make test-latest` ran with.
+lock:
+	@[ -f .venv-latest/passed.txt ] || { echo "no passing \`make test-latest\` run: run it first"; exit 1; }
+	@{ sed -n '1,/^$$/p' $(LOCK); sed 's/^torch==\(.*\)+cpu$$/torch==\1/' .venv-latest/passed.txt; } > $(LOCK).tmp
+	@mv $(LOCK).tmp $(LOCK) && echo "$(LOCK) now pins $$(grep -c '==' $(LOCK)) packages"
 
 # Each stage is skipped when its output is complete (gen-data writes gen_config.json last; a killed
 # gen-data or bench resumes from its shards / partial results when rerun).

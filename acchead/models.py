@@ -3,21 +3,34 @@
 Everything that reads a model from disk goes through `load_causal_lm` / `load_tokenizer`, so a missing path
 or a directory that holds no model is one `AccheadError` line, not a transformers traceback.
 `model_identity` is what a head records about the draft it was trained on; `final_hidden` is the one
-place that decides which hidden state the head reads.
+place that decides which hidden state the head reads; `CACHE_ARG` the one place that names the keyword a
+forward takes its KV cache by.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaModel,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from acchead.errors import AccheadError
+
+# The keyword every forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
+# across all models at once (the old name warns, and goes in 5.40). Read off the public signature of one
+# model class, not the version number; a constant, so a compiled graph sees a plain keyword.
+CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -131,6 +144,17 @@ def _check_hub_id(name: str, needs: tuple[str, ...], what: str) -> dict[str, Any
     return {}
 
 
+def _source(path_or_id: str | Path, needs: tuple[str, ...], what: str) -> tuple[str, dict[str, Any]]:
+    """(what `from_pretrained` reads, its extra keyword arguments) for a directory, a hub id or a GGUF
+    file (read from its directory with `gguf_file=`; transformers dequantises it, needing `gguf`)."""
+    if str(path_or_id).endswith(".gguf"):
+        path = Path(path_or_id).expanduser()
+        if not path.is_file():
+            raise AccheadError(f"{what} GGUF file does not exist: {path}")
+        return str(path.parent), {"gguf_file": path.name}
+    return str(Path(path_or_id).expanduser()), _check_model_dir(path_or_id, needs, what)
+
+
 def load_causal_lm(
     path_or_id: str | Path,
     dtype: str | torch.dtype = "float32",
@@ -138,10 +162,10 @@ def load_causal_lm(
     device_map: str | None = None,
     max_memory: dict[int | str, int] | None = None,
 ) -> PreTrainedModel:
-    """A causal LM in eval mode, from a local Hugging Face directory or a hub id.
+    """A causal LM in eval mode, from a local Hugging Face directory, a GGUF file or a hub id.
 
     Args:
-        path_or_id: model directory (config.json + weights) or hub id.
+        path_or_id: model directory (config.json + weights), `.gguf` file (dequantised on load) or hub id.
         dtype: parameter dtype; "float32" by default because the demo pair is stored in float16 but CPU
             kernels are fastest and exact in float32.
         device: where to put the model when `device_map` is None.
@@ -150,7 +174,7 @@ def load_causal_lm(
         max_memory: with `device_map`, bytes per device (GPU index or "cpu"); devices left out get no
             weights (how one of several processes keeps its target on its own GPUs).
     """
-    hub = _check_model_dir(path_or_id, ("config.json",), "model")
+    src, hub = _source(path_or_id, ("config.json",), "model")
     kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype), **hub}
     if device_map is not None:
         kwargs["device_map"] = device_map
@@ -159,7 +183,7 @@ def load_causal_lm(
     else:
         _check_device(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(Path(path_or_id).expanduser()), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
     except (OSError, ValueError) as e:
         raise AccheadError(f"cannot load a causal LM from {_describe(path_or_id)}: {_first_line(e)}") from e
     if device_map is None:
@@ -168,11 +192,11 @@ def load_causal_lm(
 
 
 def load_tokenizer(path_or_id: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved beside a model (or a hub id's)."""
+    """The tokenizer saved beside a model (or in a GGUF file, or a hub id's)."""
     needs = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    hub = _check_model_dir(path_or_id, needs, "tokenizer")
+    src, hub = _source(path_or_id, needs, "tokenizer")
     try:
-        return AutoTokenizer.from_pretrained(str(Path(path_or_id).expanduser()), **hub)
+        return AutoTokenizer.from_pretrained(src, **hub)
     except (OSError, ValueError) as e:
         raise AccheadError(f"cannot load a tokenizer from {_describe(path_or_id)}: {_first_line(e)}") from e
 

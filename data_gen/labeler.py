@@ -49,7 +49,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
-from acchead.models import final_hidden
+from acchead.models import CACHE_ARG, final_hidden
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 STREAMS = ("generate", "draft", "mix")
@@ -142,7 +142,7 @@ class _Decoder:
             input_ids=prompt_ids.to(dev),
             attention_mask=self.mask,
             position_ids=self.positions,
-            past_key_values=self.cache,
+            **{CACHE_ARG: self.cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -158,7 +158,7 @@ class _Decoder:
             input_ids=tokens[:, None].to(self.mask.device),
             attention_mask=self.mask,
             position_ids=self.positions,
-            past_key_values=self.cache,
+            **{CACHE_ARG: self.cache},
             use_cache=True,
         )
         self.logits = out.logits[:, -1]

@@ -36,6 +36,7 @@ from acchead.inference.host_reads import read
 from acchead.inference.mag import MaGDrafter, MaxGram
 from acchead.inference.model_runner import crop_cache
 from acchead.inference.verification import token_next_dist, token_tau_probs
+from acchead.models import CACHE_ARG
 from acchead.sampling import SamplingConfig, probs_from_logits, sample
 
 Step = tuple[int, torch.Tensor]  # (token, q: (V,) its true law)
@@ -85,7 +86,7 @@ class _Reviewer:
         dev = self.model.device
         out = self.model(
             input_ids=torch.tensor(full[keep:], device=dev)[None],
-            past_key_values=self.cache,
+            **{CACHE_ARG: self.cache},
             use_cache=True,
             logits_to_keep=len(proposals) + 1,
         )

@@ -53,7 +53,7 @@ from acchead.inference.model_runner import make_runner
 from acchead.inference.policies import Autoregressive, StopPolicy, needs_head, parse_policy
 from acchead.inference.units import verify_post
 from acchead.inference.verification import VERIFIERS
-from acchead.models import check_prompt
+from acchead.models import CACHE_ARG, check_prompt
 from acchead.sampling import SamplingConfig
 
 
@@ -470,7 +470,7 @@ class SpeculativeDecoder:
         ids = prompt.to(dev)[None]
         ref: list[int] = []
         while len(ref) < max_new_tokens:
-            out = self.target(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = self.target(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
             ref.append(read(out.logits[0, -1].argmax()))  # host-driven: one read per reference token
             if ref[-1] in eos:
                 break

@@ -2,17 +2,26 @@
 
     from acchead.inference import hf
 
-    out = target.generate(**inputs, assistant_model=draft, custom_generate=hf.generate,
+    out = target.generate(**inputs, draft=draft, custom_generate=hf.generate,
                           head="head.safetensors", max_new_tokens=128, do_sample=False)
 
 `generate` prepares the inputs, the generation config, the logits processors and the stopping criteria, then
 hands them to `generate` below (transformers 5.x calls a callable `custom_generate` in place of its own
 decoding loop), which decodes with a `SpeculativeDecoder(target, draft, policy, head, verifier)`: exact, so
 the output is distributed as transformers' own sampling from the target (greedy: token for token its
-greedy output). Keyword arguments of our own: `head` (an `AcceptanceHead` or a head file; None on the demo
-pair: its shipped head for the requested S), `policy` (any spec of ours, default "specdecpp": the head's
-measured threshold), `verifier` ("token" or "block"), `seed` and `fast` (as for `SpeculativeDecoder`).
-The same loop ships as a directory for `custom_generate=custom_generate_dir(), trust_remote_code=True`.
+greedy output). Keyword arguments of our own: `draft` (the draft model), `stream_to` (a streamer),
+`head` (an `AcceptanceHead` or a head file; None on the demo pair: its shipped head for the requested S),
+`policy` (any spec of ours, default "specdecpp": the head's measured threshold), `verifier` ("token" or
+"block"), `seed` and `fast` (as for `SpeculativeDecoder`).
+The same loop ships as a directory for `custom_generate=custom_generate_dir(), trust_remote_code=True`,
+which takes `generate`'s own `assistant_model=`, `streamer=`, `stop_strings=` and `tokenizer=`.
+
+Why `draft=` and `stream_to=` in the callable form: transformers hands a `custom_generate` callable only the
+keyword arguments its signature adds to `GenerationMixin._sample`'s, taken from `generate`'s `**kwargs`
+(`_extract_generation_mode_kwargs`, 5.4 to 5.24 alike). `assistant_model` and `streamer` are named
+parameters of `generate`, so they never reach the callable; a policy that needs a draft and gets none is
+refused in one line that says to pass `draft=`. A `streamer=` given to the callable form receives only the
+prompt (from `generate` itself): pass `stream_to=` instead, or use the directory form.
 
 What is honoured, and how:
 - S comes from the logits processors generate built: temperature -> top-k -> top-p (the order
@@ -23,7 +32,8 @@ What is honoured, and how:
   (every id of a list), and any other criterion (stop strings, max time, the caller's own) is called after
   each new token on prompt + tokens so far (with `scores=None`: we compute no scores); the first that fires
   ends generation keeping that token, as in `generate`'s loop.
-- The streamer gets the prompt from `generate` itself, then one `put` of the new tokens per round, `end()`.
+- The streamer gets the prompt first, then one `put` of the new tokens per round, then `end()`, as from
+  `generate`'s own loop.
 - Sampled draws are keyed by `seed` (`acchead.inference.device_random`); `generate` takes no seed, so by
   default one is drawn from torch's global generator: `torch.manual_seed(s)` makes a call repeatable
   (greedy decoding draws nothing, and leaves the generator as plain greedy `generate` does).
@@ -31,20 +41,18 @@ What is honoured, and how:
   `SpeculativeGenerateOutput` (`GenerateDecoderOnlyOutput` plus the round statistics). Scores, logits,
   attentions and hidden states are not computed: asking for them is refused. Batch size 1, unpadded.
 
-transformers 5.4-5.23 drop `assistant_model`, `streamer` and `tokenizer` on the way to a callable
-(`GenerationMixin._extract_generation_mode_kwargs` replaces its dict with the callable's own keyword
-arguments). `assistant_model` and `streamer` are read from the calling `generate`'s frame
-(`_generate_arguments`); the tokenizer is lost before our loop runs, so `stop_strings=` raises in
-`generate` itself: pass `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`,
-or use the directory form, which builds that criterion from `stop_strings` and `tokenizer`.
+The tokenizer is lost on the way to a callable too, so `stop_strings=` raises in `generate` itself: pass
+`stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`, or use the directory form,
+which builds that criterion from `stop_strings` and `tokenizer`.
+
+The cache `generate` prepared arrives as `model_kwargs["cache"]` (transformers >= 5.24) or
+`model_kwargs["past_key_values"]` (earlier): both are accepted, checked empty, and not used.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +70,7 @@ from transformers.generation import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
@@ -75,10 +83,10 @@ from acchead.sampling import SamplingConfig
 _DECODERS = "_acchead_hf_decoders"
 # The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+# The names generate gives the cache it prepares: `cache` from transformers 5.24, `past_key_values` before.
+_CACHE_NAMES = ("cache", "past_key_values")
 # Model inputs generate prepares for its own loops; the decoder recomputes what it needs of them.
-_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "past_key_values",
-             "cache_position"}  # fmt: skip
-_GENERATE_CODE = inspect.unwrap(GenerationMixin.generate).__code__
+_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "cache_position", *_CACHE_NAMES}
 
 
 @dataclass
@@ -110,8 +118,8 @@ def generate(
     stopping_criteria: StoppingCriteriaList | None = None,
     generation_config: GenerationConfig | None = None,
     *,
-    assistant_model: PreTrainedModel | None = None,
-    streamer: Any = None,
+    draft: PreTrainedModel | None = None,
+    stream_to: Any = None,
     head: AcceptanceHead | str | Path | None = None,
     policy: str | StopPolicy = "specdecpp",
     verifier: str = "token",
@@ -124,8 +132,8 @@ def generate(
     Args:
         model: the target. input_ids: (1, T) prompt, prepared by `generate`.
         logits_processor, stopping_criteria, generation_config: as `generate` prepared them.
-        assistant_model, streamer: the draft and the streamer given to `generate` (read from its frame
-            when transformers does not pass them on).
+        draft: the draft model (`generate`'s `assistant_model` never reaches a callable: see above).
+        stream_to: a streamer (`put`/`end`), fed as `generate` feeds its `streamer`.
         head, policy, verifier, fast: as for `SpeculativeDecoder`.
         seed: keys every sampled draw; None draws one from torch's global generator.
         model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
@@ -134,20 +142,22 @@ def generate(
         (1, T + N) int64 on the prompt's device, or a `SpeculativeGenerateOutput` when the config asks
         for `return_dict_in_generate`.
     """
-    from_generate, assistant_model, streamer = _generate_arguments(assistant_model, streamer)
     if generation_config is None:
         raise AccheadError("call acchead.inference.hf.generate as model.generate(..., custom_generate=...)")
     _check_config(generation_config)
     _check_inputs(input_ids, model_kwargs)
-    if assistant_model is None and not _is_autoregressive(policy):
-        raise AccheadError(f"policy {_spec(policy)!r} needs a draft: pass generate assistant_model=DRAFT")
+    if draft is None and not _is_autoregressive(policy):
+        raise AccheadError(
+            f"policy {_spec(policy)!r} needs a draft: pass draft=DRAFT to generate (a custom_generate "
+            "callable never receives assistant_model)"
+        )
     sampling = sampling_from(logits_processor, generation_config)
     prompt_len = input_ids.shape[1]
     max_length, eos, others = split_criteria(stopping_criteria)
     max_length = generation_config.max_length if max_length is None else max_length
     # generate's loop checks its criteria after each token, so it always makes at least one.
     max_new_tokens = max(1, max_length - prompt_len)
-    decoder = decoder_for(model, assistant_model, policy, head, verifier, fast)
+    decoder = decoder_for(model, draft, policy, head, verifier, fast)
     if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed; greedy draws nothing
         seed = 0 if sampling.greedy else int(torch.randint(0, 2**62, ()).item())
     res = decoder.generate(
@@ -158,8 +168,7 @@ def generate(
         top_p=sampling.top_p,
         seed=seed,
         eos_token_id=eos or None,
-        # generate has already streamed the prompt when it called us
-        streamer=_AfterPrompt(streamer) if streamer is not None and from_generate else streamer,
+        streamer=stream_to,
         stop_check=_stop_check(others, input_ids, max_new_tokens) if others else None,
     )
     sequences = torch.cat([input_ids, res.new_ids.to(input_ids.device)[None]], dim=1)
@@ -184,11 +193,12 @@ def run_directory_form(
 ) -> torch.Tensor | SpeculativeGenerateOutput:
     """The directory form: `generate` hands a `custom_generate` directory all its arguments unprepared.
 
-    The tokenizer would be lost on the way to the callable, so `stop_strings` (from the call or the given
-    `generation_config`) become a `StopStringCriteria` here; then `generate` runs again with `generate`
-    above as its loop, which receives everything else as in the callable form.
+    What would be lost on the way to the callable is handed on here: `assistant_model` as `draft`,
+    `streamer` as `stream_to`, and `stop_strings` (from the call or the given `generation_config`) with the
+    tokenizer as a `StopStringCriteria`; then `generate` runs again with `generate` above as its loop.
     """
     tokenizer = kwargs.pop("tokenizer", None)
+    draft, stream_to = kwargs.pop("assistant_model", None), kwargs.pop("streamer", None)
     if kwargs.get("assistant_tokenizer") is not None:
         raise AccheadError("assistant_tokenizer is not supported: the draft must use the target's tokenizer")
     stop_strings = kwargs.pop("stop_strings", None)
@@ -209,7 +219,7 @@ def run_directory_form(
     # The class's generate: a model loaded with trust_remote_code may have its own `generate` attribute.
     return type(model).generate(
         model, inputs, generation_config=generation_config, stopping_criteria=stopping_criteria,
-        custom_generate=generate, **kwargs,
+        custom_generate=generate, draft=draft, stream_to=stream_to, **kwargs,
     )  # fmt: skip
 
 
@@ -285,18 +295,6 @@ def decoder_for(
     return decoders[key]
 
 
-def _generate_arguments(assistant_model: Any, streamer: Any) -> tuple[bool, Any, Any]:
-    """(called by generate, assistant_model, streamer): what was passed, else what the calling
-    `GenerationMixin.generate` was given (transformers drops both on the way to a callable)."""
-    frame = sys._getframe(2)  # 0: here, 1: `generate` above, 2: its caller
-    if frame.f_code is not _GENERATE_CODE:
-        return False, assistant_model, streamer
-    local = frame.f_locals
-    if assistant_model is None:
-        assistant_model = local.get("assistant_model")
-    return True, assistant_model, streamer if streamer is not None else local.get("streamer")
-
-
 def _check_config(config: GenerationConfig) -> None:
     if (config.num_beams or 1) > 1:
         raise AccheadError(f"num_beams={config.num_beams}: speculative decoding is not beam search")
@@ -322,9 +320,10 @@ def _check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise AccheadError("the attention mask has zeros: pass one unpadded sequence")
-    cache = model_kwargs.get("past_key_values")
-    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise AccheadError("past_key_values holds tokens: the speculative decoder starts from the prompt")
+    for name in _CACHE_NAMES:
+        cache = model_kwargs.get(name)
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+            raise AccheadError(f"{name} holds tokens: the speculative decoder starts from the prompt")
     extra = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
     if extra:
         raise AccheadError(f"model inputs the speculative decoder cannot feed: {', '.join(extra)}")
@@ -338,23 +337,6 @@ def _is_autoregressive(policy: str | StopPolicy) -> bool:
 
 def _spec(policy: str | StopPolicy) -> str:
     return policy if isinstance(policy, str) else policy.spec
-
-
-class _AfterPrompt:
-    """Passes the decoder's streamer calls on, except its first `put` (the prompt, which generate has
-    already streamed before calling the loop)."""
-
-    def __init__(self, streamer: Any) -> None:
-        self.streamer = streamer
-        self._prompt_done = False
-
-    def put(self, value: torch.Tensor) -> None:
-        if self._prompt_done:
-            self.streamer.put(value)
-        self._prompt_done = True
-
-    def end(self) -> None:
-        self.streamer.end()
 
 
 def _stop_check(criteria: list[Any], prompt: torch.Tensor, max_new_tokens: int):

@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from acchead.errors import AccheadError
-from acchead.models import final_hidden
+from acchead.models import CACHE_ARG, final_hidden
 
 # Compiled graphs of `step_forward` per process: a unit per token count a decoder can ask for (cap <= 63),
 # per S, verifier and stop-rule variant, with room to spare. Dynamo's defaults (8 per frame, 256 in all)
@@ -137,7 +137,7 @@ class EagerRunner:
     ) -> Any:
         out = self.model(
             input_ids=tokens.to(self.device)[None],
-            past_key_values=self.cache,
+            **{CACHE_ARG: self.cache},
             use_cache=True,
             output_hidden_states=want_hidden,
             logits_to_keep=keep,
@@ -173,7 +173,7 @@ def step_forward(
     `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (a draft step's
     sampling and stop rule, a verification's acceptance and next token: `acchead.inference.units`).
     """
-    hidden = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True).last_hidden_state
+    hidden = model.get_decoder()(input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True).last_hidden_state
     hidden = hidden[0, -keep:]  # (keep, H): after the final norm, what the LM head reads
     logits = model.get_output_embeddings()(hidden)
     last = hidden[-1] if want_hidden else None

@@ -54,7 +54,7 @@ def prompt(tiny_tokenizer):
 def _ours(target, draft, inputs, **kw):
     kw.setdefault("max_new_tokens", 24)
     kw.setdefault("do_sample", False)
-    return target.generate(**inputs, assistant_model=draft, custom_generate=hf.generate, **kw)
+    return target.generate(**inputs, draft=draft, custom_generate=hf.generate, **kw)
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_sampled_continuations_follow_the_target(peaked12, kw, wrong):
     head = AcceptanceHead(draft.config.hidden_size, depth=1)
     ids, n = torch.tensor([[1, 4]]), 250
     counts = Counter(
-        tuple(target.generate(ids, assistant_model=draft, custom_generate=hf.generate, head=head,
+        tuple(target.generate(ids, draft=draft, custom_generate=hf.generate, head=head,
                               policy="specdecpp:h=0.5,max=3", max_new_tokens=3, do_sample=True, seed=s,
                               **kw)[0, 2:].tolist())
         for s in range(n)
@@ -195,7 +195,7 @@ def test_generation_config_files(pair, head, prompt, tmp_path):
     GenerationConfig(max_new_tokens=20, do_sample=False, eos_token_id=[new[12]]).save_pretrained(tmp_path)
     config = GenerationConfig.from_pretrained(tmp_path)
     ref = target.generate(**prompt, generation_config=config)
-    out = target.generate(**prompt, generation_config=config, assistant_model=draft,
+    out = target.generate(**prompt, generation_config=config, draft=draft,
                           custom_generate=hf.generate, head=head, policy="specdecpp:h=0.5,max=6")  # fmt: skip
     assert out.tolist() == ref.tolist() and ref.shape[1] == t + new.index(new[12]) + 1
     sampled = GenerationConfig(do_sample=True, temperature=0.7, top_k=40, top_p=0.9)
@@ -226,21 +226,24 @@ def test_seed_defaults_to_torchs_global_generator(tiny_llama_pair, prompt):
                                       temperature=1.0).tolist()  # fmt: skip
 
 
+class _Record:
+    """A streamer that records every `put` (as a flat list) and counts `end`s."""
+
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ends += 1
+
+
 def test_streamers(pair, head, prompt, tiny_tokenizer, capsys):
     target, draft = pair
 
-    class Record:
-        def __init__(self):
-            self.puts, self.ends = [], 0
-
-        def put(self, value):
-            self.puts.append(value.reshape(-1).tolist())
-
-        def end(self):
-            self.ends += 1
-
-    rec = Record()
-    out = _ours(target, draft, prompt, head=head, policy="specdec:k=4", streamer=rec)
+    rec = _Record()
+    out = _ours(target, draft, prompt, head=head, policy="specdec:k=4", stream_to=rec)
     t = prompt["input_ids"].shape[1]
     assert rec.puts[0] == prompt["input_ids"][0].tolist() and rec.ends == 1  # the prompt once
     assert [x for chunk in rec.puts[1:] for x in chunk] == out[0, t:].tolist()
@@ -248,7 +251,7 @@ def test_streamers(pair, head, prompt, tiny_tokenizer, capsys):
 
     target.generate(**prompt, max_new_tokens=24, do_sample=False, streamer=TextStreamer(tiny_tokenizer))
     theirs = capsys.readouterr().out
-    _ours(target, draft, prompt, head=head, policy="specdec:k=4", streamer=TextStreamer(tiny_tokenizer))
+    _ours(target, draft, prompt, head=head, policy="specdec:k=4", stream_to=TextStreamer(tiny_tokenizer))
     assert capsys.readouterr().out == theirs
 
 
@@ -274,15 +277,15 @@ def test_return_dict_carries_the_round_statistics(pair, head, prompt):
         (dict(do_sample=True, min_p=0.1), "cannot apply exactly: MinPLogitsWarper"),
         (dict(output_scores=True, return_dict_in_generate=True), "output_scores: the decoder computes no"),
         (dict(num_beams=2), "not beam search"),
-        (dict(num_return_sequences=2, do_sample=True, assistant_model=None, policy="autoregressive"),
+        (dict(num_return_sequences=2, do_sample=True, draft=None, policy="autoregressive"),
          "one sequence per call"),
-        (dict(assistant_model=None), "needs a draft: pass generate assistant_model=DRAFT"),
+        (dict(draft=None), "needs a draft: pass draft=DRAFT to generate"),
         (dict(policy="specdec:k=0"), "specdec needs K >= 1"),
     ],
 )
 def test_refusals_are_one_line(tiny_llama_pair, prompt, kw, message):
     target, draft = tiny_llama_pair
-    kw = {"assistant_model": draft, "policy": "specdec:k=2", **kw}
+    kw = {"draft": draft, "policy": "specdec:k=2", **kw}
     with pytest.raises(AccheadError, match=message) as e:
         target.generate(**prompt, custom_generate=hf.generate, max_new_tokens=4, **kw)
     assert "\n" not in str(e.value)
@@ -291,7 +294,7 @@ def test_refusals_are_one_line(tiny_llama_pair, prompt, kw, message):
 def test_batch_and_padding_are_refused(tiny_llama_pair):
     target, draft = tiny_llama_pair
     ids = torch.tensor([[3, 7, 11], [4, 8, 12]])
-    kw = dict(assistant_model=draft, custom_generate=hf.generate, policy="specdec:k=2", max_new_tokens=4)
+    kw = dict(draft=draft, custom_generate=hf.generate, policy="specdec:k=2", max_new_tokens=4)
     with pytest.raises(AccheadError, match=r"batch size 2: .*SpeculativeDecoder.*acchead-bench"):
         target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
     with pytest.raises(AccheadError, match="attention mask has zeros"):
@@ -321,9 +324,14 @@ def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatc
     assert (Path(path) / "custom_generate" / "generate.py").is_file()
     t = prompt["input_ids"].shape[1]
     full = target.generate(**prompt, max_new_tokens=24, do_sample=False)
-    out = target.generate(**prompt, assistant_model=draft, custom_generate=path, trust_remote_code=True,
-                          head=head, policy="specdec:k=4", max_new_tokens=24, do_sample=False)  # fmt: skip
+    rec = _Record()
+    out = target.generate(**prompt, assistant_model=draft, streamer=rec, custom_generate=path,
+                          trust_remote_code=True, head=head, policy="specdec:k=4", max_new_tokens=24,
+                          do_sample=False)  # fmt: skip
     assert out.tolist() == full.tolist()
+    # generate's own assistant_model and streamer reach the loop: the prompt streamed once, then the rounds
+    assert rec.puts[0] == prompt["input_ids"][0].tolist() and rec.ends == 1
+    assert [x for chunk in rec.puts[1:] for x in chunk] == out[0, t:].tolist()
     stop = tiny_tokenizer.decode(full[0, t + 7 : t + 9])
     ref = target.generate(**prompt, max_new_tokens=24, do_sample=False, stop_strings=[stop],
                           tokenizer=tiny_tokenizer)  # fmt: skip
@@ -340,8 +348,14 @@ def test_demo_pair_uses_its_shipped_head():
     target, draft = load_causal_lm(str(zoo.TARGET_DIR)), load_causal_lm(str(zoo.DRAFT_DIR))
     ids = torch.tensor([[5, 17, 42, 9]])
     ref = target.generate(ids, max_new_tokens=16, do_sample=False)
-    out = target.generate(ids, assistant_model=draft, custom_generate=hf.generate, max_new_tokens=16,
+    out = target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=16,
                           do_sample=False, return_dict_in_generate=True)  # fmt: skip
     assert out.sequences.tolist() == ref.tolist() and out.head_calls > 0
     (decoder,) = target.__dict__["_acchead_hf_decoders"].values()
     assert decoder.head_meta.sampling_config.greedy and decoder.policy.h == decoder.head_meta.default_h
+
+
+def test_no_frame_reading():
+    """What the loop needs comes through generate's documented hand-over, never the caller's frame."""
+    source = Path(hf.__file__).read_text()
+    assert "_getframe" not in source and "f_locals" not in source

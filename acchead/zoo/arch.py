@@ -114,6 +114,8 @@ def count_step_ops(config: LlamaConfig, context: int = 128) -> OpCount:
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import DynamicCache, LlamaForCausalLM
 
+    from acchead.models import CACHE_ARG
+
     class Counter(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
@@ -128,10 +130,10 @@ def count_step_ops(config: LlamaConfig, context: int = 128) -> OpCount:
     with torch.inference_mode():
         cache = DynamicCache()
         x = torch.randint(1, config.vocab_size, (1, context + 1), generator=torch.Generator().manual_seed(0))
-        model(input_ids=x[:, :-1], past_key_values=cache, use_cache=True)
+        model(input_ids=x[:, :-1], **{CACHE_ARG: cache}, use_cache=True)
         counter = Counter()
         with counter:
-            model(input_ids=x[:, -1:], past_key_values=cache, use_cache=True)
+            model(input_ids=x[:, -1:], **{CACHE_ARG: cache}, use_cache=True)
     return OpCount(counter.dispatched, counter.non_view)
 
 
@@ -141,18 +143,20 @@ def decode_step_ms(model: torch.nn.Module, context: int = 256, calls: int = 100)
     import torch
     from transformers import DynamicCache
 
+    from acchead.models import CACHE_ARG
+
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     with torch.inference_mode():
         cache = DynamicCache()
         x = torch.randint(1, model.config.vocab_size, (1, context), device=device)
-        model(input_ids=x, past_key_values=cache, use_cache=True)
+        model(input_ids=x, **{CACHE_ARG: cache}, use_cache=True)
         tok = x[:, -1:]
         for i in range(calls + 10):
             sync()
             t = time.perf_counter()
-            model(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=tok, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
             sync()
             if i >= 10:
                 times.append(time.perf_counter() - t)

@@ -227,6 +227,8 @@ def generate_windows(
     or by sampling; every position's top-k next-token distribution (temperature 1) is kept."""
     from transformers import DynamicCache
 
+    from acchead.models import CACHE_ARG
+
     n, width = len(prompts), context + new_tokens
     tokens = np.zeros((n, width), np.uint16)
     ids = np.zeros((n, width, k), np.uint16)
@@ -248,7 +250,7 @@ def generate_windows(
             x[i, context - len(tail) :] = torch.tensor(tail)
             start[b0 + i] = context - len(tail)
         cache = DynamicCache()
-        logits = target(input_ids=x, past_key_values=cache, use_cache=True).logits  # (B, context, V)
+        logits = target(input_ids=x, **{CACHE_ARG: cache}, use_cache=True).logits  # (B, context, V)
         keep(slice(b0, b1), slice(0, context), logits)
         tokens[b0:b1, :context] = x.numpy()
         last = logits[:, -1]
@@ -258,7 +260,7 @@ def generate_windows(
             else:
                 nxt = torch.multinomial(torch.softmax(last.float() / temperature, -1), 1, generator=gen)[:, 0]
             tokens[b0:b1, t] = nxt.numpy()
-            last = target(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+            last = target(input_ids=nxt[:, None], **{CACHE_ARG: cache}, use_cache=True).logits[:, -1]
             keep(slice(b0, b1), slice(t, t + 1), last[:, None])
     return GeneratedWindows(tokens=tokens, ids=ids, logp=logp, start=start, context=context)
 

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
 from acchead.inference.policies import SpecDecPP
-from acchead.models import final_hidden
+from acchead.models import CACHE_ARG, final_hidden
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 
@@ -66,7 +66,7 @@ def time_head_overhead(
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
     cache = DynamicCache()
-    out = draft(input_ids=prompt_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+    out = draft(input_ids=prompt_ids, **{CACHE_ARG: cache}, use_cache=True, output_hidden_states=True)
     context = cache.get_seq_length()
     logits = out.logits[0, -1]  # (V,)
     q = probs_from_logits(logits, sampling)
@@ -84,7 +84,7 @@ def time_head_overhead(
     sync = torch.cuda.synchronize if prompt_ids.is_cuda else (lambda: None)
 
     def draft_step() -> None:
-        draft(input_ids=token, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        draft(input_ids=token, **{CACHE_ARG: cache}, use_cache=True, output_hidden_states=True)
         cache.crop(-1)  # drop the token just added: every call sees the same context length
         sync()
 

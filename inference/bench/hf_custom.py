@@ -72,7 +72,7 @@ def hf_custom_generate(
     out = target.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
-        assistant_model=draft,
+        draft=draft,
         custom_generate=hf.generate,
         policy=spec,
         head=head,
@@ -202,8 +202,8 @@ def _preparation_ms(
     def loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         return input_ids
 
-    kw = dict(attention_mask=torch.ones_like(ids), assistant_model=draft, custom_generate=loop,
-              max_new_tokens=max_new_tokens, do_sample=False)  # fmt: skip
+    kw = dict(attention_mask=torch.ones_like(ids), custom_generate=loop, max_new_tokens=max_new_tokens,
+              do_sample=False)  # fmt: skip
     target.generate(ids, **kw)
     start = time.perf_counter()
     for _ in range(calls):

@@ -3,7 +3,7 @@
 
     from acchead.inference.hf import custom_generate_dir
 
-    target.generate(**inputs, assistant_model=draft, custom_generate=custom_generate_dir(),
+    target.generate(**inputs, assistant_model=draft, streamer=streamer, custom_generate=custom_generate_dir(),
                     trust_remote_code=True, head="head.safetensors", max_new_tokens=128)
 
 The loop itself is `acchead.inference.hf.generate` (installed with acchead); see its module docstring for what
