@@ -26,6 +26,9 @@ from transformers import (
 )
 
 from acchead.errors import AccheadError
+from acchead.reduced_vocab import register_auto_classes
+
+register_auto_classes()  # a reduced-vocabulary draft directory loads like any other
 
 # The keyword every forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
 # across all models at once (the old name warns, and goes in 5.40). Read off the public signature of one
@@ -289,7 +292,8 @@ def check_prompt(
 
 
 def _vocab_rows(model: PreTrainedModel) -> int:
-    return int(model.get_input_embeddings().weight.shape[0])
+    """Ids a model accepts: its config's vocabulary (a reduced-vocabulary draft embeds fewer rows)."""
+    return int(getattr(model.config, "vocab_size", None) or model.get_input_embeddings().weight.shape[0])
 
 
 def final_hidden(outputs: Any) -> torch.Tensor:

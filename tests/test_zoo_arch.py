@@ -7,6 +7,7 @@ import json
 
 import pytest
 import transformers
+from conftest import OPS_AS_PICKED
 
 from acchead.errors import AccheadError
 from acchead.zoo import build
@@ -91,6 +92,7 @@ def test_candidate_table_ratios_and_timings():
         assert r.step_ms > 0 and r.step_ratio == pytest.approx(draft_row.step_ms / r.step_ms)
 
 
+@OPS_AS_PICKED
 def test_arch_cli_prints_the_pick_writes_json_and_rejects_bad_input(tmp_path, capsys):
     out = tmp_path / "arch.json"
     argv = ["--stage", "arch", "--depths", "21", "--widths", "128,160", "--arch-out", str(out)]

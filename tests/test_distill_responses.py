@@ -1,0 +1,102 @@
+"""The target's own responses for distillation: the plan, batched greedy = unbatched greedy, shards that
+round-trip, a killed run resumes after its last complete shard, and other settings are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from acchead.distill import cli
+from acchead.distill.responses import (
+    PlanItem,
+    ResponsesConfig,
+    build_plan,
+    encode,
+    greedy_batch,
+    load_responses,
+    run_responses,
+)
+from acchead.errors import AccheadError
+
+PROMPTS = [
+    "def add(a, b):",
+    "for i in range(10):",
+    "import os",
+    "class Point:",
+    "x = 1",
+    "with open(p) as f:",
+]
+
+
+def test_plan_interleaves_code_and_chat_in_order():
+    chat, code = [f"c{i}" for i in range(5)], [f"k{i}" for i in range(2)]
+    plan = build_plan(chat, code, 8, code_every=3)
+    assert [p.text for p in plan] == ["c0", "c1", "k0", "c2", "c3", "k1", "c4"]  # chat runs out at 7
+    assert [p.chat for p in plan] == [True, True, False, True, True, False, True]
+    assert [p.text for p in build_plan(chat, code, 3, code_every=0)] == ["c0", "c1", "c2"]
+
+
+def test_batched_greedy_equals_one_prompt_at_a_time(tiny_llama_pair, tiny_tokenizer):
+    target, _ = tiny_llama_pair
+    eos = tiny_tokenizer.eos_token_id
+    prompts = [encode(tiny_tokenizer, PlanItem(p, False, "code")) for p in PROMPTS[:4]]
+    assert len({len(p) for p in prompts}) > 1  # ragged: the batch is left-padded
+    batched = greedy_batch(target, prompts, 12, [eos], eos)
+    for p, (resp, ended) in zip(prompts, batched, strict=True):
+        ref = target.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                              pad_token_id=eos)[0, len(p):].tolist()  # fmt: skip
+        assert resp == ref[: len(resp)] and ended == (eos in ref)
+        assert resp == (ref[: ref.index(eos) + 1] if ended else ref)
+
+
+def _config(**kw) -> ResponsesConfig:
+    base = dict(target="t", prompts="train", num_prompts=6, code_every=0, max_new_tokens=8,
+                max_prompt_tokens=64, shard_prompts=2, heldout_chat=0)  # fmt: skip
+    return ResponsesConfig(**{**base, **kw})
+
+
+def test_shards_round_trip_and_a_killed_run_resumes(tiny_llama_pair, tiny_tokenizer, tmp_path):
+    target, _ = tiny_llama_pair
+    plan = [PlanItem(p, False, "code") for p in PROMPTS]
+    summary = run_responses(target, tiny_tokenizer, plan, tmp_path, _config(), batch_size=4)
+    assert summary["shards_written"] == 3 and summary["tokens"] > 0
+    shards = load_responses(tmp_path)
+    assert [sorted(s.plan_index) for s in shards] == [[0, 1], [2, 3], [4, 5]]  # by length within a shard
+    for s in shards:
+        for i, ids in zip(s.plan_index, s.prompts, strict=True):
+            assert ids == encode(tiny_tokenizer, plan[i])
+    # a run killed after shard 0: shards 1 and 2 are written again, identical
+    before = [(s.plan_index, s.responses) for s in shards]
+    for k in (1, 2):
+        (tmp_path / f"shard-{k:05d}.npz").unlink()
+    again = run_responses(target, tiny_tokenizer, plan, tmp_path, _config(), batch_size=3)
+    assert again["shards_written"] == 2
+    assert [(s.plan_index, s.responses) for s in load_responses(tmp_path)] == before
+    with pytest.raises(AccheadError, match=r"other settings .*max_new_tokens"):
+        run_responses(target, tiny_tokenizer, plan, tmp_path, _config(max_new_tokens=9), batch_size=4)
+
+
+def test_long_prompts_are_skipped_and_counted(tiny_llama_pair, tiny_tokenizer, tmp_path):
+    target, _ = tiny_llama_pair
+    plan = [PlanItem(p, False, "code") for p in [PROMPTS[0], "y = 2 " * 40]]
+    summary = run_responses(target, tiny_tokenizer, plan, tmp_path, _config(max_prompt_tokens=20), 2)
+    assert summary["skipped_long"] == 1 and load_responses(tmp_path)[0].plan_index == [0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--code-every", "-1"], "--code-every and --heldout-chat must be >= 0"),
+    ],
+)
+def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
+    assert cli.main(["responses", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_assets_name_the_install_command(tmp_path, capsys):
+    assert cli.main(["responses", "--out", str(tmp_path)]) == 2
+    assert "run `acchead-assets`" in capsys.readouterr().err
