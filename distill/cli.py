@@ -178,9 +178,11 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             vocab = build_vocabulary(train_shards, args.vocab_size, always=(tok.eos_token_id,))
         except ValueError as e:
             raise AccheadError(f"--vocab-size {args.vocab_size}: {e}") from None
-        draft = init_from_target(target, vocab, layers)
+        # the shipped draft reads the embedding from the installed asset; any other from the target's path
+        source = f"asset:{TARGET_DIR_NAME}" if args.target is None else str(Path(target_path).resolve())
+        draft = init_from_target(target, vocab, layers, embedding_source=source)
         del target
-    to_draft = draft.model.embed_tokens.to_draft
+    to_draft = draft.lm_head.to_draft
     config = TrainConfig(
         lr=args.lr, batch_size=args.batch_size, max_len=args.max_len, total_tokens=args.total_tokens,
         checkpoint_seconds=args.checkpoint_minutes * 60,
@@ -189,7 +191,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     train = pack_examples(train_shards, to_draft, args.max_len)
     held_out = pack_examples(held_shards, to_draft, args.max_len)
     state = train_draft(draft, train, held_out, args.out, config, pad, max_seconds=args.minutes * 60)
-    state["coverage_held_out"] = round(coverage(held_shards, draft.model.embed_tokens.to_full), 4)
+    state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full), 4)
     return state
 
 

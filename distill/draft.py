@@ -1,10 +1,12 @@
 """The draft for a target: its vocabulary, its initialisation from the target, and its training.
 
 The draft is a `ReducedVocabLlamaForCausalLM` (`acchead.reduced_vocab`): a few Llama layers of the target's
-width over the V_d tokens the target writes most often. It starts from the target itself -- the embedding
-rows of its vocabulary (which tied, are also its head), `num_layers` of the target's layers and its final
-norm -- and is trained to predict the target's greedy responses (hard labels: the target's argmax at each
-response position, which is what greedy verification accepts), positions of the prompt excluded.
+width, the target's own input embedding (frozen, not shipped), and a head over the V_d tokens the target
+writes most often. It starts from the target itself -- its head rows of the vocabulary (the target ties
+head and embedding), the chosen layers and its final norm -- and is trained to predict the target's greedy
+responses (hard labels: the target's argmax at each response position, what greedy verification accepts),
+prompt positions excluded, and positions whose token lies outside the vocabulary excluded from the loss
+(the draft cannot propose them) but counted as misses by `agreement`.
 
 Training is one resumable loop: `train_draft` continues from `<out>/checkpoint.pt` (model, optimizer,
 step, tokens seen) when it exists, and writes it atomically every `checkpoint_seconds`; the draft itself
@@ -24,10 +26,11 @@ import torch
 from tqdm import tqdm
 
 from acchead.distill.responses import ResponseShard
-from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM
+from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM, embedding_fingerprint
 from acchead.rundir import atomic_write, atomic_write_json
 
 IGNORE = -100  # label of positions that are not trained on (the prompt, padding)
+OUTSIDE = -1  # label of a response position whose token the draft's head does not cover (a sure miss)
 
 
 def build_vocabulary(shards: list[ResponseShard], size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
@@ -49,10 +52,14 @@ def coverage(shards: list[ResponseShard], vocab: torch.Tensor) -> float:
     return sum(t in kept for s in shards for r in s.responses for t in r) / max(total, 1)
 
 
-def init_from_target(target, vocab: torch.Tensor, layers: tuple[int, ...]) -> ReducedVocabLlamaForCausalLM:
-    """A draft with the target's width, `len(layers)` of its layers (copied), its final norm, and as table
-    the target's embedding rows of `vocab` plus their mean for the "other" row."""
+def init_from_target(
+    target, vocab: torch.Tensor, layers: tuple[int, ...], embedding_source: str | None = None
+) -> ReducedVocabLlamaForCausalLM:
+    """A draft with the target's width, its input embedding (frozen), `len(layers)` of its layers
+    (copied), its final norm, and as head the target's head rows of `vocab`. `embedding_source` is recorded
+    for loading (see `acchead.reduced_vocab`)."""
     tc = target.config
+    emb = target.get_input_embeddings().weight.detach()
     config = ReducedVocabConfig(
         draft_vocab_size=len(vocab), vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
         intermediate_size=tc.intermediate_size, num_hidden_layers=len(layers),
@@ -60,14 +67,13 @@ def init_from_target(target, vocab: torch.Tensor, layers: tuple[int, ...]) -> Re
         head_dim=getattr(tc, "head_dim", None), max_position_embeddings=tc.max_position_embeddings,
         rms_norm_eps=tc.rms_norm_eps, rope_parameters=getattr(tc, "rope_parameters", None),
         bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
+        embedding_source=embedding_source, embedding_fingerprint=embedding_fingerprint(emb),
     )  # fmt: skip
     draft = ReducedVocabLlamaForCausalLM(config)
-    emb = target.get_input_embeddings().weight.detach()
     with torch.no_grad():
-        table = draft.model.embed_tokens
-        table.set_vocabulary(vocab)
-        table.weight[:-1] = emb[vocab]
-        table.weight[-1] = emb.mean(0)
+        draft.get_input_embeddings().weight.copy_(emb)
+        draft.lm_head.set_vocabulary(vocab)
+        draft.lm_head.weight.copy_(target.get_output_embeddings().weight.detach()[vocab])
         for mine, theirs in zip(draft.model.layers, layers, strict=True):
             mine.load_state_dict(target.model.layers[theirs].state_dict())
         draft.model.norm.load_state_dict(target.model.norm.state_dict())
@@ -76,8 +82,8 @@ def init_from_target(target, vocab: torch.Tensor, layers: tuple[int, ...]) -> Re
 
 
 def pack_examples(shards: list[ResponseShard], to_draft: torch.Tensor, max_len: int) -> list[tuple]:
-    """(input ids, labels) per response: prompt + response cut to `max_len`, labels the draft row of the
-    next token on response positions and IGNORE elsewhere."""
+    """(input ids, labels) per response: prompt + response cut to `max_len`, labels the head row of the
+    next token on response positions (OUTSIDE where the head lacks it) and IGNORE on the prompt's."""
     out = []
     for s in shards:
         for p, r in zip(s.prompts, s.responses, strict=True):
@@ -105,27 +111,27 @@ def collate(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch.Ten
 def draft_loss(
     draft: ReducedVocabLlamaForCausalLM, batch: tuple[torch.Tensor, ...]
 ) -> tuple[torch.Tensor, float]:
-    """(mean cross-entropy over labelled positions, top-1 agreement there) on the draft's V_d + 1 rows."""
+    """(mean cross-entropy over the head's rows at labelled positions it covers, top-1 agreement there)."""
     ids, mask, labels = batch
     hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, H)
-    keep = labels != IGNORE
-    logits = draft.lm_head.draft_logits(hidden[keep])  # (N, V_d + 1)
+    keep = labels >= 0
+    logits = draft.lm_head.draft_logits(hidden[keep])  # (N, V_d)
     loss = torch.nn.functional.cross_entropy(logits.float(), labels[keep])
-    return loss, float((logits[:, :-1].argmax(-1) == labels[keep]).float().mean())
+    return loss, float((logits.argmax(-1) == labels[keep]).float().mean())
 
 
 @torch.inference_mode()
 def agreement(draft, examples: list[tuple], pad_id: int, batch_size: int = 8) -> float:
-    """Top-1 agreement of the draft (over its V_d tokens, as it drafts) with the labels, teacher-forced:
-    the share of response positions where the draft's argmax is the target's greedy token."""
+    """Top-1 agreement of the draft with the target's greedy tokens, teacher-forced: the share of response
+    positions where the draft's argmax is the target's token (a token outside its head is a miss)."""
     hits = total = 0
     for b in range(0, len(examples), batch_size):
         ids, mask, labels = collate(examples[b : b + batch_size], pad_id)
         hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        keep = labels != IGNORE
-        pred = draft.lm_head.draft_logits(hidden[keep])[:, :-1].argmax(-1)
-        hits += int((pred == labels[keep]).sum())
-        total += int(keep.sum())
+        scored = labels != IGNORE
+        pred = draft.lm_head.draft_logits(hidden[scored]).argmax(-1)  # (N,) head rows
+        hits += int((pred == labels[scored]).sum())  # OUTSIDE (-1) never equals a row
+        total += int(scored.sum())
     return hits / max(total, 1)
 
 
@@ -158,12 +164,12 @@ def _save(out: Path, draft, optimizer, state: dict, config: TrainConfig) -> None
 
 
 def export(draft, directory: Path) -> None:
-    """The draft as a bf16 transformers directory (what ships; loads back in any dtype)."""
-    half = ReducedVocabLlamaForCausalLM(draft.config)
-    half.load_state_dict(draft.state_dict())
-    half.generation_config = draft.generation_config
+    """The draft as a bf16 transformers directory without the target's embedding (what ships); the
+    trained float32 weights are left as they are."""
     tmp = directory.with_name(directory.name + ".tmp")
-    half.to(torch.bfloat16).save_pretrained(tmp)
+    state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in draft.state_dict().items()}
+    state.pop("model.embed_tokens.weight")  # the target's (config.embedding_source)
+    draft.save_pretrained(tmp, state_dict=state)
     if directory.exists():
         for f in directory.iterdir():
             f.unlink()
@@ -177,7 +183,8 @@ def train_draft(
 ) -> dict:  # fmt: skip
     """Train for `max_seconds` (or until `config.total_tokens`), resuming `<out>/checkpoint.pt`; the state."""
     out.mkdir(parents=True, exist_ok=True)
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    trainable = [p for p in draft.parameters() if p.requires_grad]  # not the target's embedding
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     state = {"step": 0, "tokens": 0, "epoch": 0, "position": 0, "seconds": 0.0}
     if (out / "checkpoint.pt").is_file():
         ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
@@ -200,9 +207,9 @@ def train_draft(
         loss, acc = draft_loss(draft, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
-        n = int((batch[2] != IGNORE).sum())
+        n = int((batch[2] >= 0).sum())
         state["step"] += 1
         state["tokens"] += n
         state["position"] += len(chosen)

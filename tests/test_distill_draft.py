@@ -11,6 +11,7 @@ from conftest import make_tiny_llama
 from acchead.distill import cli
 from acchead.distill.draft import (
     IGNORE,
+    OUTSIDE,
     TrainConfig,
     agreement,
     build_vocabulary,
@@ -53,8 +54,10 @@ def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
 
 def test_labels_cover_response_positions_only():
     to_draft = torch.arange(64)
+    to_draft[11] = OUTSIDE  # a token the head does not cover
     (x, y), _ = pack_examples([SHARD], to_draft, max_len=512)
-    assert x.tolist() == [5, 6, 7, 10, 11, 10] and y.tolist() == [IGNORE, IGNORE, 10, 11, 10, 3]
+    assert x.tolist() == [5, 6, 7, 10, 11, 10] and y.tolist() == [IGNORE, IGNORE, 10, OUTSIDE, 10, 3]
+    to_draft = torch.arange(64)
     (x, y), _ = pack_examples([SHARD], to_draft, max_len=4)  # cut to 4 inputs
     assert x.tolist() == [5, 6, 7, 10] and y.tolist() == [IGNORE, IGNORE, 10, 11]
     ids, mask, labels = collate(pack_examples([SHARD], to_draft, 512), pad_id=0)
@@ -67,8 +70,12 @@ def test_training_lowers_the_loss_checkpoints_and_resumes(tmp_path):
     answers = [torch.randint(4, 12, (1,), generator=g).tolist() * 10 for _ in range(16)]
     shard = ResponseShard(plan_index=list(range(16)), prompts=[[1, 2]] * 16, responses=answers,
                           chat=[False] * 16, ended=[False] * 16)  # fmt: skip
-    draft = init_from_target(target, build_vocabulary([shard], 8, always=(0,)), (1,))
-    examples = pack_examples([shard], draft.model.embed_tokens.to_draft, 64)
+    target.save_pretrained(tmp_path / "target")
+    draft = init_from_target(
+        target, build_vocabulary([shard], 8, always=(0,)), (1,), str(tmp_path / "target")
+    )
+    assert not draft.get_input_embeddings().weight.requires_grad
+    examples = pack_examples([shard], draft.lm_head.to_draft, 64)
     before = agreement(draft, examples, pad_id=0)
     config = TrainConfig(lr=1e-2, warmup_steps=1, total_tokens=2000, batch_size=4, checkpoint_seconds=0.0)
     state = train_draft(
@@ -76,7 +83,7 @@ def test_training_lowers_the_loss_checkpoints_and_resumes(tmp_path):
     )
     assert state["tokens"] >= 2000 and state["held_out_agreement"] > max(before, 0.8)
     assert (tmp_path / "checkpoint.pt").is_file() and (tmp_path / "progress.json").is_file()
-    loaded = load_causal_lm(tmp_path / "draft")
+    loaded = load_causal_lm(tmp_path / "draft")  # its embedding read back from the source
     assert agreement(loaded, examples, pad_id=0) == pytest.approx(
         state["held_out_agreement"], abs=0.05
     )  # bf16
@@ -102,6 +109,7 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     out = capsys.readouterr().out
     assert "held_out_agreement=" in out and "coverage_held_out=" in out
     assert load_causal_lm(tmp_path / "run" / "draft").config.draft_vocab_size == 16
+    assert load_causal_lm(tmp_path / "run" / "draft").config.embedding_source == str(target_dir.resolve())
     assert cli.main([*argv, "--layers", "7"]) == 0  # resumes from the checkpoint: --layers is not used
     assert cli.main(["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
                      str(tmp_path / "other"), "--layers", "7", "--vocab-size", "16"]) == 2  # fmt: skip

@@ -1,5 +1,6 @@
-"""The reduced-vocabulary draft: a drop-in causal LM whose q is zero outside its V_d tokens, saved and
-loaded like any draft directory, and decoding with it stays exact (chi-square) and greedy-identical."""
+"""The reduced-vocabulary draft: a drop-in causal LM whose q is zero outside its V_d tokens, saved without
+the target's embedding and loaded with it, and decoding with it stays exact (chi-square) and
+greedy-identical on both paths."""
 
 from __future__ import annotations
 
@@ -9,60 +10,75 @@ import pytest
 import torch
 from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama
 
+from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.models import load_causal_lm
-from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM
+from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM, embedding_fingerprint
 from acchead.sampling import SamplingConfig
 
 VOCAB, DRAFT_VOCAB = 12, 8
 KEPT = torch.tensor([1, 4, 7, 0, 2, 9, 11, 5])  # the draft's rows, in this order; 3, 6, 8 and 10 are not
 
 
-def _reduced_draft(seed: int = 5, init: float = 0.3) -> ReducedVocabLlamaForCausalLM:
+def _reduced_draft(target, seed: int = 5, init: float = 0.3, source: str | None = None):
+    """A random reduced draft reading `target`'s embedding, head rows KEPT."""
+    emb = target.get_input_embeddings().weight
     cfg = ReducedVocabConfig(
         draft_vocab_size=DRAFT_VOCAB, vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         initializer_range=init, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        embedding_source=source, embedding_fingerprint=embedding_fingerprint(emb),
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = ReducedVocabLlamaForCausalLM(cfg).eval()
-    model.model.embed_tokens.set_vocabulary(KEPT)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(emb)
+    model.lm_head.set_vocabulary(KEPT)
     return model
 
 
 @pytest.fixture(scope="module")
 def reduced_pair():
-    return _peaked_llama(VOCAB, seed=3), _reduced_draft()
+    target = _peaked_llama(VOCAB, seed=3)
+    return target, _reduced_draft(target)
 
 
-def test_q_is_zero_outside_the_vocabulary_and_one_table_is_stored(reduced_pair):
+def test_q_is_zero_outside_the_vocabulary(reduced_pair):
     _, draft = reduced_pair
-    ids = torch.tensor([[3, 6, 1, 10, 4]])  # tokens outside the vocabulary are valid inputs
+    ids = torch.tensor([[3, 6, 1, 10, 4]])  # tokens outside the head's vocabulary are ordinary inputs
     logits = draft(input_ids=ids).logits  # (1, 5, V)
     outside = sorted(set(range(VOCAB)) - set(KEPT.tolist()))
     assert logits.shape == (1, 5, VOCAB) and torch.isinf(logits[..., outside]).all()
     assert torch.isfinite(logits[..., KEPT]).all()
-    emb = draft.model.embed_tokens
-    assert torch.equal(emb(torch.tensor([3])), emb(torch.tensor([6])))  # both the "other" row
-    keys = draft.state_dict().keys()
-    assert "model.embed_tokens.weight" in keys and not any(k.startswith("lm_head") for k in keys)
+    assert draft.lm_head.to_draft[KEPT].tolist() == list(range(DRAFT_VOCAB))
+    assert (draft.lm_head.to_draft[outside] == -1).all()
     with pytest.raises(ValueError, match="distinct token ids"):
-        emb.set_vocabulary(torch.tensor([1, 1, 2, 3, 4, 5, 6, 7]))
+        draft.lm_head.set_vocabulary(torch.tensor([1, 1, 2, 3, 4, 5, 6, 7]))
 
 
-def test_saves_and_loads_as_a_draft_directory(reduced_pair, tmp_path):
-    _, draft = reduced_pair
-    draft.save_pretrained(tmp_path)
+def test_saved_without_the_embedding_and_loaded_with_it(reduced_pair, tmp_path):
+    target, draft = reduced_pair
+    target.save_pretrained(tmp_path / "target")
+    draft.config.embedding_source = "../target"  # relative to the draft's directory
+    draft.save_pretrained(tmp_path / "draft")
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "draft" / "model.safetensors", framework="pt") as st:
+        assert "model.embed_tokens.weight" not in st.keys()  # noqa: SIM118
     ids = torch.tensor([[1, 3, 8, 2]])
-    loaded = load_causal_lm(tmp_path)
+    loaded = load_causal_lm(tmp_path / "draft")
     assert type(loaded) is ReducedVocabLlamaForCausalLM
     assert torch.equal(loaded(input_ids=ids).logits, draft(input_ids=ids).logits)
-    assert torch.equal(loaded.model.embed_tokens.to_full, KEPT)
-    half = load_causal_lm(tmp_path, dtype="bf16")
-    assert half.model.embed_tokens.weight.dtype == torch.bfloat16
-    assert half.model.embed_tokens.to_draft.dtype == torch.long  # the id maps are never cast
+    assert torch.equal(loaded.lm_head.to_full, KEPT)
+    half = load_causal_lm(tmp_path / "draft", dtype="bf16")
+    assert half.lm_head.weight.dtype == half.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert half.lm_head.to_draft.dtype == torch.long  # the id maps are never cast
+    other = _peaked_llama(VOCAB, seed=9)
+    other.save_pretrained(tmp_path / "target", safe_serialization=True)  # another target's embedding
+    with pytest.raises(AccheadError, match="not the one this draft was trained with"):
+        load_causal_lm(tmp_path / "draft")
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
