@@ -4,6 +4,7 @@ Three sources, exactly one per run:
 - a built-in set by name (`acchead.zoo.prompts.load_prompt_set`: "stdlib-functions", "humaneval");
 - a file: `.jsonl` (one object per line), `.json` (a list of objects or of strings), `.parquet`, or `.txt`
   (one prompt per line; blank lines are separators and skipped). Objects are read at `field` ("prompt");
+  an object with `"chat": true` is a chat prompt (one user turn through the chat template);
 - a `datasets` dataset: a directory written by `save_to_disk`, or a name already in the local Hugging Face
   cache (never downloaded: data generation must be reproducible from what is on disk), one split, one column.
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError
+from acchead.prompting import ChatPrompt, encode_prompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -105,12 +107,24 @@ def _read_file(path: Path, field: str) -> list[str]:
         out = []
         for n, line in enumerate(text.splitlines(), start=1):
             if line.strip():
-                out.append(_field(_json(line, f"{path} line {n}"), field, f"{path} line {n}"))
+                obj = _json(line, f"{path} line {n}")
+                out.append(_as_chat(obj, _field(obj, field, f"{path} line {n}"), f"{path} line {n}"))
         return out
     data = _json(text, str(path))
     if not isinstance(data, list):
         raise AccheadError(f"{path}: expected a JSON list of prompts, got {type(data).__name__}")
-    return [_field(item, field, f"{path} item {i}") for i, item in enumerate(data)]
+    return [
+        _as_chat(item, _field(item, field, f"{path} item {i}"), f"{path} item {i}")
+        for i, item in enumerate(data)
+    ]
+
+
+def _as_chat(obj: object, prompt: object, where: str) -> object:
+    """`prompt` as a `ChatPrompt` when its object says `"chat": true` (a user turn for the chat template)."""
+    chat = obj.get("chat", False) if isinstance(obj, dict) else False
+    if not isinstance(chat, bool):
+        raise AccheadError(f'{where}: "chat" must be true or false, got {chat!r}')
+    return ChatPrompt(prompt) if chat and isinstance(prompt, str) else prompt
 
 
 def _json(text: str, where: str) -> object:
@@ -175,22 +189,10 @@ def _read_dataset(name: str, split: str, field: str) -> list[str]:
 def encode_prompts(
     prompts: list[str], tokenizer: PreTrainedTokenizerBase, chat_template: bool = False
 ) -> list[list[int]]:
-    """Token ids of each prompt, with the tokenizer's special tokens (e.g. BOS) as the model was trained.
-
-    With `chat_template`, each prompt becomes one user turn and the assistant's generation prompt is
-    appended; the template supplies the special tokens, so none are added again.
-    """
-    if chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise AccheadError("--chat-template: the target's tokenizer has no chat template")
-        texts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            )
-            for p in prompts
-        ]
-        return [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-    return [tokenizer(p).input_ids for p in prompts]
+    """Token ids of each prompt (`acchead.prompting.encode_prompt`): a `ChatPrompt` (a file line with
+    `"chat": true`, MT-bench) goes through the tokenizer's chat template as one user turn, the rest as raw
+    text with the tokenizer's special tokens; `chat_template` makes every prompt a chat turn."""
+    return [encode_prompt(tokenizer, p, chat=chat_template) for p in prompts]
 
 
 def fit_to_context(prompt_ids: list[list[int]], max_new_tokens: int, context: int) -> list[int]:

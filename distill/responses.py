@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from acchead.errors import AccheadError
+from acchead.prompting import encode_prompt
 from acchead.rundir import atomic_write, atomic_write_json
 
 SHARD_GLOB = "shard-*.npz"
@@ -73,14 +74,8 @@ def build_plan(chat_prompts: list[str], code_prompts: list[str], num: int, code_
 
 
 def encode(tokenizer, item: PlanItem) -> list[int]:
-    """A plan item's prompt ids: a chat turn through the tokenizer's chat template (with the assistant's
-    generation prompt), a code prompt as raw text."""
-    if item.chat:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": item.text}], tokenize=False, add_generation_prompt=True
-        )
-        return tokenizer(text, add_special_tokens=False).input_ids
-    return tokenizer(item.text).input_ids
+    """A plan item's prompt ids: a chat turn through the tokenizer's chat template, code as raw text."""
+    return encode_prompt(tokenizer, item.text, chat=item.chat)
 
 
 @torch.inference_mode()

@@ -18,6 +18,7 @@ from acchead.data_gen.prompts import (
     prompts_digest,
 )
 from acchead.errors import AccheadError
+from acchead.prompting import is_chat
 
 PROMPTS = ["def f(x):\n    return x", "class A:\n    pass", "import os"]
 
@@ -86,6 +87,25 @@ def test_chat_template_wraps_prompts(tiny_tokenizer):
     ids = encode_prompts(PROMPTS[:1], tpl, chat_template=True)[0]
     assert tpl.decode(ids) == f"<|user|>{PROMPTS[0]}<|assistant|>"
     assert encode_prompts(PROMPTS[:1], tpl)[0] == tpl(PROMPTS[0]).input_ids
+
+
+def test_a_file_line_can_be_a_chat_turn(tiny_tokenizer, tmp_path):
+    """`{"prompt": ..., "chat": true}` goes through the chat template; the other lines stay raw."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hi there", "chat": true}\n{"prompt": "def f():"}\n"x = 1"\n')
+    prompts = load_prompts(PromptSource("file", str(path)))
+    assert prompts == ["hi there", "def f():", "x = 1"] and [is_chat(p) for p in prompts] == [
+        True,
+        False,
+        False,
+    ]
+    tpl = copy.deepcopy(tiny_tokenizer)
+    tpl.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
+    ids = encode_prompts(prompts, tpl)
+    assert tpl.decode(ids[0]) == "<|user|>hi there<|assistant|>" and ids[1] == tpl("def f():").input_ids
+    path.write_text('{"prompt": "hi", "chat": "yes"}\n')
+    with pytest.raises(AccheadError, match='line 1: "chat" must be true or false'):
+        load_prompts(PromptSource("file", str(path)))
 
 
 def test_fit_to_context_and_digest():
