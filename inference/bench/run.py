@@ -267,7 +267,10 @@ def _encode_prompts(
     A prompt whose length + `max_new_tokens` exceeds either model's context is refused with one line, or,
     with `truncate` (`--truncate-prompts`), cut to its last tokens and listed (results.json records it).
     """
+    import torch
+
     from acchead.models import check_prompt, context_length
+    from acchead.prompting import encode_prompt, is_chat
 
     limits = [c for c in (context_length(target), context_length(draft)) if c is not None]
     limit = min(limits) if limits else 10**9
@@ -276,7 +279,11 @@ def _encode_prompts(
         raise AccheadError(f"--max-new-tokens {max_new_tokens} leaves no room in a {limit}-token context")
     out, truncated = [], []
     for i, p in enumerate(prompts):
-        ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
+        # chat prompts through the chat template; raw ones as the bench always encoded them
+        if is_chat(p):
+            ids = torch.tensor([encode_prompt(tok, p)])
+        else:
+            ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
         if ids.shape[1] == 0:
             raise AccheadError(f"prompt {i} encodes to zero tokens")
         if ids.shape[1] > keep:
