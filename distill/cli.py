@@ -65,12 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (16)")
     r.add_argument("--shard-prompts", type=int, default=64, help="plan items per shard file (64)")
-    r.add_argument(
-        "--heldout-chat",
-        type=int,
-        default=256,
-        help="ShareGPT's last N prompts are never used here: a held-out chat set (256)",
-    )
     t = sub.add_parser(
         "train",
         help="train the reduced-vocabulary draft on response shards (resumable)",
@@ -106,10 +100,10 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
     _check_positive(
         args, ("num_prompts", "max_new_tokens", "max_prompt_tokens", "batch_size", "shard_prompts")
     )
-    if args.code_every < 0 or args.heldout_chat < 0:
-        raise AccheadError("--code-every and --heldout-chat must be >= 0")
+    if args.code_every < 0:
+        raise AccheadError("--code-every must be >= 0")
     from acchead.assets import TARGET_DIR_NAME, asset_path
-    from acchead.chat_sets import mtbench_prompts, sharegpt_prompts
+    from acchead.chat_sets import SHAREGPT_HELDOUT, chat_prompt_set, mtbench_prompts
     from acchead.distill.responses import PlanItem, ResponsesConfig, build_plan, run_responses
     from acchead.models import load_causal_lm, load_tokenizer, model_identity
     from acchead.zoo.prompts import load_prompt_set
@@ -120,8 +114,7 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
     elif args.prompts == "humaneval":
         plan = [PlanItem(p, False, "humaneval") for p in load_prompt_set("humaneval")]
     else:
-        chat = sharegpt_prompts()
-        chat = chat[: len(chat) - args.heldout_chat] if args.heldout_chat else chat
+        chat = chat_prompt_set("sharegpt")  # the "sharegpt-heldout" openings never enter a plan
         # Python function headers with docstrings (the form HumanEval prompts take), from the stdlib
         code = load_prompt_set("stdlib-functions") if args.code_every else []
         plan = build_plan(chat, code, args.num_prompts, args.code_every)
@@ -130,7 +123,7 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
         target=model_identity(target)["fingerprint"], prompts=args.prompts, num_prompts=len(plan),
         code_every=args.code_every,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-        shard_prompts=args.shard_prompts, heldout_chat=args.heldout_chat,
+        shard_prompts=args.shard_prompts, heldout_chat=SHAREGPT_HELDOUT,
     )  # fmt: skip
     summary = run_responses(target, tok, plan, args.out, config, args.batch_size)
     return {**asdict(config), **summary}

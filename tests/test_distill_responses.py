@@ -88,7 +88,7 @@ def test_long_prompts_are_skipped_and_counted(tiny_llama_pair, tiny_tokenizer, t
     [
         (["--num-prompts", "0"], "--num-prompts must be >= 1"),
         (["--batch-size", "0"], "--batch-size must be >= 1"),
-        (["--code-every", "-1"], "--code-every and --heldout-chat must be >= 0"),
+        (["--code-every", "-1"], "--code-every must be >= 0"),
     ],
 )
 def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
