@@ -109,7 +109,7 @@ def load_bench_inputs(args: argparse.Namespace) -> BenchInputs:
     --max-new-tokens; --device/--dtype/--threads). Shared by this benchmark and `bench_responses`."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    from acchead.zoo import DRAFT_DIR, TARGET_DIR
+    from acchead.demo_pair import DRAFT_DIR, TARGET_DIR
 
     target_path, draft_path = args.target or TARGET_DIR, args.draft or DRAFT_DIR
     tok = load_tokenizer(target_path)
@@ -134,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     tok, target, kept, sampling, eos = b.tok, b.target, b.kept, b.sampling, b.eos
     prompt_ids, target_path, draft_path = b.prompt_ids, b.target_path, b.draft_path
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    labelers = {
-        cache: b.labeler(args, cache_features=cache)
-        for cache in (False, True)
-    }
+    labelers = {cache: b.labeler(args, cache_features=cache) for cache in (False, True)}
     batches = plan_batches(kept, [len(p) for p in prompt_ids], args.batch_size)
     do_sample = not sampling.greedy
     gen_kwargs = dict(do_sample=do_sample, pad_token_id=pad, eos_token_id=eos)

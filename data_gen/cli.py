@@ -41,7 +41,7 @@ CACHE_AUTO_LIMIT = 4 * 2**30  # bytes: auto caches features if the estimated flo
 
 
 def _model_paths(args: GenDataArgs) -> tuple[str | Path, str | Path]:
-    from acchead.zoo import DRAFT_DIR, TARGET_DIR
+    from acchead.demo_pair import DRAFT_DIR, TARGET_DIR
 
     return args.target or TARGET_DIR, args.draft or DRAFT_DIR
 

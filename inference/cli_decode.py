@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from acchead.demo_pair import DRAFT_DIR, TARGET_DIR, head_for
 from acchead.errors import AccheadError, cli_errors
 from acchead.sampling import SamplingConfig
-from acchead.zoo import DRAFT_DIR, TARGET_DIR, default_head, fallback_head
 
 # torch, transformers and the decoders load in `main`, after the flags: `--help` must not wait for them.
 if TYPE_CHECKING:
@@ -27,10 +27,8 @@ if TYPE_CHECKING:
     from acchead.inference.decoder import GenerationResult
 
 DEFAULT_PROMPT = (
-    'def is_palindrome(text: str) -> bool:\n'
-    '    """Return True if text reads the same backwards."""\n'
+    'def is_palindrome(text: str) -> bool:\n    """Return True if text reads the same backwards."""\n'
 )
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,32 +40,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--target", default=str(TARGET_DIR), help="target model directory or hub id")
     p.add_argument("--draft", default=str(DRAFT_DIR), help="draft model directory or hub id (same tokenizer)")
-    p.add_argument("--head", default=None,
-                   help="acceptance head file for specdecpp (default: the shipped head trained under the "
-                        "requested sampling configuration; the greedy one, with a warning, if none is)")
-    p.add_argument("--policy", default="specdecpp",
-                   help="stop policy: autoregressive | specdec:k=K | specdecpp[:h=H,max=M,free=0/1] "
-                   "(no h: the head's recorded threshold) | "
-                   "confidence:tau=T[,max=M] | oracle (greedy only)")
-    p.add_argument("--verifier", choices=["token", "block"], default="token",
-                   help="token verification (Leviathan/Chen) or block verification (Sun et al.)")
+    p.add_argument(
+        "--head",
+        default=None,
+        help="acceptance head file for specdecpp (default: the shipped head trained under the "
+        "requested sampling configuration; the greedy one, with a warning, if none is)",
+    )
+    p.add_argument(
+        "--policy",
+        default="specdecpp",
+        help="stop policy: autoregressive | specdec:k=K | specdecpp[:h=H,max=M,free=0/1] "
+        "(no h: the head's recorded threshold) | "
+        "confidence:tau=T[,max=M] | oracle (greedy only)",
+    )
+    p.add_argument(
+        "--verifier",
+        choices=["token", "block"],
+        default="token",
+        help="token verification (Leviathan/Chen) or block verification (Sun et al.)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text (default: a small function stub)")
     src.add_argument("--prompt-file", type=Path, default=None, help="read the prompt from this file")
     p.add_argument("--max-new-tokens", type=int, default=128, help="generate at most this many tokens")
-    p.add_argument("--truncate-prompt", action="store_true",
-                   help="keep only the last tokens of a prompt too long for the context (default: refuse it)")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="0 = greedy; default: the head's training S, else 0")
+    p.add_argument(
+        "--truncate-prompt",
+        action="store_true",
+        help="keep only the last tokens of a prompt too long for the context (default: refuse it)",
+    )
+    p.add_argument(
+        "--temperature", type=float, default=None, help="0 = greedy; default: the head's training S, else 0"
+    )
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (repeatable output)")
     p.add_argument("--dtype", default="float32", help="model dtype: float32 | float16 | bfloat16")
-    p.add_argument("--device", default="auto",
-                   help="device for both models (auto: cuda if available, else cpu)")
-    p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
-                   help="static KV caches and forwards compiled once per shape (CUDA graphs on a GPU); "
-                   "default: on for CUDA, off on the CPU, where compiling costs tens of seconds up front")
+    p.add_argument(
+        "--device", default="auto", help="device for both models (auto: cuda if available, else cpu)"
+    )
+    p.add_argument(
+        "--fast",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="static KV caches and forwards compiled once per shape (CUDA graphs on a GPU); "
+        "default: on for CUDA, off on the CPU, where compiling costs tens of seconds up front",
+    )
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     return p
 
@@ -144,14 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         if policy.greedy_only and args.temperature not in (None, 0.0):
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
     else:
-        if args.head is not None:
-            head_path = Path(args.head)
-        else:
-            # The shipped head trained under the requested S (greedy when no sampling flag is given).
-            head_path = default_head(_sampling(args, None)) or fallback_head()
+        # Resolved here, not in the decoder: without --head, the demo pair's shipped head trained under
+        # the requested S (greedy when no sampling flag is given), else its greedy head.
+        head_path = Path(args.head) if args.head is not None else head_for(_sampling(args, None))
         if not head_path.exists():
-            raise AccheadError(f"no acceptance head at {head_path}; train one (acchead-train) and pass "
-                               "--head, or pick another --policy such as specdec:k=4")
+            raise AccheadError(
+                f"no acceptance head at {head_path}; train one (acchead-train) and pass "
+                "--head, or pick another --policy such as specdec:k=4"
+            )
     import torch
     from transformers import TextStreamer
     from transformers.utils import logging as hf_logging
@@ -175,13 +192,26 @@ def main(argv: list[str] | None = None) -> int:
         raise AccheadError("the prompt encodes to no tokens")
     ids, truncated_from = _fit_prompt(ids, args.max_new_tokens, [target, draft], args.truncate_prompt)
     streamer = None if args.json else TextStreamer(tok, skip_prompt=False)
-    res = decoder.generate(ids, max_new_tokens=args.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-                           top_p=s.top_p, seed=args.seed, eos_token_id=tok.eos_token_id, streamer=streamer)
+    res = decoder.generate(
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=args.seed,
+        eos_token_id=tok.eos_token_id,
+        streamer=streamer,
+    )
     if args.json:
         stats = {k: v for k, v in res.to_dict().items() if k != "new_ids"}
-        stats.update(text=tok.decode(res.new_ids), policy=decoder.policy.spec, verifier=args.verifier,
-                     sampling=s.to_dict(), prompt_tokens=int(ids.numel()),
-                     prompt_truncated_from=truncated_from)
+        stats.update(
+            text=tok.decode(res.new_ids),
+            policy=decoder.policy.spec,
+            verifier=args.verifier,
+            sampling=s.to_dict(),
+            prompt_tokens=int(ids.numel()),
+            prompt_truncated_from=truncated_from,
+        )
         print(json.dumps(stats))
     else:
         print(f"\n--- {decoder.policy.spec}, {args.verifier} verification, {s}")

@@ -200,8 +200,9 @@ class SpeculativeDecoder:
             (e.g. MaG, a cascade), or None for `autoregressive`.
         policy: a spec string (see `acchead.inference.policies`) or a `StopPolicy`.
         head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
-            draft=draft)` so that a head trained for another draft is refused. None with the demo draft:
-            the shipped head of each call's S (`acchead.zoo.demo_head_for`), as the CLIs pick it.
+            draft=draft)` so that a head trained for another draft is refused. Required: the decoder
+            never picks one (the commands resolve their default at the command line; the demo pair's
+            shipped head for an S is `acchead.demo_pair.head_for(S)`).
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         fast: run the target (and a draft model given as a `PreTrainedModel`) on the fast path: static KV
             caches and compiled forwards (`acchead.inference.model_runner.StaticRunner`). None: on when
@@ -242,14 +243,11 @@ class SpeculativeDecoder:
         self.head_meta = None
         if not isinstance(policy, str | StopPolicy):
             raise AccheadError(f"policy must be a spec string (e.g. 'specdec:k=4') or StopPolicy: {policy!r}")
-        # The demo pair's shipped head when none is given: picked per call's S in `generate`.
-        self._auto_head: Path | None = None
-        self._demo_heads: dict[SamplingConfig, Path | None] = {}  # by S, filled by `_switch_demo_head`
-        if head is None and isinstance(policy, str) and needs_head(policy) and self.draft_model is not None:
-            from acchead.zoo import demo_head_for
-
-            head = self._auto_head = demo_head_for(self.draft_model, SamplingConfig(0.0))
-        self._spec = policy
+        if head is None and isinstance(policy, str) and needs_head(policy):
+            raise AccheadError(
+                f"policy {policy!r} needs an acceptance head: pass head=PATH (the demo pair's shipped head "
+                "for an S: acchead.demo_pair.head_for(S))"
+            )
         self._set_policy(policy, head)
 
     def _set_policy(self, policy: str | StopPolicy, head: AcceptanceHead | str | Path | None) -> None:
@@ -292,8 +290,6 @@ class SpeculativeDecoder:
             sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
         except ValueError as e:
             raise AccheadError(str(e)) from None
-        if self._auto_head is not None:
-            self._switch_demo_head(sampling)
         with torch.inference_mode():
             # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
             # target's token), so `max_length` is all either needs.
@@ -349,8 +345,6 @@ class SpeculativeDecoder:
             raise AccheadError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         # Out-of-vocabulary ids and prompt + max_new_tokens past the context: one line, not junk.
         check_prompt(prompt, max_new_tokens, [m for m in (self.target, self.draft_model) if m is not None])
-        if self._auto_head is not None:
-            self._switch_demo_head(sampling)
         policy = self.policy
         if policy.greedy_only and not sampling.greedy:
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
@@ -482,20 +476,6 @@ class SpeculativeDecoder:
     def _draft_calls(self) -> int:
         """Draft forwards since the drafter's `begin` (0 without a drafter)."""
         return self.drafter.draft_calls if self.drafter is not None else 0
-
-    def _switch_demo_head(self, sampling: SamplingConfig) -> None:
-        """Use the demo head shipped for `sampling` when it is not the one in use (same spec).
-
-        The draft was matched to the shipped heads' draft at construction, so each S costs one look-up of
-        `heads/defaults.json`, made once per decoder; an S with no shipped head keeps the head in use."""
-        from acchead.zoo import default_head
-
-        if sampling not in self._demo_heads:
-            self._demo_heads[sampling] = default_head(sampling)
-        head = self._demo_heads[sampling]
-        if head is not None and head != self._auto_head:
-            self._auto_head = head
-            self._set_policy(self._spec, head)
 
     def _warn_sampling_mismatch(self, sampling: SamplingConfig) -> None:
         if self.head_meta is None or not (self.policy.needs_hidden or self.policy.needs_state):

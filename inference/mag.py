@@ -8,7 +8,8 @@ To propose n tokens after the current sequence s = prompt ++ generated:
 The proposal is deterministic, so its draft distribution q is one-hot; its cost is a few numpy passes.
 
 The bigram table is estimated from token ids: `build_bigram_table` takes any iterable of id sequences;
-`corpus_bigram_table` tokenizes the demo corpus (the stdlib LM-train split) and caches the table to a file.
+`corpus_bigram_table` tokenizes the files of a corpus and caches the table to a file; which corpus is the
+caller's (the bench: the demo pair's stdlib LM-train split, `acchead.demo_pair.split_files`).
 """
 
 from __future__ import annotations
@@ -156,27 +157,23 @@ def build_bigram_table(sequences: Iterable[Sequence[int] | np.ndarray], vocab_si
     return table
 
 
-def corpus_bigram_table(
-    tokenizer, cache_dir: str | Path | None = None, files: Sequence[Path] | None = None
-) -> np.ndarray:
-    """Bigram table of a corpus under `tokenizer`, cached as .npy in `cache_dir` (default: the user
-    cache, `acchead.cache.cache_dir()`: $ACCHEAD_CACHE_DIR, else $ACCHEAD_CACHE, else ~/.cache/acchead).
+def corpus_bigram_table(tokenizer, files: Sequence[Path], cache_dir: str | Path | None = None) -> np.ndarray:
+    """Bigram table of the corpus `files` under `tokenizer`, cached as .npy in `cache_dir` (default: the
+    user cache, `acchead.cache.cache_dir()`: $ACCHEAD_CACHE_DIR, else $ACCHEAD_CACHE, else ~/.cache/acchead).
 
-    `files` defaults to the demo corpus, the stdlib LM-train split. The cache key hashes the tokenizer's
-    vocabulary and the file paths, so another tokenizer or Python version builds its own table.
+    The corpus is an argument, resolved by the command (the decoders know no corpus). Files that are not
+    UTF-8 are skipped. The cache key hashes the tokenizer's vocabulary and the file paths, so another
+    tokenizer or corpus builds its own table.
     """
     from acchead.cache import cache_dir as user_cache_dir
-    from acchead.zoo.corpus import read_source, split_files
 
-    files = list(files) if files is not None else split_files()[0]
+    files = list(files)
     vocab = tokenizer.get_vocab()
-    key = hashlib.sha1(
-        json.dumps([sorted(vocab.items()), [str(f) for f in files]]).encode()
-    ).hexdigest()[:16]
+    key = hashlib.sha1(json.dumps([sorted(vocab.items()), [str(f) for f in files]]).encode()).hexdigest()[:16]
     path = Path(cache_dir or user_cache_dir()) / f"mag-bigram-{key}.npy"
     if path.exists():
         return np.load(path)
-    texts = [t for t in (read_source(f) for f in files) if t]
+    texts = [t for t in (_read_utf8(f) for f in files) if t]
     ids = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
     table = build_bigram_table(ids, len(vocab))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,6 +181,14 @@ def corpus_bigram_table(
     np.save(tmp, table)
     os.replace(tmp, path)
     return table
+
+
+def _read_utf8(path: Path) -> str | None:
+    """File text, or None if it is not UTF-8 (a few stdlib files carry other encodings)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 class MaxGram:

@@ -327,11 +327,12 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     assert args.adaedl_lam_grid == [0.1, 0.3, 0.5, 0.7] and args.adaedl_adapt_grid == [0.1, 0.5]
     assert args.adaedl_gamma == 0.2 and args.entropy_tau_grid == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert args.cost_ratios == [0.2, 0.1, 0.05] and args.plot_ratio is None
-    # Default heads: every shipped head trained under greedy decoding, the zoo's default first.
-    from acchead import zoo
+    # Default heads, resolved at the command line: every shipped head trained under greedy decoding, the
+    # demo pair's default first.
+    from acchead import demo_pair
 
-    shipped = zoo.shipped_heads(SamplingConfig(0.0))
-    assert args.head[0] == str(zoo.default_head(SamplingConfig(0.0)))
+    shipped = demo_pair.shipped_heads(SamplingConfig(0.0))
+    assert args.head[0] == str(demo_pair.default_head(SamplingConfig(0.0)))
     assert sorted(args.head) == sorted(map(str, shipped))
     settings, _ = build_settings(args, SamplingConfig(0.0))
     specs = [s.spec for s in settings]

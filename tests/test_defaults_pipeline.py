@@ -19,6 +19,7 @@ from acchead.errors import AccheadError
 from acchead.head_io import read_head_metadata
 from acchead.inference import SpeculativeDecoder, cli_decode
 from acchead.models import load_causal_lm
+from acchead.sampling import SamplingConfig
 from acchead.train import cli as train_cli
 from acchead.train.settings import TrainSettings
 
@@ -67,8 +68,19 @@ def test_card_commands_train_the_default_head_with_its_threshold(default_run):
 
 
 def test_decode_cli_on_defaults_uses_the_heads_threshold(default_run, capsys):
-    argv = ["--target", str(default_run["target"]), "--draft", str(default_run["draft"]),
-            "--head", str(default_run["head"]), "--max-new-tokens", "10", "--prompt", "def f(x):", "--json"]
+    argv = [
+        "--target",
+        str(default_run["target"]),
+        "--draft",
+        str(default_run["draft"]),
+        "--head",
+        str(default_run["head"]),
+        "--max-new-tokens",
+        "10",
+        "--prompt",
+        "def f(x):",
+        "--json",
+    ]
     assert cli_decode.main(argv) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["policy"] == "specdecpp:h=0.8,max=20" and stats["sampling"]["temperature"] == 0.0
@@ -83,8 +95,9 @@ def test_python_decoder_takes_the_heads_threshold_and_stays_exact(default_run):
     assert explicit.policy.h == 0.3
     prompt = torch.tensor([5, 17, 42, 9])
     res = dec.generate(prompt, max_new_tokens=12, temperature=0.0)
-    ref = target.generate(prompt[None], max_new_tokens=12, do_sample=False, min_new_tokens=12,
-                          pad_token_id=0)[0, 4:]
+    ref = target.generate(
+        prompt[None], max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0
+    )[0, 4:]
     assert res.new_ids.tolist() == ref[: len(res.new_ids)].tolist()
 
 
@@ -97,8 +110,17 @@ def test_candidate_head_on_default_data_names_the_fix(default_run, tmp_path, cap
 
 def test_a_head_records_the_threshold_it_was_trained_with(default_run, tmp_path):
     out = tmp_path / "h6"
-    argv = ["--data", str(default_run["data"]), "--epochs", "1", "--default-h", "0.6", "--no-progress",
-            "--out", str(out)]
+    argv = [
+        "--data",
+        str(default_run["data"]),
+        "--epochs",
+        "1",
+        "--default-h",
+        "0.6",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert train_cli.main(argv) == 0
     assert read_head_metadata(out).default_h == 0.6
     with pytest.raises(SystemExit):  # argparse refuses a non-number
@@ -107,17 +129,30 @@ def test_a_head_records_the_threshold_it_was_trained_with(default_run, tmp_path)
         TrainSettings(data="d", default_h=1.0).check()
 
 
-def test_python_decoder_on_the_demo_pair_finds_the_shipped_head_per_s():
-    from acchead import zoo
+def test_python_decoder_on_the_demo_pair_takes_its_head_from_demo_pair():
+    """The decoder never picks a head, not even on the demo pair (issue 31): the caller passes the shipped
+    head of its S, `acchead.demo_pair.head_for(S)`, as the commands do."""
+    from acchead import demo_pair
 
-    target, draft = load_causal_lm(str(zoo.TARGET_DIR)), load_causal_lm(str(zoo.DRAFT_DIR))
-    dec = SpeculativeDecoder(target, draft, policy="specdecpp")
-    assert dec.policy.h == 0.8 and dec.head_meta.sampling_config.greedy
-    dec.generate([5, 17, 42], max_new_tokens=4, temperature=1.0, top_k=50)
-    assert dec.head_meta.sampling_config.top_k == 50  # switched to the T = 1 / top-k 50 head
-
-
-def test_specdecpp_without_a_head_for_another_draft_is_one_line(tiny_llama_pair):
-    target, draft = tiny_llama_pair
-    with pytest.raises(AccheadError, match="needs an acceptance head"):
+    target, draft = load_causal_lm(str(demo_pair.TARGET_DIR)), load_causal_lm(str(demo_pair.DRAFT_DIR))
+    with pytest.raises(AccheadError, match=r"needs an acceptance head: pass head=PATH .*demo_pair\.head_for"):
         SpeculativeDecoder(target, draft, policy="specdecpp")
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp", head=demo_pair.head_for(SamplingConfig(0.0)))
+    assert dec.policy.h == 0.8 and dec.head_meta.sampling_config.greedy
+    sampled = SamplingConfig(1.0, 50)
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp", head=demo_pair.head_for(sampled))
+    assert dec.head_meta.sampling_config == sampled  # the T = 1 / top-k 50 head
+    dec.generate([5, 17, 42], max_new_tokens=4, temperature=1.0, top_k=50)
+    # An S without a shipped head: the greedy default (the decoder warns about the mismatch).
+    assert demo_pair.head_for(SamplingConfig(0.7)) == demo_pair.head_for(SamplingConfig(0.0))
+    assert demo_pair.demo_head_for(draft, sampled) == demo_pair.head_for(sampled)
+
+
+def test_specdecpp_without_a_head_is_one_line(tiny_llama_pair):
+    from acchead import demo_pair
+
+    target, draft = tiny_llama_pair
+    with pytest.raises(AccheadError, match="needs an acceptance head") as e:
+        SpeculativeDecoder(target, draft, policy="specdecpp")
+    assert "\n" not in str(e.value)
+    assert demo_pair.demo_head_for(draft, SamplingConfig(0.0)) is None  # never guessed for another draft

@@ -277,8 +277,10 @@ def test_return_dict_carries_the_round_statistics(pair, head, prompt):
         (dict(do_sample=True, min_p=0.1), "cannot apply exactly: MinPLogitsWarper"),
         (dict(output_scores=True, return_dict_in_generate=True), "output_scores: the decoder computes no"),
         (dict(num_beams=2), "not beam search"),
-        (dict(num_return_sequences=2, do_sample=True, draft=None, policy="autoregressive"),
-         "one sequence per call"),
+        (
+            dict(num_return_sequences=2, do_sample=True, draft=None, policy="autoregressive"),
+            "one sequence per call",
+        ),
         (dict(draft=None), "needs a draft: pass draft=DRAFT to generate"),
         (dict(policy="specdec:k=0"), "specdec needs K >= 1"),
     ],
@@ -342,10 +344,12 @@ def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatc
 
 
 def test_demo_pair_uses_its_shipped_head():
-    from acchead import zoo
+    """generate resolves the default head (the decoder never picks one): the demo draft's shipped head for
+    the call's S, looked up once per (draft, S)."""
+    from acchead import demo_pair
     from acchead.models import load_causal_lm
 
-    target, draft = load_causal_lm(str(zoo.TARGET_DIR)), load_causal_lm(str(zoo.DRAFT_DIR))
+    target, draft = load_causal_lm(str(demo_pair.TARGET_DIR)), load_causal_lm(str(demo_pair.DRAFT_DIR))
     ids = torch.tensor([[5, 17, 42, 9]])
     ref = target.generate(ids, max_new_tokens=16, do_sample=False)
     out = target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=16,
@@ -353,6 +357,25 @@ def test_demo_pair_uses_its_shipped_head():
     assert out.sequences.tolist() == ref.tolist() and out.head_calls > 0
     (decoder,) = target.__dict__["_acchead_hf_decoders"].values()
     assert decoder.head_meta.sampling_config.greedy and decoder.policy.h == decoder.head_meta.default_h
+    target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=4, do_sample=True,
+                    temperature=1.0, top_k=50)  # fmt: skip
+    sampled = SamplingConfig(1.0, 50)
+    assert target.__dict__["_acchead_hf_demo_heads"] == {
+        (draft, SamplingConfig(0.0)): demo_pair.head_for(SamplingConfig(0.0)),
+        (draft, sampled): demo_pair.head_for(sampled),
+    }
+    assert {d.head_meta.sampling_config for d in target.__dict__["_acchead_hf_decoders"].values()} == {
+        SamplingConfig(0.0),
+        sampled,
+    }
+
+
+def test_no_head_for_another_draft_is_one_line(tiny_llama_pair):
+    target, draft = tiny_llama_pair
+    with pytest.raises(AccheadError, match="needs an acceptance head: pass head=") as e:
+        target.generate(torch.tensor([[5, 17, 42]]), draft=draft, custom_generate=hf.generate,
+                        max_new_tokens=4, do_sample=False)  # fmt: skip
+    assert "\n" not in str(e.value)
 
 
 def test_no_frame_reading():

@@ -28,6 +28,15 @@ STAGES = ("acchead.data_gen", "acchead.train", "acchead.inference")
 BENCH = "acchead.inference.bench"  # measures the decoders; they never import it
 # The repository-root folders, by the top-level names they must never be imported under.
 OLD_NAMES = {"data_gen", "train", "inference", "configs"}
+# The demo pair's builder (issue 31): the core (acchead/*.py) and the stages import none of it; what the
+# commands need of the pair (paths, shipped heads per S, the stdlib split) is the core's `acchead.demo_pair`.
+ZOO = "acchead.zoo"
+# Imports of the zoo allowed for now, as (importing module, imported zoo module): the built-in prompt sets,
+# which are moving to a core module. That move empties this list (the test refuses stale entries).
+ZOO_IMPORTS_ALLOWED = {
+    ("acchead.data_gen.prompts", "acchead.zoo.prompts"),
+    ("acchead.inference.bench.prompts", "acchead.zoo.prompts"),
+}
 
 
 def package_folder(package: str) -> Path:
@@ -65,10 +74,14 @@ def _runtime_imports(tree: ast.Module):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def imported_names(module: str, path: Path) -> set[str]:
-    """Absolute names of everything `module` imports: modules, and `from X import Y` as X.Y when a module."""
+def imported_names(module: str, path: Path, runtime_only: bool = True) -> set[str]:
+    """Absolute names of everything `module` imports: modules, and `from X import Y` as X.Y when a module.
+
+    `runtime_only=False` also counts the imports under `if TYPE_CHECKING:`."""
     names = set()
-    for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    every = (n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom))
+    for node in _runtime_imports(tree) if runtime_only else every:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
             continue
@@ -144,6 +157,50 @@ def test_dependency_rule():
     assert not bad, f"imports across the stage boundaries: {sorted(bad)}"
 
 
+def zoo_imports(module: str, path: Path) -> set[str]:
+    """The modules of `acchead.zoo` that `module` imports, anywhere in it (functions and `if TYPE_CHECKING:`
+    included): `from acchead import zoo` counts as `acchead.zoo`."""
+    found = set()
+    for name in imported_names(module, path, runtime_only=False):
+        if _in(name, ZOO):  # `from acchead.zoo.prompts import f` counts as its module, acchead.zoo.prompts
+            found.add(name if name in MODULES else name.rpartition(".")[0])
+    return found
+
+
+def zoo_free_modules() -> dict[str, Path]:
+    """The modules that must not import the zoo: the core's own files (acchead/*.py) and the data, training
+    and inference stages (the bench included)."""
+    core = package_folder("acchead")
+    return {m: p for m, p in MODULES.items() if p.parent == core or any(_in(m, s) for s in STAGES)}
+
+
+def test_zoo_import_scan_sees_every_form(tmp_path):
+    source = (
+        "from acchead import zoo\nimport acchead.zoo.corpus\nfrom acchead.errors import AccheadError\n"
+        "def f():\n    from acchead.zoo.prompts import load_prompt_set\n"
+        "if TYPE_CHECKING:\n    from acchead.zoo import pairs\n"
+        "from .zoo import demo\n"
+    )
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    assert zoo_imports("acchead.x", path) == {
+        "acchead.zoo", "acchead.zoo.corpus", "acchead.zoo.prompts", "acchead.zoo.pairs", "acchead.zoo.demo"
+    }  # fmt: skip
+
+
+def test_the_core_and_the_stages_do_not_import_the_zoo():
+    """Issue 31: the demo-pair builder leaves the core. Which head or model a command uses by default is
+    resolved at its command line from `acchead.demo_pair`, never by importing `acchead.zoo`."""
+    checked = zoo_free_modules()
+    assert "acchead.demo_pair" in checked and "acchead.inference.decoder" in checked
+    assert not any(_in(m, ZOO) for m in checked)
+    found = {(m, z) for m, p in checked.items() for z in zoo_imports(m, p)}
+    bad = sorted(f"{m} -> {z}" for m, z in found - ZOO_IMPORTS_ALLOWED)
+    assert not bad, f"imports of the demo-pair builder (use acchead.demo_pair): {bad}"
+    stale = sorted(f"{m} -> {z}" for m, z in ZOO_IMPORTS_ALLOWED - found)
+    assert not stale, f"ZOO_IMPORTS_ALLOWED lists imports that are gone; remove them: {stale}"
+
+
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """One cycle of the directed graph as [a, b, ..., a], or None if it is acyclic (iterative DFS)."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
@@ -158,7 +215,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
                 state[path.pop()] = 2
                 iters.pop()
             elif state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             elif nxt not in state:
                 state[nxt] = 1
                 path.append(nxt)

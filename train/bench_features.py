@@ -49,9 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m acchead.train.bench_features", description=__doc__.splitlines()[0]
     )
     p.add_argument("--data", required=True, help="gen-data directory WITH a feature cache")
-    p.add_argument(
-        "--draft", help="draft model directory for the on-the-fly run (default: the zoo's demo draft)"
-    )
+    p.add_argument("--draft", help="draft model directory for the on-the-fly run (default: the demo draft)")
     p.add_argument("--depth", type=int, default=3, help="head depth (default 3)")
     p.add_argument("--w-rej", type=float, default=6.0, help="reject weight (default 6)")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     cached = load_gen_data(args.data, "cached")
     fly = load_gen_data(args.data, "on-the-fly")
     if args.draft is None:
-        from acchead.zoo import DRAFT_DIR
+        from acchead.demo_pair import DRAFT_DIR
 
         args.draft = str(DRAFT_DIR)
     draft = FrozenDraft.load(args.draft)

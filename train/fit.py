@@ -60,8 +60,8 @@ def resolve_draft(settings: TrainSettings, data: GenData) -> FrozenDraft | None:
     """The frozen draft for on-the-fly features (checked against the data), or None with cached ones.
 
     gen_config.json records the draft's identity, not its path: on the fly the draft is `--draft`, or the
-    zoo's demo draft when that is the data's draft. With cached features a given `--draft` is only
-    checked: a cache built by another draft is refused.
+    demo draft (`acchead.demo_pair`) when that is the data's draft. With cached features a given `--draft`
+    is only checked: a cache built by another draft is refused.
     """
     if data.mode == "cached":
         if settings.draft:
@@ -72,7 +72,7 @@ def resolve_draft(settings: TrainSettings, data: GenData) -> FrozenDraft | None:
         draft = FrozenDraft.load(settings.draft, dtype=settings.draft_dtype)
         check_draft(data.draft, draft.identity, "--draft")
         return draft
-    from acchead.zoo import DRAFT_DIR
+    from acchead.demo_pair import DRAFT_DIR
 
     if (DRAFT_DIR / "config.json").is_file():
         draft = FrozenDraft.load(DRAFT_DIR, dtype=settings.draft_dtype)
@@ -112,9 +112,7 @@ def _check_resume(ckpt: str, module: AcceptanceHeadModule) -> None:
             mine, theirs = tuple(mine), tuple(theirs or ())
         if theirs != mine:
             what = "head/draft hidden-size mismatch" if key == "hidden_size" else f"{key} mismatch"
-            raise AccheadError(
-                f"{what}: checkpoint {ckpt} has {key}={theirs}, this run {mine}"
-            )
+            raise AccheadError(f"{what}: checkpoint {ckpt} has {key}={theirs}, this run {mine}")
 
 
 def _logger(settings: TrainSettings):
@@ -258,7 +256,11 @@ def train_head(
     L.seed_everything(settings.seed, verbose=False)
     inputs = settings.input_names
     dm = GenDataModule(
-        data, settings.val_fraction, settings.seed, settings.batch_size, settings.batch_sequences,
+        data,
+        settings.val_fraction,
+        settings.seed,
+        settings.batch_size,
+        settings.batch_sequences,
         inputs=inputs,
     )
     module = AcceptanceHeadModule(
@@ -331,8 +333,13 @@ def _metrics(settings: TrainSettings, dm: GenDataModule, module: AcceptanceHeadM
     return {
         **splits,
         "fit_seconds": fit_s,
-        "head": {"depth": settings.depth, "w_acc": settings.w_acc, "w_rej": settings.w_rej,
-                 "kind": settings.kind, "inputs": list(settings.input_names)},
+        "head": {
+            "depth": settings.depth,
+            "w_acc": settings.w_acc,
+            "w_rej": settings.w_rej,
+            "kind": settings.kind,
+            "inputs": list(settings.input_names),
+        },
         "features": dm.data.mode,
         "epochs": settings.epochs,
         "global_step": module.trainer.global_step,

@@ -1,7 +1,8 @@
 """Command line and config of `acchead-bench`, and the grid of (method, setting) pairs it expands to.
 
 Every flag has its default in `configs/bench.yaml` (or the file given by `--config`); a flag on the command
-line overrides the file. `null` model paths mean the demo pair and the shipped heads in `acchead.zoo`.
+line overrides the file. `null` model paths mean the demo pair and its shipped heads (`acchead.demo_pair`),
+resolved here at the command line: the decoders never pick a head.
 
 `--head` takes several heads (comma-separated; a YAML list): each expands the `specdecpp` h-grid into its
 own method family, named after the head's kind (`HEAD_FAMILIES`), so one run compares a candidate and a
@@ -232,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--top-p", type=float, help="nucleus sampling mass (1.0 = off)")
     a("--seed", type=int, help="base seed; prompt i is decoded with seed+i by every method")
     a("--out", help="output directory (partial results, results.json, pareto.png, report.md)")
-    a("--target", help="target model directory (default: the demo target in acchead.zoo)")
-    a("--draft", help="draft model directory (default: the demo draft in acchead.zoo)")
+    a("--target", help="target model directory (default: the demo target, acchead.demo_pair)")
+    a("--draft", help="draft model directory (default: the demo draft, acchead.demo_pair)")
     a("--tokenizer", help="tokenizer directory (default: the target's)")
     a(
         "--head",
@@ -282,15 +283,26 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", help="model dtype (float32, bfloat16, float16)")
     a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
-    a("--loop-profile-prompts", type=int,
-      help="prompts of the decoding-loop profile (draft step and verification inside the decoder vs a bare "
-           "replay, host reads per round; a fixed-K and a SpecDec++ setting per path); 0 = off")
+    a(
+        "--loop-profile-prompts",
+        type=int,
+        help="prompts of the decoding-loop profile (draft step and verification inside the decoder vs a bare "
+        "replay, host reads per round; a fixed-K and a SpecDec++ setting per path); 0 = off",
+    )
     a("--fresh", action="store_true", default=None, help="ignore partial results in OUT and rerun everything")
-    a("--overwrite", action="store_true", default=None,
-      help="replace OUT even if it holds another run (a bench with other settings, gen-data, training)")
-    a("--truncate-prompts", action="store_true", default=None,
-      help="keep the last tokens of prompts too long for the context (recorded in results.json); "
-      "default: refuse them")
+    a(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace OUT even if it holds another run (a bench with other settings, gen-data, training)",
+    )
+    a(
+        "--truncate-prompts",
+        action="store_true",
+        default=None,
+        help="keep the last tokens of prompts too long for the context (recorded in results.json); "
+        "default: refuse them",
+    )
     return p
 
 
@@ -310,7 +322,7 @@ def _read_config(path: Path, known: set[str]) -> dict[str, Any]:
 
 
 def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill every flag left unset from `--config`, then the shipped config, then the zoo; validate.
+    """Fill every flag left unset from `--config`, then the shipped config, then the demo pair; validate.
 
     A user config may set only some keys; the others keep the shipped defaults.
     """
@@ -323,7 +335,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     for k in known:
         if getattr(args, k) is None and k in cfg:
             setattr(args, k, cfg[k])
-    _apply_zoo_defaults(args)
+    _apply_demo_defaults(args)
     _validate(args)
     return args
 
@@ -357,16 +369,16 @@ def _from_yaml(path: Path, key: str, value: Any) -> Any:
     return value
 
 
-def _apply_zoo_defaults(args: argparse.Namespace) -> None:
-    from acchead import zoo
+def _apply_demo_defaults(args: argparse.Namespace) -> None:
+    from acchead import demo_pair
 
-    args.target = args.target or str(zoo.TARGET_DIR)
-    args.draft = args.draft or str(zoo.DRAFT_DIR)
+    args.target = args.target or str(demo_pair.TARGET_DIR)
+    args.draft = args.draft or str(demo_pair.DRAFT_DIR)
     if not args.head:  # every shipped head trained under S, its default first; else the greedy default
         sampling = SamplingConfig(args.temperature or 0.0, args.top_k or 0, args.top_p or 1.0)
-        default = zoo.default_head(sampling)
-        heads = sorted(zoo.shipped_heads(sampling), key=lambda p: p != default)
-        args.head = [str(p) for p in heads] or [str(default or zoo.fallback_head())]
+        default = demo_pair.default_head(sampling)
+        heads = sorted(demo_pair.shipped_heads(sampling), key=lambda p: p != default)
+        args.head = [str(p) for p in heads] or [str(demo_pair.head_for(sampling))]
     args.fresh = bool(args.fresh)
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)

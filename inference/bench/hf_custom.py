@@ -236,14 +236,17 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
-    from acchead import zoo
+    from acchead import demo_pair
     from acchead.inference.bench.prompts import load_prompts
+    from acchead.inference.policies import needs_head
     from acchead.models import load_causal_lm, load_tokenizer
 
     hf_logging.set_verbosity_error()
-    target = load_causal_lm(args.target or zoo.TARGET_DIR)
-    draft = load_causal_lm(args.draft or zoo.DRAFT_DIR)
-    tok = load_tokenizer(args.target or zoo.TARGET_DIR)
+    target = load_causal_lm(args.target or demo_pair.TARGET_DIR)
+    draft = load_causal_lm(args.draft or demo_pair.DRAFT_DIR)
+    tok = load_tokenizer(args.target or demo_pair.TARGET_DIR)
+    if args.head is None and needs_head(args.policy):  # resolved here: the decoder never picks a head
+        args.head = str(demo_pair.head_for(SamplingConfig(0.0)))
     texts = load_prompts(args.prompts, args.num_prompts)
     prompts = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
     m = measure_overhead(target, draft, prompts, policy=args.policy, head=args.head,

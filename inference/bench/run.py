@@ -108,11 +108,13 @@ class Bench:
         )
 
     def bigram(self):
-        """MaG's bigram table over the demo corpus under our tokenizer (built once, cached on disk)."""
+        """MaG's bigram table over the demo corpus (the stdlib LM-train split of `acchead.demo_pair`) under
+        our tokenizer, built once and cached on disk. The bench names the corpus; MaG knows none."""
         if self._bigram is None:
+            from acchead.demo_pair import split_files
             from acchead.inference.mag import corpus_bigram_table
 
-            self._bigram = corpus_bigram_table(self.tokenizer)
+            self._bigram = corpus_bigram_table(self.tokenizer, split_files()[0])
         return self._bigram
 
     def run_one(self, setting: Setting, decoder, i: int, max_new_tokens: int | None = None) -> PromptRun:
