@@ -1,8 +1,8 @@
 """Where prompts come from and how they become token ids.
 
 Three sources, exactly one per run:
-- a built-in set by name (`acchead.zoo.prompts.load_prompt_set`: "stdlib-functions", "humaneval"; and the
-  real pair's chat sets, `acchead.chat_sets`: "sharegpt", "sharegpt-heldout", "mtbench");
+- a built-in set by name (`acchead.prompt_sets.load_prompt_set`: "stdlib-functions", "humaneval"; and the
+  real pair's chat sets: "sharegpt", "sharegpt-heldout", "mtbench");
 - a file: `.jsonl` (one object per line), `.json` (a list of objects or of strings), `.parquet`, or `.txt`
   (one prompt per line; blank lines are separators and skipped). Objects are read at `field` ("prompt");
   an object with `"chat": true` is a chat prompt (one user turn through the chat template);
@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from acchead.chat_sets import CHAT_SETS, chat_prompt_set
 from acchead.errors import AccheadError
 from acchead.prompting import ChatPrompt, encode_prompt
 
@@ -54,10 +53,8 @@ class PromptSource:
 
 def load_prompts(source: PromptSource, limit: int | None = None) -> list[str]:
     """The first `limit` prompts (all if None) of a source; AccheadError on bad input."""
-    if source.kind == "builtin" and source.name in CHAT_SETS:
-        prompts = chat_prompt_set(source.name, limit=limit)
-    elif source.kind == "builtin":
-        from acchead.zoo.prompts import load_prompt_set
+    if source.kind == "builtin":
+        from acchead.prompt_sets import load_prompt_set
 
         prompts = load_prompt_set(source.name, limit=limit)  # AccheadError on an unknown name
     elif source.kind == "file":

@@ -106,7 +106,7 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
     from acchead.chat_sets import SHAREGPT_HELDOUT, chat_prompt_set, mtbench_prompts
     from acchead.distill.responses import PlanItem, ResponsesConfig, build_plan, run_responses
     from acchead.models import load_causal_lm, load_tokenizer, model_identity
-    from acchead.zoo.prompts import load_prompt_set
+    from acchead.prompt_sets import load_prompt_set
 
     target_path = args.target or asset_path(TARGET_DIR_NAME)
     if args.prompts == "mtbench":

@@ -24,19 +24,13 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 PACKAGES: list[str] = SETUPTOOLS["packages"]
 PACKAGE_DIR: dict[str, str] = SETUPTOOLS.get("package-dir", {})
-STAGES = ("acchead.data_gen", "acchead.train", "acchead.inference")
+STAGES = ("acchead.data_gen", "acchead.train", "acchead.inference", "acchead.distill")
 BENCH = "acchead.inference.bench"  # measures the decoders; they never import it
 # The repository-root folders, by the top-level names they must never be imported under.
 OLD_NAMES = {"data_gen", "train", "inference", "configs"}
 # The demo pair's builder (issue 31): the core (acchead/*.py) and the stages import none of it; what the
 # commands need of the pair (paths, shipped heads per S, the stdlib split) is the core's `acchead.demo_pair`.
 ZOO = "acchead.zoo"
-# Imports of the zoo allowed for now, as (importing module, imported zoo module): the built-in prompt sets,
-# which are moving to a core module. That move empties this list (the test refuses stale entries).
-ZOO_IMPORTS_ALLOWED = {
-    ("acchead.data_gen.prompts", "acchead.zoo.prompts"),
-    ("acchead.inference.bench.prompts", "acchead.zoo.prompts"),
-}
 
 
 def package_folder(package: str) -> Path:
@@ -176,7 +170,7 @@ def zoo_free_modules() -> dict[str, Path]:
 
 def test_zoo_import_scan_sees_every_form(tmp_path):
     source = (
-        "from acchead import zoo\nimport acchead.zoo.corpus\nfrom acchead.errors import AccheadError\n"
+        "from acchead import zoo\nimport acchead.zoo.arch\nfrom acchead.errors import AccheadError\n"
         "def f():\n    from acchead.zoo.prompts import load_prompt_set\n"
         "if TYPE_CHECKING:\n    from acchead.zoo import pairs\n"
         "from .zoo import demo\n"
@@ -184,7 +178,7 @@ def test_zoo_import_scan_sees_every_form(tmp_path):
     path = tmp_path / "mod.py"
     path.write_text(source)
     assert zoo_imports("acchead.x", path) == {
-        "acchead.zoo", "acchead.zoo.corpus", "acchead.zoo.prompts", "acchead.zoo.pairs", "acchead.zoo.demo"
+        "acchead.zoo", "acchead.zoo.arch", "acchead.zoo.prompts", "acchead.zoo.pairs", "acchead.zoo.demo"
     }  # fmt: skip
 
 
@@ -195,10 +189,8 @@ def test_the_core_and_the_stages_do_not_import_the_zoo():
     assert "acchead.demo_pair" in checked and "acchead.inference.decoder" in checked
     assert not any(_in(m, ZOO) for m in checked)
     found = {(m, z) for m, p in checked.items() for z in zoo_imports(m, p)}
-    bad = sorted(f"{m} -> {z}" for m, z in found - ZOO_IMPORTS_ALLOWED)
+    bad = sorted(f"{m} -> {z}" for m, z in found)
     assert not bad, f"imports of the demo-pair builder (use acchead.demo_pair): {bad}"
-    stale = sorted(f"{m} -> {z}" for m, z in ZOO_IMPORTS_ALLOWED - found)
-    assert not stale, f"ZOO_IMPORTS_ALLOWED lists imports that are gone; remove them: {stale}"
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:

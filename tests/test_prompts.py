@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from acchead import prompt_sets as prompts
 from acchead.cache import cache_dir
 from acchead.errors import AccheadError
-from acchead.zoo import prompts
-from acchead.zoo.prompts import (
+from acchead.prompt_sets import (
     MAX_PROMPT_CHARS,
     _function_bodies,
     _function_headers,
@@ -133,9 +133,10 @@ def test_humaneval():
 
 def test_unknown_name_and_bad_limit():
     assert set(list_prompt_sets()) == {
-        "stdlib-functions", "stdlib-heldout-functions", "stdlib-function-bodies", "humaneval"
-    }
-    known = "known sets: stdlib-functions, stdlib-heldout-functions, stdlib-function-bodies, humaneval"
+        "stdlib-functions", "stdlib-heldout-functions", "stdlib-function-bodies", "humaneval",
+        "mtbench", "sharegpt", "sharegpt-heldout",
+    }  # fmt: skip
+    known = "known sets: stdlib-functions, stdlib-heldout-functions, stdlib-function-bodies, humaneval, mtb"
     with pytest.raises(AccheadError, match=known):
         load_prompt_set("mbpp")
     with pytest.raises(AccheadError, match="limit"):
@@ -177,10 +178,11 @@ def test_a_changed_key_or_a_bad_cache_file_rebuilds(tmp_path, monkeypatch, capsy
     src.write_text('def f(x):\n    """Two, longer."""\n    return x\n')
     two = ['def f(x):\n    """Two, longer."""\n']
     assert load() == load() == two and len(builds) == 2
-    # The definition: the source of prompts.py and corpus.py (here an edited copy), and CACHE_FORMAT.
-    edited = tmp_path / "corpus.py"
-    edited.write_text(Path(prompts.corpus.__file__).read_text() + "# edited\n")
-    monkeypatch.setattr(prompts.corpus, "__file__", str(edited))
+    # The definition: the source of prompt_sets.py and of the split, demo_pair.py (here an edited copy),
+    # and CACHE_FORMAT.
+    edited = tmp_path / "demo_pair.py"
+    edited.write_text(Path(prompts.demo_pair.__file__).read_text() + "# edited\n")
+    monkeypatch.setattr(prompts.demo_pair, "__file__", str(edited))
     assert load() == load() == two and len(builds) == 3
     monkeypatch.setattr(prompts, "CACHE_FORMAT", prompts.CACHE_FORMAT + 1)
     assert load() == load() == two and len(builds) == 4

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from conftest import make_tiny_tokenizer
 
+from acchead.demo_pair import MAX_FILE_BYTES, split_files, stdlib_dir
 from acchead.errors import AccheadError
 from acchead.zoo import training_corpus
-from acchead.zoo.corpus import MAX_FILE_BYTES, split_files, stdlib_dir
 from acchead.zoo.packages import CorpusPackage, is_test_dir, is_test_file, locate_all, package_files
 from acchead.zoo.training_corpus import heldout_source, tokenize_corpus, train_sources
 

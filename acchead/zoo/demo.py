@@ -21,8 +21,8 @@ import torch
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+from acchead.prompt_sets import load_prompt_set
 from acchead.zoo import DRAFT_DIR, TARGET_DIR
-from acchead.zoo.prompts import load_prompt_set
 
 
 def build_parser() -> argparse.ArgumentParser:

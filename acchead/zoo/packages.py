@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from acchead.demo_pair import MAX_FILE_BYTES
 from acchead.errors import AccheadError
-from acchead.zoo.corpus import MAX_FILE_BYTES
 
 
 @dataclass(frozen=True)

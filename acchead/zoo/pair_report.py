@@ -38,8 +38,8 @@ def pair_report(pair: PairSpec, args, heldout_ids: np.ndarray, corpus: dict) -> 
     import torch
 
     from acchead.models import load_causal_lm, load_tokenizer
+    from acchead.prompt_sets import load_prompt_set
     from acchead.zoo.distill import generate_windows, window_agreement
-    from acchead.zoo.prompts import load_prompt_set
 
     target = load_causal_lm(args.out_dir / pair.target.name)
     tok = load_tokenizer(args.out_dir / pair.target.name)

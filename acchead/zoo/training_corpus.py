@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from acchead.demo_pair import read_source, split_files, stdlib_dir
 from acchead.errors import AccheadError
 from acchead.rundir import atomic_write, atomic_write_json
-from acchead.zoo.corpus import read_source, split_files, stdlib_dir
 from acchead.zoo.packages import CORPUS_PACKAGES, CorpusPackage, locate_all, package_files
 
 if TYPE_CHECKING:

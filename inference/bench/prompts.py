@@ -1,4 +1,4 @@
-"""Prompts for the bench: a named prompt set (`acchead.zoo.prompts`, or the chat sets of `acchead.chat_sets`)
+"""Prompts for the bench: a named prompt set (`acchead.prompt_sets`: code sets and the real pair's chat sets)
 or a JSON-lines file."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from acchead.chat_sets import CHAT_SETS, chat_prompt_set
 from acchead.errors import AccheadError
 from acchead.prompting import ChatPrompt
 
@@ -52,9 +51,7 @@ def load_prompts(source: str, limit: int = 0) -> list[str]:
     if _looks_like_file(source):
         prompts = read_jsonl_prompts(Path(source).expanduser())
         return prompts[:limit] if limit else prompts
-    if source in CHAT_SETS:  # the real pair's: MT-bench, ShareGPT (chat prompts)
-        return chat_prompt_set(source, limit=limit or None)
-    from acchead.zoo.prompts import load_prompt_set
+    from acchead.prompt_sets import load_prompt_set
 
     try:
         return load_prompt_set(source, limit=limit or None)

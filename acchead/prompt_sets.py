@@ -1,9 +1,11 @@
-"""Named prompt sets: stdlib function headers for head training, HumanEval for benchmarking.
+"""Named prompt sets: stdlib function headers for head training, HumanEval for benchmarking, and the real
+pair's chat sets (MT-bench, ShareGPT: `acchead.chat_sets`).
 
     load_prompt_set("stdlib-functions", limit=2000)   # training prompts
     load_prompt_set("humaneval")                      # the 164 benchmark prompts
     load_prompt_set("stdlib-heldout-functions")       # benchmark prompts from code no stage trained on
     load_prompt_set("stdlib-function-bodies")         # more training prompts: functions cut mid-body
+    load_prompt_set("mtbench")                        # MT-bench's 80 first turns (chat prompts)
 
 "stdlib-functions" is every documented function of the demo pair's LM-train files, cut after its
 docstring, so the LM sees code like what it was trained on and continues with a body. It depends on
@@ -34,10 +36,11 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from acchead import demo_pair
 from acchead.cache import cache_dir, cached_json
+from acchead.chat_sets import CHAT_SETS, chat_prompt_set
+from acchead.demo_pair import read_source, split_files, stdlib_dir
 from acchead.errors import AccheadError
-from acchead.zoo import corpus
-from acchead.zoo.corpus import read_source, split_files, stdlib_dir
 
 MAX_PROMPT_CHARS = 1500  # longer headers are mostly prose; they would crowd out the response tokens
 SHUFFLE_SEED = 0
@@ -172,7 +175,7 @@ def cache_key(name: str) -> dict:
     """Everything stdlib set `name` depends on: the interpreter, its stdlib files, and how sets are built."""
     train, heldout = split_files()
     code = hashlib.sha256()
-    for module in (__file__, corpus.__file__):
+    for module in (__file__, demo_pair.__file__):  # this module and the split (acchead.demo_pair)
         code.update(Path(module).read_bytes())
     return {
         "format": CACHE_FORMAT,
@@ -203,18 +206,23 @@ def _cached_set(name: str) -> list[str]:
 
 def list_prompt_sets() -> dict[str, str]:
     """{name: one-line description} of every prompt set `load_prompt_set` knows."""
-    return {name: desc for name, (desc, _) in _PROMPT_SETS.items()}
+    chat = {name: f"chat prompts of the real pair ({name}: acchead.chat_sets)" for name in CHAT_SETS}
+    return {**{name: desc for name, (desc, _) in _PROMPT_SETS.items()}, **chat}
 
 
 def load_prompt_set(name: str, limit: int | None = None) -> list[str]:
     """The prompts of set `name` in their fixed order; `limit` keeps the first `limit` of them.
 
-    Every prompt ends in a newline (the LM continues on the next line).
+    Every code prompt ends in a newline (the LM continues on the next line); the chat sets' prompts are
+    `ChatPrompt`s (one user turn each, encoded through the chat template).
     """
-    if name not in _PROMPT_SETS:
-        raise AccheadError(f"unknown prompt set {name!r}; known sets: {', '.join(_PROMPT_SETS)}")
     if limit is not None and limit < 0:
         raise AccheadError(f"prompt limit must be >= 0, got {limit}")
+    if name in CHAT_SETS:
+        return chat_prompt_set(name, limit=limit)
+    if name not in _PROMPT_SETS:
+        known = ", ".join([*_PROMPT_SETS, *CHAT_SETS])
+        raise AccheadError(f"unknown prompt set {name!r}; known sets: {known}")
     prompts = _cached_set(name) if name in _CACHED_SETS else _PROMPT_SETS[name][1]()
     return list(prompts if limit is None else prompts[:limit])
 
