@@ -10,6 +10,7 @@ Every stage is resumable: rerun the same command after a kill and it continues w
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--total-tokens", type=int, default=20_000_000,
                    help="labelled tokens the cosine schedule spans, across resumed runs (20M)")  # fmt: skip
     t.add_argument("--checkpoint-minutes", type=float, default=10.0, help="minutes between checkpoints (10)")
+    t.add_argument("--eval", type=Path, action="append", default=[],
+                   help="a responses directory to report top-1 agreement on (repeatable; e.g. the target's "
+                   "MT-bench and HumanEval responses from `responses --prompts`)")  # fmt: skip
     return p
 
 
@@ -139,7 +143,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         raise AccheadError(f"--layers takes comma-separated layer indices (got {args.layers!r})") from None
     from acchead.assets import TARGET_DIR_NAME, asset_path
     from acchead.distill.draft import (
+        TRAINING_FILE,
         TrainConfig,
+        agreement,
         build_vocabulary,
         coverage,
         init_from_target,
@@ -183,7 +189,18 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     train = pack_examples(train_shards, to_draft, args.max_len)
     held_out = pack_examples(held_shards, to_draft, args.max_len)
-    state = train_draft(draft, train, held_out, args.out, config, pad, max_seconds=args.minutes * 60)
+    start = None
+    if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
+        start = json.loads((args.init / TRAINING_FILE).read_text())
+    state = train_draft(
+        draft, train, held_out, args.out, config, pad, max_seconds=args.minutes * 60, start_state=start
+    )
+    for directory in args.eval:
+        shards = load_responses(directory)
+        state[f"agreement_{directory.name}"] = round(
+            agreement(draft, pack_examples(shards, to_draft, args.max_len), pad), 4
+        )
+        state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full), 4)
     state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full), 4)
     return state
 

@@ -155,21 +155,28 @@ def _lr(config: TrainConfig, step: int, tokens: int) -> float:
     return config.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+TRAINING_FILE = "training.json"  # in an exported draft: how far its training got (a later --init continues)
+
+
 def _save(out: Path, draft, optimizer, state: dict, config: TrainConfig) -> None:
-    ckpt = {"model": draft.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
-            "config": asdict(config)}  # fmt: skip
+    weights = {
+        k: v for k, v in draft.state_dict().items() if k != "model.embed_tokens.weight"
+    }  # the target's
+    ckpt = {"model": weights, "optimizer": optimizer.state_dict(), "state": state, "config": asdict(config)}
     atomic_write(out / "checkpoint.pt", lambda p: torch.save(ckpt, p))
-    export(draft, out / "draft")
+    export(draft, out / "draft", {**state, "config": asdict(config)})
     atomic_write_json(out / "progress.json", {**state, "config": asdict(config)})
 
 
-def export(draft, directory: Path) -> None:
-    """The draft as a bf16 transformers directory without the target's embedding (what ships); the
-    trained float32 weights are left as they are."""
+def export(draft, directory: Path, training: dict | None = None) -> None:
+    """The draft as a bf16 transformers directory without the target's embedding (what ships), with its
+    training state in `training.json`; the trained float32 weights are left as they are."""
     tmp = directory.with_name(directory.name + ".tmp")
     state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in draft.state_dict().items()}
     state.pop("model.embed_tokens.weight")  # the target's (config.embedding_source)
     draft.save_pretrained(tmp, state_dict=state)
+    if training is not None:
+        atomic_write_json(tmp / TRAINING_FILE, training)
     if directory.exists():
         for f in directory.iterdir():
             f.unlink()
@@ -179,16 +186,23 @@ def export(draft, directory: Path) -> None:
 
 def train_draft(
     draft, train: list[tuple], held_out: list[tuple], out: Path, config: TrainConfig, pad_id: int,
-    max_seconds: float, log=print,
+    max_seconds: float, log=print, start_state: dict | None = None,
 ) -> dict:  # fmt: skip
-    """Train for `max_seconds` (or until `config.total_tokens`), resuming `<out>/checkpoint.pt`; the state."""
+    """Train for `max_seconds` (or until `config.total_tokens`), resuming `<out>/checkpoint.pt`; the state.
+
+    Without a checkpoint, `start_state` (an exported draft's `training.json`) continues its step and token
+    counts, so the schedule goes on where that draft's training stopped (the optimizer starts afresh)."""
     out.mkdir(parents=True, exist_ok=True)
     trainable = [p for p in draft.parameters() if p.requires_grad]  # not the target's embedding
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     state = {"step": 0, "tokens": 0, "epoch": 0, "position": 0, "seconds": 0.0}
+    if start_state:
+        state.update({k: start_state[k] for k in ("step", "tokens", "seconds") if k in start_state})
     if (out / "checkpoint.pt").is_file():
         ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
-        draft.load_state_dict(ckpt["model"])
+        missing = draft.load_state_dict(ckpt["model"], strict=False).missing_keys
+        if set(missing) - {"model.embed_tokens.weight"}:  # only the target's embedding is not checkpointed
+            raise ValueError(f"{out / 'checkpoint.pt'} lacks {sorted(missing)}")
         optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
         log(f"resumed at step {state['step']} ({state['tokens']:,} tokens)")

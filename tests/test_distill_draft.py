@@ -4,6 +4,8 @@ directory; `acchead-distill train` end to end on a tiny target."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import make_tiny_llama
@@ -111,6 +113,17 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     assert load_causal_lm(tmp_path / "run" / "draft").config.draft_vocab_size == 16
     assert load_causal_lm(tmp_path / "run" / "draft").config.embedding_source == str(target_dir.resolve())
     assert cli.main([*argv, "--layers", "7"]) == 0  # resumes from the checkpoint: --layers is not used
+    # a new run from the exported draft continues its token count, and reports agreement on --eval sets
+    trained = json.loads((tmp_path / "run" / "draft" / "training.json").read_text())
+    assert trained["tokens"] >= 100
+    more = [*argv[:6], str(tmp_path / "run2"), "--init", str(tmp_path / "run" / "draft"), "--minutes", "0.02",
+            "--held-out-shards", "1", "--total-tokens", str(trained["tokens"] + 50),
+            "--eval", str(tmp_path / "resp")]  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(more) == 0
+    out = capsys.readouterr().out
+    assert "agreement_resp=" in out and "coverage_resp=" in out
+    assert json.loads((tmp_path / "run2" / "progress.json").read_text())["tokens"] >= trained["tokens"] + 50
     assert cli.main(["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
                      str(tmp_path / "other"), "--layers", "7", "--vocab-size", "16"]) == 2  # fmt: skip
     assert "the target has 2 layers" in capsys.readouterr().err
