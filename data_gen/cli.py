@@ -41,9 +41,10 @@ CACHE_AUTO_LIMIT = 4 * 2**30  # bytes: auto caches features if the estimated flo
 
 
 def _model_paths(args: GenDataArgs) -> tuple[str | Path, str | Path]:
-    from acchead.demo_pair import DRAFT_DIR, TARGET_DIR
+    from acchead.pairs import resolve_pair
 
-    return args.target or TARGET_DIR, args.draft or DRAFT_DIR
+    pair = resolve_pair(args.pair, args.target, args.draft)
+    return pair.target, pair.draft
 
 
 def context_length(model, tokenizer) -> int:

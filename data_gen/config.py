@@ -19,6 +19,7 @@ from acchead.data_gen.placement import parse_process_gpus
 from acchead.data_gen.prompts import PromptSource
 from acchead.data_gen.responses import ResponsesSource
 from acchead.errors import AccheadError
+from acchead.pairs import DEFAULT_PAIR, PAIR_NAMES
 from acchead.sampling import SamplingConfig
 
 SOURCE_KEYS = ("prompt_set", "prompts", "dataset", "responses")
@@ -42,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--config", default=None, help="YAML with defaults for every flag (default: configs/gen_data.yaml)")
     g = p.add_argument_group("models")
-    g.add_argument("--target", help="target model: local HF directory or hub id (default: the demo target)")
-    g.add_argument("--draft", help="draft model: local HF directory or hub id (default: the demo draft)")
+    g.add_argument("--pair", choices=PAIR_NAMES, help="named pair whose models are the defaults (toy)")
+    g.add_argument("--target", help="target model: HF directory, .gguf file or hub id (default: the pair's)")
+    g.add_argument("--draft", help="draft model: HF directory or hub id (default: the pair's)")
     g.add_argument(
         "--dtype", help="model dtype: float32, bfloat16 or float16 (probabilities are float32 anyway)"
     )
@@ -196,6 +198,7 @@ class GenDataArgs:
     overwrite: bool = False
     process_gpus: list[list[int]] | None = None
     emit_responses: Path | None = None
+    pair: str = DEFAULT_PAIR  # whose models `target` / `draft` default to (acchead.pairs)
 
     @property
     def from_responses(self) -> bool:
@@ -275,7 +278,11 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         raise AccheadError(f"cache_features must be auto, on or off, got {get('cache_features')!r}")
     if not get("out"):
         raise AccheadError("no output directory: give --out")
+    pair = get("pair") or DEFAULT_PAIR
+    if pair not in PAIR_NAMES:
+        raise AccheadError(f"unknown pair {pair!r}; choose one of {', '.join(PAIR_NAMES)}")
     return GenDataArgs(
+        pair=pair,
         target=get("target"),
         draft=get("draft"),
         dtype=str(get("dtype") or "float32"),

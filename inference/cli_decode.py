@@ -1,6 +1,7 @@
 """`acchead-decode`: speculative decoding of one prompt, streaming the text, then the round statistics.
 
     acchead-decode                                          # demo pair + shipped head at its h (0.8)
+    acchead-decode --pair smollm2 --draft DIR --head FILE --prompt 'Write a haiku.'   # the real target
     acchead-decode --policy specdec:k=4 --verifier block --prompt 'def fib(n):'
     acchead-decode --target DIR --draft DIR --head head.safetensors --temperature 0.7 --top-p 0.9
 
@@ -16,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from acchead.demo_pair import DRAFT_DIR, TARGET_DIR, head_for
 from acchead.errors import AccheadError, cli_errors
+from acchead.pairs import DEFAULT_PAIR, PAIR_NAMES, default_heads, resolve_pair
 from acchead.sampling import SamplingConfig
 
 # torch, transformers and the decoders load in `main`, after the flags: `--help` must not wait for them.
@@ -38,12 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
         "round statistics (target/draft forwards, discarded drafts, wall time).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--target", default=str(TARGET_DIR), help="target model directory or hub id")
-    p.add_argument("--draft", default=str(DRAFT_DIR), help="draft model directory or hub id (same tokenizer)")
+    p.add_argument(
+        "--pair", choices=PAIR_NAMES, default=DEFAULT_PAIR,
+        help="the named pair whose models and shipped heads are the defaults (acchead.pairs)",
+    )  # fmt: skip
+    p.add_argument(
+        "--target", default=None, help="target directory, .gguf file or hub id (default: the pair's)"
+    )
+    p.add_argument(
+        "--draft", default=None, help="draft directory or hub id, same tokenizer (default: the pair's)"
+    )
     p.add_argument(
         "--head",
         default=None,
-        help="acceptance head file for specdecpp (default: the shipped head trained under the "
+        help="acceptance head file for specdecpp (default: the pair's shipped head trained under the "
         "requested sampling configuration; the greedy one, with a warning, if none is)",
     )
     p.add_argument(
@@ -161,14 +170,21 @@ def main(argv: list[str] | None = None) -> int:
         if policy.greedy_only and args.temperature not in (None, 0.0):
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
     else:
-        # Resolved here, not in the decoder: without --head, the demo pair's shipped head trained under
-        # the requested S (greedy when no sampling flag is given), else its greedy head.
-        head_path = Path(args.head) if args.head is not None else head_for(_sampling(args, None))
+        # Resolved here, not in the decoder: without --head, the pair's shipped head trained under the
+        # requested S (greedy when no sampling flag is given), else its greedy head.
+        shipped = default_heads(args.pair, _sampling(args, None)) if args.head is None else []
+        if args.head is None and not shipped:
+            raise AccheadError(
+                f"the {args.pair} pair ships no acceptance head yet: pass --head (acchead-train)"
+            )
+        head_path = Path(args.head) if args.head is not None else shipped[0]
         if not head_path.exists():
             raise AccheadError(
                 f"no acceptance head at {head_path}; train one (acchead-train) and pass "
                 "--head, or pick another --policy such as specdec:k=4"
             )
+    pair = resolve_pair(args.pair, args.target, args.draft)
+    args.target, args.draft = pair.target, pair.draft
     import torch
     from transformers import TextStreamer
     from transformers.utils import logging as hf_logging

@@ -80,7 +80,7 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     )
     p.add_argument(
         "--draft",
-        help="draft model dir for on the fly (default: the demo draft if it is the data's); "
+        help="draft model dir for on the fly (default: a named pair's draft if it is the data's); "
         "with a cache it is checked against the cache's draft",
     )
     p.add_argument("--draft-dtype", help="dtype of the frozen draft on the fly (default float32)")

@@ -60,8 +60,8 @@ def resolve_draft(settings: TrainSettings, data: GenData) -> FrozenDraft | None:
     """The frozen draft for on-the-fly features (checked against the data), or None with cached ones.
 
     gen_config.json records the draft's identity, not its path: on the fly the draft is `--draft`, or the
-    demo draft (`acchead.demo_pair`) when that is the data's draft. With cached features a given `--draft`
-    is only checked: a cache built by another draft is refused.
+    draft of a named pair (`acchead.pairs.shipped_drafts`) when that is the data's draft. With cached
+    features a given `--draft` is only checked: a cache built by another draft is refused.
     """
     if data.mode == "cached":
         if settings.draft:
@@ -72,10 +72,10 @@ def resolve_draft(settings: TrainSettings, data: GenData) -> FrozenDraft | None:
         draft = FrozenDraft.load(settings.draft, dtype=settings.draft_dtype)
         check_draft(data.draft, draft.identity, "--draft")
         return draft
-    from acchead.demo_pair import DRAFT_DIR
+    from acchead.pairs import shipped_drafts
 
-    if (DRAFT_DIR / "config.json").is_file():
-        draft = FrozenDraft.load(DRAFT_DIR, dtype=settings.draft_dtype)
+    for path in shipped_drafts():  # the named pairs' drafts: the data records which one it was made with
+        draft = FrozenDraft.load(path, dtype=settings.draft_dtype)
         if same_draft(draft.identity, data.draft):
             return draft
     raise AccheadError(

@@ -1,8 +1,8 @@
 """Command line and config of `acchead-bench`, and the grid of (method, setting) pairs it expands to.
 
 Every flag has its default in `configs/bench.yaml` (or the file given by `--config`); a flag on the command
-line overrides the file. `null` model paths mean the demo pair and its shipped heads (`acchead.demo_pair`),
-resolved here at the command line: the decoders never pick a head.
+line overrides the file. `null` model paths mean the `--pair`'s models and shipped heads (`acchead.pairs`;
+the default pair is the demo pair), resolved here at the command line: the decoders never pick a head.
 
 `--head` takes several heads (comma-separated; a YAML list): each expands the `specdecpp` h-grid into its
 own method family, named after the head's kind (`HEAD_FAMILIES`), so one run compares a candidate and a
@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from acchead.errors import AccheadError
+from acchead.pairs import PAIR_NAMES
 from acchead.sampling import SamplingConfig
 
 # Families whose per-prompt wall times enter the cost fit: the draft-model decoders that the model
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--top-p", type=float, help="nucleus sampling mass (1.0 = off)")
     a("--seed", type=int, help="base seed; prompt i is decoded with seed+i by every method")
     a("--out", help="output directory (partial results, results.json, pareto.png, report.md)")
+    a("--pair", choices=PAIR_NAMES, help="the named pair whose models and heads are the defaults (toy)")
     a("--target", help="target model directory (default: the demo target, acchead.demo_pair)")
     a("--draft", help="draft model directory (default: the demo draft, acchead.demo_pair)")
     a("--tokenizer", help="tokenizer directory (default: the target's)")
@@ -370,15 +372,13 @@ def _from_yaml(path: Path, key: str, value: Any) -> Any:
 
 
 def _apply_demo_defaults(args: argparse.Namespace) -> None:
-    from acchead import demo_pair
+    from acchead.pairs import default_heads, resolve_pair
 
-    args.target = args.target or str(demo_pair.TARGET_DIR)
-    args.draft = args.draft or str(demo_pair.DRAFT_DIR)
-    if not args.head:  # every shipped head trained under S, its default first; else the greedy default
+    pair = resolve_pair(args.pair, args.target, args.draft)
+    args.pair, args.target, args.draft = pair.name, pair.target, pair.draft
+    if not args.head:  # every shipped head of the pair trained under S, its default first
         sampling = SamplingConfig(args.temperature or 0.0, args.top_k or 0, args.top_p or 1.0)
-        default = demo_pair.default_head(sampling)
-        heads = sorted(demo_pair.shipped_heads(sampling), key=lambda p: p != default)
-        args.head = [str(p) for p in heads] or [str(demo_pair.head_for(sampling))]
+        args.head = [str(p) for p in default_heads(args.pair, sampling)]
     args.fresh = bool(args.fresh)
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
@@ -476,6 +476,8 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
             settings += [
                 Setting(family, f"specdecpp:h={pr['h']:g},max={cap}", pr, v, True, str(path)) for pr in params
             ]
+    if "specdecpp" in methods and not heads:
+        notes.append("no SpecDec++ rows: the pair ships no head trained under this S (pass --head)")
     if "confidence" in methods:
         settings += [Setting("confidence", f"confidence:tau={t:g}", {"tau": t}, v) for t in args.tau_grid]
     if "entropy" in methods:

