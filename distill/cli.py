@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", type=Path, required=True, help="run directory (checkpoint.pt, draft/)")
     t.add_argument("--init", type=Path, default=None, help="a draft directory to start from (no checkpoint)")
     t.add_argument("--vocab-size", type=int, default=8192, help="V_d, the draft's vocabulary (8192)")
+    t.add_argument("--vocab-background", type=int, default=3000,
+                   help="rank tokens the responses have not shown by their counts in the assistant turns of "
+                   "the first N ShareGPT conversations (0: off; only when the draft is created)")  # fmt: skip
     t.add_argument("--layers", default="0,29", help="the target's layers the draft starts from (0,29)")
     t.add_argument("--minutes", type=float, default=60.0, help="training time of this run (60)")
     t.add_argument("--held-out-shards", type=int, default=2,
@@ -133,10 +136,27 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
     return {**asdict(config), **summary}
 
 
+def _assistant_token_counts(tokenizer, conversations: int):
+    """Token counts of the assistant turns of the first `conversations` ShareGPT records."""
+    from collections import Counter
+
+    from acchead.chat_sets import iter_sharegpt
+
+    texts = []
+    for i, record in enumerate(iter_sharegpt()):
+        if i >= conversations:
+            break
+        texts += [t["value"] for t in record.get("conversations") or () if t.get("from") == "gpt"]
+    counts: Counter = Counter()
+    for ids in tokenizer(texts, add_special_tokens=False).input_ids:
+        counts.update(ids)
+    return counts
+
+
 def run_train_stage(args: argparse.Namespace) -> dict:
     _check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
-    if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0:
-        raise AccheadError("--minutes and --lr must be > 0 and --held-out-shards >= 0")
+    if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
+        raise AccheadError("--minutes and --lr must be > 0, --held-out-shards and --vocab-background >= 0")
     try:
         layers = tuple(int(x) for x in args.layers.split(","))
     except ValueError:
@@ -173,8 +193,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             raise AccheadError(
                 f"--layers {args.layers}: the target has {target.config.num_hidden_layers} layers"
             )
+        background = _assistant_token_counts(tok, args.vocab_background) if args.vocab_background else None
         try:
-            vocab = build_vocabulary(train_shards, args.vocab_size, always=(tok.eos_token_id,))
+            vocab = build_vocabulary(train_shards, args.vocab_size, (tok.eos_token_id,), background)
         except ValueError as e:
             raise AccheadError(f"--vocab-size {args.vocab_size}: {e}") from None
         # the shipped draft reads the embedding from the installed asset; any other from the target's path

@@ -33,12 +33,17 @@ IGNORE = -100  # label of positions that are not trained on (the prompt, padding
 OUTSIDE = -1  # label of a response position whose token the draft's head does not cover (a sure miss)
 
 
-def build_vocabulary(shards: list[ResponseShard], size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
-    """(size,) int64: the `always` ids, then ids by frequency in the responses, then in the prompts (ties
-    by id). ValueError when the shards hold fewer distinct ids than `size`."""
+def build_vocabulary(
+    shards: list[ResponseShard], size: int, always: tuple[int, ...] = (), background: Counter | None = None
+) -> torch.Tensor:
+    """(size,) int64: the `always` ids, then ids by frequency in the responses, then in `background` (token
+    counts of other assistant text: they rank the tokens a few shards of responses have not shown yet),
+    then in the prompts (ties by id). ValueError when fewer than `size` distinct ids are seen."""
     responses = Counter(t for s in shards for r in s.responses for t in r)
     prompts = Counter(t for s in shards for p in s.prompts for t in p)
-    ranked = sorted(set(responses) | set(prompts), key=lambda t: (-responses[t], -prompts[t], t))
+    background = background or Counter()
+    seen = set(responses) | set(prompts) | set(background)
+    ranked = sorted(seen, key=lambda t: (-responses[t], -background[t], -prompts[t], t))
     ranked = [*always, *(t for t in ranked if t not in always)]
     if len(ranked) < size:
         raise ValueError(f"the responses hold {len(ranked)} distinct tokens, fewer than the {size} asked for")

@@ -5,6 +5,7 @@ directory; `acchead-distill train` end to end on a tiny target."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -37,6 +38,8 @@ def test_vocabulary_ranks_by_frequency_after_the_fixed_ids():
     assert vocab.tolist() == [3, 10, 11]  # 3 first; then 10 (x2) and 11 (x2), ties by id
     assert coverage([SHARD], vocab) == pytest.approx(6 / 7)
     assert build_vocabulary([SHARD], 9).tolist() == [3, 10, 11, 12, 5, 6, 7, 8, 9]  # then prompt ids
+    background = Counter({40: 5, 41: 9})  # other assistant text ranks unseen tokens before the prompts'
+    assert build_vocabulary([SHARD], 6, background=background).tolist() == [3, 10, 11, 12, 41, 40]
     with pytest.raises(ValueError, match="fewer than the 10"):
         build_vocabulary([SHARD], 10)
 
@@ -106,7 +109,7 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     run_responses(target, tiny_tokenizer, plan, tmp_path / "resp", config, batch_size=2)
     argv = ["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
             str(tmp_path / "run"), "--vocab-size", "16", "--layers", "1", "--minutes", "0.05",
-            "--held-out-shards", "1", "--total-tokens", "100"]  # fmt: skip
+            "--held-out-shards", "1", "--total-tokens", "100", "--vocab-background", "0"]  # fmt: skip
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "held_out_agreement=" in out and "coverage_held_out=" in out
