@@ -214,7 +214,15 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
         start = json.loads((args.init / TRAINING_FILE).read_text())
     state = train_draft(
-        draft, train, held_out, args.out, config, pad, max_seconds=args.minutes * 60, start_state=start
+        draft,
+        train,
+        held_out,
+        args.out,
+        config,
+        pad,
+        max_seconds=args.minutes * 60,
+        start_state=start,
+        tokenizer=tok,
     )
     for directory in args.eval:
         shards = load_responses(directory)

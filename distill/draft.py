@@ -163,25 +163,28 @@ def _lr(config: TrainConfig, step: int, tokens: int) -> float:
 TRAINING_FILE = "training.json"  # in an exported draft: how far its training got (a later --init continues)
 
 
-def _save(out: Path, draft, optimizer, state: dict, config: TrainConfig) -> None:
+def _save(out: Path, draft, optimizer, state: dict, config: TrainConfig, tokenizer=None) -> None:
     weights = {
         k: v for k, v in draft.state_dict().items() if k != "model.embed_tokens.weight"
     }  # the target's
     ckpt = {"model": weights, "optimizer": optimizer.state_dict(), "state": state, "config": asdict(config)}
     atomic_write(out / "checkpoint.pt", lambda p: torch.save(ckpt, p))
-    export(draft, out / "draft", {**state, "config": asdict(config)})
+    export(draft, out / "draft", {**state, "config": asdict(config)}, tokenizer)
     atomic_write_json(out / "progress.json", {**state, "config": asdict(config)})
 
 
-def export(draft, directory: Path, training: dict | None = None) -> None:
+def export(draft, directory: Path, training: dict | None = None, tokenizer=None) -> None:
     """The draft as a bf16 transformers directory without the target's embedding (what ships), with its
-    training state in `training.json`; the trained float32 weights are left as they are."""
+    training state in `training.json` and the target's tokenizer (commands check that the two match);
+    the trained float32 weights are left as they are."""
     tmp = directory.with_name(directory.name + ".tmp")
     state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in draft.state_dict().items()}
     state.pop("model.embed_tokens.weight")  # the target's (config.embedding_source)
     draft.save_pretrained(tmp, state_dict=state)
     if training is not None:
         atomic_write_json(tmp / TRAINING_FILE, training)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
     if directory.exists():
         for f in directory.iterdir():
             f.unlink()
@@ -191,7 +194,7 @@ def export(draft, directory: Path, training: dict | None = None) -> None:
 
 def train_draft(
     draft, train: list[tuple], held_out: list[tuple], out: Path, config: TrainConfig, pad_id: int,
-    max_seconds: float, log=print, start_state: dict | None = None,
+    max_seconds: float, log=print, start_state: dict | None = None, tokenizer=None,
 ) -> dict:  # fmt: skip
     """Train for `max_seconds` (or until `config.total_tokens`), resuming `<out>/checkpoint.pt`; the state.
 
@@ -237,9 +240,9 @@ def train_draft(
         if time.perf_counter() - last_ckpt > config.checkpoint_seconds:
             state["seconds"] += time.perf_counter() - last_ckpt
             last_ckpt = time.perf_counter()
-            _save(out, draft, optimizer, state, config)
+            _save(out, draft, optimizer, state, config, tokenizer)
     state["seconds"] += time.perf_counter() - last_ckpt
     draft.eval()
     state["held_out_agreement"] = agreement(draft, held_out, pad_id) if held_out else None
-    _save(out, draft, optimizer, state, config)
+    _save(out, draft, optimizer, state, config, tokenizer)
     return state

@@ -114,6 +114,7 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     out = capsys.readouterr().out
     assert "held_out_agreement=" in out and "coverage_held_out=" in out
     assert load_causal_lm(tmp_path / "run" / "draft").config.draft_vocab_size == 16
+    assert (tmp_path / "run" / "draft" / "tokenizer.json").is_file()  # a draft directory like any other
     assert load_causal_lm(tmp_path / "run" / "draft").config.embedding_source == str(target_dir.resolve())
     assert cli.main([*argv, "--layers", "7"]) == 0  # resumes from the checkpoint: --layers is not used
     # a new run from the exported draft continues its token count, and reports agreement on --eval sets
