@@ -78,6 +78,29 @@ def sharegpt_prompts(limit: int | None = None, max_chars: int = 2000, path: Path
     return prompts
 
 
+def sharegpt_exchanges(
+    limit: int | None = None, max_chars: int = 2000, path: Path | None = None
+) -> list[tuple[str, str]]:
+    """(opening human turn, GPT's reply) of the conversations whose opening is a training prompt of
+    `sharegpt_prompts` -- the held-out openings (`SHAREGPT_HELDOUT`) never -- in file order; at most `limit`.
+    The teacher-forced text of `acchead-distill teacher`."""
+    openings = sharegpt_prompts(max_chars=max_chars, path=path)
+    training = set(openings[: len(openings) - SHAREGPT_HELDOUT])
+    out = []
+    for record in iter_sharegpt(path):
+        prompt = opening_turn(record)
+        turns = record["conversations"]
+        if prompt not in training or len(turns) < 2 or turns[1].get("from") != "gpt":
+            continue
+        reply = str(turns[1].get("value", "")).strip()
+        if reply:
+            training.discard(prompt)  # a duplicated opening once
+            out.append((prompt, reply))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
 def mtbench_questions(path: Path | None = None) -> list[dict]:
     """MT-bench's questions `{"question_id", "category", "turns": [str, str]}`, in file order (80)."""
     path = path or asset_path("mtbench")

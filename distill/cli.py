@@ -2,7 +2,9 @@
 
     acchead-distill responses --out data/smollm2/responses --num-prompts 4000   # the target's own text
     acchead-distill responses --prompts mtbench --out data/smollm2/eval-mtbench  # held-out evaluation text
-    acchead-distill train --responses data/smollm2/responses --out runs/smollm2-draft --minutes 60
+    acchead-distill teacher --out data/smollm2/teacher --num-exchanges 4000     # cheap teacher-forced labels
+    acchead-distill train --responses data/smollm2/responses --teacher data/smollm2/teacher \
+        --out runs/smollm2-draft --minutes 60
 
 Every stage is resumable: rerun the same command after a kill and it continues where it stopped.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -66,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (16)")
     r.add_argument("--shard-prompts", type=int, default=64, help="plan items per shard file (64)")
+    f = sub.add_parser(
+        "teacher",
+        help="the target's argmax over ShareGPT's opening exchanges, teacher-forced (cheap extra labels)",
+        description="Label ShareGPT's opening exchanges (the human turn through the chat template, then "
+        "GPT's reply) with the target's argmax at every reply position, one forward per batch; shard by "
+        "shard, resumable like `responses`. The held-out openings never enter.",
+    )  # fmt: skip
+    _add_target(f)
+    f.add_argument("--out", type=Path, required=True, help="directory of the label shards")
+    f.add_argument("--num-exchanges", type=int, default=4000, help="exchanges to label (4000)")
+    f.add_argument("--max-len", type=int, default=512, help="tokens per exchange, prompt included (512)")
+    f.add_argument("--batch-size", type=int, default=8, help="exchanges per forward (8)")
+    f.add_argument("--shard-exchanges", type=int, default=128, help="exchanges per shard file (128)")
     t = sub.add_parser(
         "train",
         help="train the reduced-vocabulary draft on response shards (resumable)",
@@ -75,12 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _add_target(t)
     t.add_argument("--responses", type=Path, required=True, help="a directory of response shards")
+    t.add_argument("--teacher", type=Path, action="append", default=[],
+                   help="a directory of `teacher` label shards, trained on beside the responses "
+                   "(repeatable)")  # fmt: skip
     t.add_argument("--out", type=Path, required=True, help="run directory (checkpoint.pt, draft/)")
     t.add_argument("--init", type=Path, default=None, help="a draft directory to start from (no checkpoint)")
     t.add_argument("--vocab-size", type=int, default=8192, help="V_d, the draft's vocabulary (8192)")
     t.add_argument("--vocab-background", type=int, default=3000,
                    help="rank tokens the responses have not shown by their counts in the assistant turns of "
-                   "the first N ShareGPT conversations (0: off; only when the draft is created)")  # fmt: skip
+                   "the first N ShareGPT conversations (0: none) and in the --teacher labels (only when the "
+                   "draft is created)")  # fmt: skip
     t.add_argument("--layers", default="0,29", help="the target's layers the draft starts from (0,29)")
     t.add_argument("--minutes", type=float, default=60.0, help="training time of this run (60)")
     t.add_argument("--held-out-shards", type=int, default=2,
@@ -136,10 +156,28 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
     return {**asdict(config), **summary}
 
 
-def _assistant_token_counts(tokenizer, conversations: int):
-    """Token counts of the assistant turns of the first `conversations` ShareGPT records."""
-    from collections import Counter
+def run_teacher_stage(args: argparse.Namespace) -> dict:
+    _check_positive(args, ("num_exchanges", "max_len", "batch_size", "shard_exchanges"))
+    from acchead.assets import TARGET_DIR_NAME, asset_path
+    from acchead.chat_sets import sharegpt_exchanges
+    from acchead.distill.teacher import TeacherConfig, exchange_ids, run_teacher
+    from acchead.models import load_causal_lm, load_tokenizer, model_identity
+    from acchead.prompting import encode_prompt
 
+    target_path = args.target or asset_path(TARGET_DIR_NAME)
+    target, tok = load_causal_lm(target_path), load_tokenizer(target_path)
+    exchanges = []
+    for prompt, reply in sharegpt_exchanges(args.num_exchanges):
+        p = encode_prompt(tok, prompt, chat=True)
+        if len(p) < args.max_len:  # room for at least one reply token
+            exchanges.append((exchange_ids(tok, p, reply, args.max_len), len(p)))
+    config = TeacherConfig(target=model_identity(target)["fingerprint"], num_exchanges=len(exchanges),
+                           max_len=args.max_len, shard_exchanges=args.shard_exchanges)  # fmt: skip
+    return {**asdict(config), **run_teacher(target, tok, exchanges, args.out, config, args.batch_size)}
+
+
+def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
+    """Token counts of the assistant turns of the first `conversations` ShareGPT records."""
     from acchead.chat_sets import iter_sharegpt
 
     texts = []
@@ -173,6 +211,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         train_draft,
     )
     from acchead.distill.responses import load_responses
+    from acchead.distill.teacher import load_teacher, pack_teacher
     from acchead.models import load_causal_lm, load_tokenizer
 
     shards = load_responses(args.responses)
@@ -182,6 +221,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         )
     train_shards = shards[: len(shards) - args.held_out_shards]
     held_shards = shards[len(shards) - args.held_out_shards :]
+    teacher = [shard for directory in args.teacher for shard in load_teacher(directory)]
     target_path = args.target or asset_path(TARGET_DIR_NAME)
     tok = load_tokenizer(target_path)
     resuming = (args.out / "checkpoint.pt").is_file()
@@ -193,7 +233,11 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             raise AccheadError(
                 f"--layers {args.layers}: the target has {target.config.num_hidden_layers} layers"
             )
-        background = _assistant_token_counts(tok, args.vocab_background) if args.vocab_background else None
+        background = (
+            _assistant_token_counts(tok, args.vocab_background) if args.vocab_background else Counter()
+        )
+        for shard in teacher:  # the target's argmax on other text: the tokens it writes, beyond the responses
+            background.update(t for labels in shard.labels for t in labels)
         try:
             vocab = build_vocabulary(train_shards, args.vocab_size, (tok.eos_token_id,), background)
         except ValueError as e:
@@ -208,7 +252,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         checkpoint_seconds=args.checkpoint_minutes * 60,
     )  # fmt: skip
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    train = pack_examples(train_shards, to_draft, args.max_len)
+    train = pack_examples(train_shards, to_draft, args.max_len) + pack_teacher(
+        teacher, to_draft, args.max_len
+    )
     held_out = pack_examples(held_shards, to_draft, args.max_len)
     start = None
     if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
@@ -230,6 +276,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             agreement(draft, pack_examples(shards, to_draft, args.max_len), pad), 4
         )
         state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full), 4)
+    state["train_examples"] = len(train)
     state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full), 4)
     return state
 
@@ -241,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
-        summary = run_responses_stage(args) if args.stage == "responses" else run_train_stage(args)
+        stages = {"responses": run_responses_stage, "teacher": run_teacher_stage, "train": run_train_stage}
+        summary = stages[args.stage](args)
     except AccheadError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
