@@ -82,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-len", type=int, default=512, help="tokens per exchange, prompt included (512)")
     f.add_argument("--batch-size", type=int, default=8, help="exchanges per forward (8)")
     f.add_argument("--shard-exchanges", type=int, default=128, help="exchanges per shard file (128)")
+    c = sub.add_parser(
+        "cost",
+        help="the draft's cost per token against the target's: multiply-adds and measured step time",
+        description="Print the draft/target ratio c of multiply-adds per token and of measured one-token "
+        "KV-cached step time (target and draft interleaved round by round, median of the rounds' ratios).",
+    )  # fmt: skip
+    _add_target(c)
+    c.add_argument("--draft", default=None, help="the draft directory (default: the pair's shipped draft)")
+    c.add_argument("--context", type=int, default=128, help="tokens in the KV cache when timing (128)")
+    c.add_argument("--calls", type=int, default=30, help="timed steps per model per round (30)")
+    c.add_argument("--rounds", type=int, default=5, help="interleaved rounds (5)")
+    c.add_argument("--goal", type=float, default=0.15, help="the ratio each c is compared with (0.15)")
     t = sub.add_parser(
         "train",
         help="train the reduced-vocabulary draft on response shards (resumable)",
@@ -174,6 +186,20 @@ def run_teacher_stage(args: argparse.Namespace) -> dict:
     config = TeacherConfig(target=model_identity(target)["fingerprint"], num_exchanges=len(exchanges),
                            max_len=args.max_len, shard_exchanges=args.shard_exchanges)  # fmt: skip
     return {**asdict(config), **run_teacher(target, tok, exchanges, args.out, config, args.batch_size)}
+
+
+def run_cost_stage(args: argparse.Namespace) -> dict:
+    _check_positive(args, ("context", "calls", "rounds"))
+    from acchead.models import load_causal_lm
+    from acchead.pairs import resolve_pair
+    from acchead.step_cost import measure_cost
+
+    pair = resolve_pair(args.pair, args.target, args.draft)
+    report = measure_cost(load_causal_lm(pair.target), load_causal_lm(pair.draft), args.context, args.calls,
+                          args.rounds)  # fmt: skip
+    for line in report.lines(args.goal):
+        print(line)
+    return asdict(report)
 
 
 def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
@@ -288,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
-        stages = {"responses": run_responses_stage, "teacher": run_teacher_stage, "train": run_train_stage}
+        stages = {"responses": run_responses_stage, "teacher": run_teacher_stage, "cost": run_cost_stage,
+                  "train": run_train_stage}  # fmt: skip
         summary = stages[args.stage](args)
     except AccheadError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

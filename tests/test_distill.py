@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 
-from acchead.zoo import arch, build
+from acchead.zoo import build
 from acchead.zoo.distill import (
     TeacherCache,
     build_teacher_cache,
@@ -126,7 +126,3 @@ def test_build_zoo_help_names_the_recipes(capsys):
         build.main(["--help"])
     out = capsys.readouterr().out
     assert "--draft-recipe" in out and "--distill-init" in out and "report" in out
-
-
-def test_decode_step_cost_keeps_the_context_fixed(teacher):
-    assert arch.decode_step_ms(teacher, context=12, calls=5) > 0

@@ -20,7 +20,6 @@ target and its training), then the parameter count nearest the reference, then t
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +28,6 @@ from acchead.errors import AccheadError
 from acchead.rundir import atomic_write_json
 
 if TYPE_CHECKING:
-    import torch
     from transformers import LlamaConfig
 
 VOCAB_SIZE = 4096  # the demo tokenizer's
@@ -137,33 +135,6 @@ def count_step_ops(config: LlamaConfig, context: int = 128) -> OpCount:
     return OpCount(counter.dispatched, counter.non_view)
 
 
-def decode_step_ms(model: torch.nn.Module, context: int = 256, calls: int = 100) -> float:
-    """Median ms of a one-token KV-cached forward at `context` tokens (the cache cropped back after each),
-    on the model's device (synchronised on CUDA)."""
-    import torch
-    from transformers import DynamicCache
-
-    from acchead.models import CACHE_ARG
-
-    device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    with torch.inference_mode():
-        cache = DynamicCache()
-        x = torch.randint(1, model.config.vocab_size, (1, context), device=device)
-        model(input_ids=x, **{CACHE_ARG: cache}, use_cache=True)
-        tok = x[:, -1:]
-        for i in range(calls + 10):
-            sync()
-            t = time.perf_counter()
-            model(input_ids=tok, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
-            sync()
-            if i >= 10:
-                times.append(time.perf_counter() - t)
-            cache.crop(-1)  # transformers 5 takes the number of tokens to remove as a negative count
-    return 1e3 * sorted(times)[len(times) // 2]
-
-
 @dataclass
 class Candidate:
     """One row of the shape table."""
@@ -186,6 +157,8 @@ def candidate_table(draft: Shape, reference_params: int, depths: tuple[int, ...]
     import torch
     from tqdm import tqdm
     from transformers import LlamaForCausalLM
+
+    from acchead.step_cost import decode_step_ms
 
     def row(shape: Shape, draft_row: Candidate | None) -> Candidate:
         cfg = llama_config(shape)

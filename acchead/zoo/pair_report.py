@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from acchead.rundir import atomic_write_json
-from acchead.zoo.arch import count_step_ops, decode_step_ms
+from acchead.step_cost import decode_step_ms
+from acchead.zoo.arch import count_step_ops
 from acchead.zoo.heldout import evaluate, token_bytes
 from acchead.zoo.pairs import PairSpec
 
