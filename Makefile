@@ -7,10 +7,14 @@
 #                             the lock's CPU wheel); when it passes, `make lock` adopts those versions
 #   make test-oldest          the suite in .venv-oldest with the oldest supported releases (requirements/oldest.txt)
 #   make lock                 rewrite requirements/lock.txt from the versions `make test-latest` passed with
-#   make demo                 the whole pipeline on the embedded demo pair, every stage on its defaults:
-#                             gen-data on stdlib prompts (greedy S, r = 1) -> train the shipped heads'
-#                             recipe (lookahead, state+token, w_rej 3, depth 3) -> bench every method on
-#                             HumanEval -> runs/demo/bench/report.md; rerunning resumes where it stopped
+#   make demo                 the whole pipeline on the real pair (SmolLM2-135M-Instruct and its shipped distilled
+#                             draft; docs/real-pair.md): install the assets (acchead-assets) -> gen-data on held-out
+#                             ShareGPT prompts -> acchead-train --w-rej 6 --depth 3 -> bench AR, fixed K and
+#                             SpecDec++ on MT-bench and HumanEval -> runs/demo-smollm2/bench-*/report.md
+#   make demo-toy             the same on the embedded demo pair, every stage on its defaults: gen-data on stdlib
+#                             prompts (greedy S, r = 1) -> train the shipped heads' recipe (lookahead, state+token,
+#                             w_rej 3, depth 3) -> bench every method on HumanEval -> runs/demo/bench/report.md
+#                             (both demos resume where they stopped when rerun)
 #   make pair                 load the demo pair and let the target complete a HumanEval prompt
 #   make lint                 ruff check
 #
@@ -33,14 +37,23 @@ LOCK ?= requirements/lock.txt
 OLDEST ?= requirements/oldest.txt
 LOCKED_TORCH := $(shell sed -n 's/^torch==//p' $(LOCK))
 
-# Demo sizes: prompts labelled by gen-data, HumanEval prompts and tokens per prompt in the bench.
+# Real-pair demo sizes (a fresh 2-core machine, <= 30 min): held-out ShareGPT prompts labelled by gen-data,
+# prompts of each bench set, tokens per prompt, and the bench's methods and grids.
+REAL_DIR ?= runs/demo-smollm2
+REAL_GEN_PROMPTS ?= 128
+REAL_BENCH_PROMPTS ?= 8
+REAL_NEW_TOKENS ?= 64
+REAL_BENCH ?= --pair smollm2 --num-prompts $(REAL_BENCH_PROMPTS) --max-new-tokens $(REAL_NEW_TOKENS) \
+	--methods autoregressive,specdec,specdecpp --k-grid 1,2,3,4,6 --h-grid 0.3,0.5,0.7,0.9 --loop-profile-prompts 0 \
+	--head $(REAL_DIR)/head/head.safetensors
+# Toy demo sizes: prompts labelled by gen-data, HumanEval prompts and tokens per prompt in the bench.
 DEMO_DIR ?= runs/demo
 DEMO_GEN_PROMPTS ?= 1000
 DEMO_BENCH_PROMPTS ?= 10
 DEMO_NEW_TOKENS ?= 128
 BIN := $(VENV)/bin
 
-.PHONY: help venv test test-latest test-oldest lock demo pair lint
+.PHONY: help venv test test-latest test-oldest lock demo demo-toy assets pair lint
 
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
@@ -98,7 +111,23 @@ lock:
 
 # Each stage is skipped when its output is complete (gen-data writes gen_config.json last; a killed
 # gen-data or bench resumes from its shards / partial results when rerun).
-demo: $(DEMO_DIR)/head/head.safetensors
+demo: $(REAL_DIR)/head/head.safetensors
+	$(BIN)/acchead-bench $(REAL_BENCH) --prompts mtbench --out $(REAL_DIR)/bench-mtbench
+	$(BIN)/acchead-bench $(REAL_BENCH) --prompts humaneval --out $(REAL_DIR)/bench-humaneval
+	@cat $(REAL_DIR)/bench-mtbench/report.md $(REAL_DIR)/bench-humaneval/report.md
+
+# Installs what is missing only (a second run returns at once).
+assets: | $(STAMP)
+	$(BIN)/acchead-assets
+
+$(REAL_DIR)/data/gen_config.json: | assets
+	$(BIN)/acchead-gen-data --pair smollm2 --prompt-set sharegpt-heldout --num-prompts $(REAL_GEN_PROMPTS) \
+		--max-new-tokens $(REAL_NEW_TOKENS) --out $(REAL_DIR)/data
+
+$(REAL_DIR)/head/head.safetensors: $(REAL_DIR)/data/gen_config.json
+	$(BIN)/acchead-train --data $(REAL_DIR)/data --w-rej 6 --depth 3 --out $(REAL_DIR)/head
+
+demo-toy: $(DEMO_DIR)/head/head.safetensors
 	$(BIN)/acchead-bench --prompts humaneval --num-prompts $(DEMO_BENCH_PROMPTS) --max-new-tokens $(DEMO_NEW_TOKENS) \
 		--head $(DEMO_DIR)/head/head.safetensors --out $(DEMO_DIR)/bench
 	@cat $(DEMO_DIR)/bench/report.md

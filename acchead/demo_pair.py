@@ -40,28 +40,31 @@ DEFAULTS_FILE = HEADS_DIR / "defaults.json"
 # ------------------------------------------------------------------------------------------ shipped heads
 
 
-def shipped_heads(sampling: SamplingConfig | None = None) -> list[Path]:
-    """Every shipped head file, sorted by directory name; with `sampling`, only the heads whose labels were
-    computed under that S (a head predicts acceptance under its own S only)."""
+def shipped_heads(sampling: SamplingConfig | None = None, heads_dir: Path = HEADS_DIR) -> list[Path]:
+    """Every head file shipped in `heads_dir` (the demo pair's by default), sorted by directory name; with
+    `sampling`, only the heads whose labels were computed under that S (a head predicts acceptance under
+    its own S only)."""
     from acchead.head_io import read_head_metadata
 
-    paths = sorted(HEADS_DIR.glob("*/head.safetensors"))
+    paths = sorted(heads_dir.glob("*/head.safetensors"))
     if sampling is None:
         return paths
     return [p for p in paths if read_head_metadata(p).sampling_config == sampling]
 
 
-def default_head(sampling: SamplingConfig) -> Path | None:
-    """The shipped head the commands use by default under S, or None if none was trained under S.
+def default_head(sampling: SamplingConfig, heads_dir: Path = HEADS_DIR) -> Path | None:
+    """The head shipped in `heads_dir` that the commands use by default under S, or None if none was
+    trained under S.
 
-    `defaults.json` names one per shipped S; an S it does not name falls back to the first shipped head
-    trained under that S, else None (the caller then warns and uses the greedy default, or needs a head).
+    `heads_dir/defaults.json` names one per shipped S; an S it does not name falls back to the first shipped
+    head trained under that S, else None (the caller then warns and uses the greedy default, or needs one).
     """
-    if DEFAULTS_FILE.is_file():
-        name = json.loads(DEFAULTS_FILE.read_text()).get(str(sampling))
-        if name and (HEADS_DIR / name / "head.safetensors").is_file():
-            return HEADS_DIR / name / "head.safetensors"
-    matches = shipped_heads(sampling)
+    defaults = heads_dir / DEFAULTS_FILE.name
+    if defaults.is_file():
+        name = json.loads(defaults.read_text()).get(str(sampling))
+        if name and (heads_dir / name / "head.safetensors").is_file():
+            return heads_dir / name / "head.safetensors"
+    matches = shipped_heads(sampling, heads_dir)
     return matches[0] if matches else None
 
 

@@ -24,8 +24,11 @@ if TYPE_CHECKING:
 
 PAIR_NAMES = ("toy", "smollm2")
 DEFAULT_PAIR = "toy"
-# Where the distilled SmolLM2 draft ships (package data; absent until a trained draft is committed).
-SMOLLM2_DRAFT_DIR = Path(__file__).resolve().parent / "pair_files" / "smollm2-draft"
+# Where the distilled SmolLM2 draft and its heads ship (package data), laid out as the demo pair's heads are:
+# `<heads>/<name>/head.safetensors`, `<heads>/defaults.json` naming the default per S.
+PAIR_FILES = Path(__file__).resolve().parent / "pair_files"
+SMOLLM2_DRAFT_DIR = PAIR_FILES / "smollm2-draft"
+SMOLLM2_HEADS_DIR = PAIR_FILES / "smollm2-heads"
 
 
 @dataclass(frozen=True)
@@ -62,15 +65,16 @@ def resolve_pair(name: str | None, target: str | None = None, draft: str | None 
 
 
 def default_heads(name: str | None, sampling: SamplingConfig) -> list[Path]:
-    """The heads a command uses under S when given none: the pair's shipped heads for S, its default first
-    (the toy pair: `acchead.demo_pair`; else none yet: the command then needs --head)."""
-    if (name or DEFAULT_PAIR) != "toy":
-        return []
+    """The heads a command uses under S when given none: the pair's shipped heads for S, its default first.
+    The toy pair falls back to its greedy head (the decoder warns that its S differs); the real pair has
+    none for an S it ships no head for (the command then needs --head)."""
     from acchead import demo_pair
 
-    default = demo_pair.default_head(sampling)
-    heads = sorted(demo_pair.shipped_heads(sampling), key=lambda p: p != default)
-    return heads or [demo_pair.head_for(sampling)]
+    toy = (name or DEFAULT_PAIR) == "toy"
+    heads_dir = demo_pair.HEADS_DIR if toy else SMOLLM2_HEADS_DIR
+    default = demo_pair.default_head(sampling, heads_dir)
+    heads = sorted(demo_pair.shipped_heads(sampling, heads_dir), key=lambda p: p != default)
+    return heads or ([demo_pair.head_for(sampling)] if toy else [])
 
 
 def shipped_drafts() -> list[Path]:

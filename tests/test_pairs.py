@@ -32,13 +32,29 @@ def test_smollm2_names_what_is_missing(tmp_path, monkeypatch):
     with pytest.raises(AccheadError, match=r"no distilled SmolLM2 draft is shipped yet .*pass --draft"):
         resolve_pair("smollm2", target="t")
     assert resolve_pair("smollm2", target="t", draft="d") == resolve_pair("smollm2", "t", "d")
-    assert default_heads("smollm2", SamplingConfig(0.0)) == []  # no head shipped: commands need --head
+
+
+def test_smollm2_heads_are_the_ones_shipped_for_s(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr("acchead.pairs.SMOLLM2_HEADS_DIR", tmp_path)
+    greedy, t1 = SamplingConfig(0.0), SamplingConfig(1.0, 50)
+    assert default_heads("smollm2", greedy) == []  # none shipped: commands need --head (no toy fallback)
+    for name in ("a-greedy", "b-greedy"):
+        (tmp_path / name).mkdir()
+        shutil.copy(demo_pair.default_head(greedy), tmp_path / name / "head.safetensors")
+    files = [tmp_path / n / "head.safetensors" for n in ("a-greedy", "b-greedy")]
+    assert default_heads("smollm2", greedy) == files
+    (tmp_path / "defaults.json").write_text('{"greedy": "b-greedy"}')
+    assert default_heads("smollm2", greedy)[0] == tmp_path / "b-greedy" / "head.safetensors"
+    assert default_heads("smollm2", t1) == []  # trained under greedy only
 
 
 def test_training_finds_a_named_pairs_draft(tmp_path, monkeypatch):
     from acchead.pairs import shipped_drafts
 
-    assert shipped_drafts() == [demo_pair.DRAFT_DIR]  # no SmolLM2 draft committed yet
+    monkeypatch.setattr("acchead.pairs.SMOLLM2_DRAFT_DIR", tmp_path / "none")
+    assert shipped_drafts() == [demo_pair.DRAFT_DIR]  # without a SmolLM2 draft
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setattr("acchead.pairs.SMOLLM2_DRAFT_DIR", tmp_path)
     assert shipped_drafts() == [demo_pair.DRAFT_DIR, tmp_path]
