@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
     from acchead.sampling import SamplingConfig
 
@@ -82,24 +81,6 @@ def head_for(sampling: SamplingConfig) -> Path:
     """The demo pair's head for S: the shipped default under S, else the greedy default (the decoder then
     warns that the head's S differs). What `acchead-decode` uses without `--head`."""
     return default_head(sampling) or fallback_head()
-
-
-def demo_head_for(draft: PreTrainedModel, sampling: SamplingConfig) -> Path | None:
-    """`head_for(sampling)` when `draft` is the demo draft, else None.
-
-    For callers handed a draft model rather than a path (transformers' `generate` integration): the head
-    is chosen only when its recorded draft fingerprint is `draft`'s, so a head is never guessed for
-    another draft.
-    """
-    from acchead.head_io import read_head_metadata
-    from acchead.models import model_identity
-
-    try:
-        head = head_for(sampling)
-    except FileNotFoundError:
-        return None
-    recorded = read_head_metadata(head).draft.get("fingerprint")
-    return head if recorded and recorded == model_identity(draft)["fingerprint"] else None
 
 
 # ------------------------------------------------------------------------------------ the stdlib corpus

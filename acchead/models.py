@@ -248,6 +248,11 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
     flat = emb.detach().reshape(-1)
     stride = max(1, flat.numel() // _FINGERPRINT_SAMPLES)
     sample = flat[::stride][:_FINGERPRINT_SAMPLES].float().cpu()
+    if getattr(cfg, "model_type", None) == "acchead_reduced_llama":
+        # its input embedding is the target's, the same in every draft of that target: sample its own head
+        head = model.get_output_embeddings().weight.detach().reshape(-1)  # (V_d * H,)
+        step = max(1, head.numel() // _FINGERPRINT_SAMPLES)
+        sample = torch.cat([sample, head[::step][:_FINGERPRINT_SAMPLES].float().cpu()])
     signs = torch.sign(sample).to(torch.int8).numpy().tobytes()
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode() + b"\0" + signs).hexdigest()
     return {

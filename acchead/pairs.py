@@ -77,6 +77,21 @@ def default_heads(name: str | None, sampling: SamplingConfig) -> list[Path]:
     return heads or ([demo_pair.head_for(sampling)] if toy else [])
 
 
+def shipped_head_for(draft, sampling: SamplingConfig) -> Path | None:
+    """The head a named pair ships for `draft` (a loaded model) under S: the first of `default_heads` of the
+    pair whose recorded draft fingerprint is `draft`'s, else None. For callers handed a model rather than a
+    pair name (transformers' `generate` integration): a head is never guessed for another draft."""
+    from acchead.head_io import read_head_metadata
+    from acchead.models import model_identity
+
+    mine = model_identity(draft)["fingerprint"]
+    for name in PAIR_NAMES:
+        for head in default_heads(name, sampling):
+            if read_head_metadata(head).draft.get("fingerprint") == mine:
+                return head
+    return None
+
+
 def shipped_drafts() -> list[Path]:
     """The draft directories the named pairs ship (the demo draft; the SmolLM2 draft once committed):
     where `acchead-train` looks for the draft a gen-data run recorded, when not given --draft."""

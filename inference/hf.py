@@ -72,18 +72,18 @@ from transformers.generation import (
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from acchead.demo_pair import demo_head_for
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
 from acchead.inference.policies import Autoregressive, StopPolicy, needs_head
+from acchead.pairs import shipped_head_for
 from acchead.sampling import SamplingConfig
 
 # Where a target keeps its decoders by (draft, policy, head, verifier, fast): repeated calls reuse one
 # (no rebuilt policy, no recompiled fast path). On the model object, so the two are freed together.
 _DECODERS = "_acchead_hf_decoders"
-# Where a target keeps the demo pair's default head by (draft, S): `demo_head_default` looks it up once.
-_DEMO_HEADS = "_acchead_hf_demo_heads"
+# Where a target keeps a named pair's default head by (draft, S): `pair_head_default` looks it up once.
+_PAIR_HEADS = "_acchead_hf_pair_heads"
 # The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 # The names generate gives the cache it prepares: `cache` from transformers 5.24, `past_key_values` before.
@@ -137,8 +137,9 @@ def generate(
         logits_processor, stopping_criteria, generation_config: as `generate` prepared them.
         draft: the draft model (`generate`'s `assistant_model` never reaches a callable: see above).
         stream_to: a streamer (`put`/`end`), fed as `generate` feeds its `streamer`.
-        head, policy, verifier, fast: as for `SpeculativeDecoder`; head None with the demo draft: its
-            shipped head for the requested S (`demo_head_default`).
+        head, policy, verifier, fast: as for `SpeculativeDecoder`; head None with a named pair's draft
+            (the demo draft, the shipped SmolLM2 draft): its shipped head for the requested S
+            (`pair_head_default`).
         seed: keys every sampled draw; None draws one from torch's global generator.
         model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
 
@@ -162,7 +163,7 @@ def generate(
     # generate's loop checks its criteria after each token, so it always makes at least one.
     max_new_tokens = max(1, max_length - prompt_len)
     if head is None and draft is not None and isinstance(policy, str) and needs_head(policy):
-        head = demo_head_default(model, draft, sampling)
+        head = pair_head_default(model, draft, sampling)
     decoder = decoder_for(model, draft, policy, head, verifier, fast)
     if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed; greedy draws nothing
         seed = 0 if sampling.greedy else int(torch.randint(0, 2**62, ()).item())
@@ -301,20 +302,20 @@ def decoder_for(
     return decoders[key]
 
 
-def demo_head_default(
+def pair_head_default(
     target: PreTrainedModel, draft: PreTrainedModel, sampling: SamplingConfig
 ) -> Path | None:
-    """The head `generate` uses when given none: the demo pair's shipped head for S when `draft` is the
-    demo draft (`acchead.demo_pair.demo_head_for`), else None (the decoder then asks for `head=`).
+    """The head `generate` uses when given none: a named pair's shipped head for S when `draft` is that
+    pair's draft (`acchead.pairs.shipped_head_for`), else None (the decoder then asks for `head=`).
 
     Resolved here, at the integration's entry, because the decoder never picks a head. Looked up once per
     (draft, S) and kept on the target beside its decoders: the draft check reads the draft's embedding,
     which would otherwise cost every call a device read.
     """
-    heads = target.__dict__.setdefault(_DEMO_HEADS, {})
+    heads = target.__dict__.setdefault(_PAIR_HEADS, {})
     key = (draft, sampling)
     if key not in heads:
-        heads[key] = demo_head_for(draft, sampling)
+        heads[key] = shipped_head_for(draft, sampling)
     return heads[key]
 
 

@@ -19,6 +19,7 @@ from acchead.errors import AccheadError
 from acchead.head_io import read_head_metadata
 from acchead.inference import SpeculativeDecoder, cli_decode
 from acchead.models import load_causal_lm
+from acchead.pairs import shipped_head_for
 from acchead.sampling import SamplingConfig
 from acchead.train import cli as train_cli
 from acchead.train.settings import TrainSettings
@@ -145,14 +146,13 @@ def test_python_decoder_on_the_demo_pair_takes_its_head_from_demo_pair():
     dec.generate([5, 17, 42], max_new_tokens=4, temperature=1.0, top_k=50)
     # An S without a shipped head: the greedy default (the decoder warns about the mismatch).
     assert demo_pair.head_for(SamplingConfig(0.7)) == demo_pair.head_for(SamplingConfig(0.0))
-    assert demo_pair.demo_head_for(draft, sampled) == demo_pair.head_for(sampled)
+    assert shipped_head_for(draft, sampled) == demo_pair.head_for(sampled)
 
 
 def test_specdecpp_without_a_head_is_one_line(tiny_llama_pair):
-    from acchead import demo_pair
 
     target, draft = tiny_llama_pair
     with pytest.raises(AccheadError, match="needs an acceptance head") as e:
         SpeculativeDecoder(target, draft, policy="specdecpp")
     assert "\n" not in str(e.value)
-    assert demo_pair.demo_head_for(draft, SamplingConfig(0.0)) is None  # never guessed for another draft
+    assert shipped_head_for(draft, SamplingConfig(0.0)) is None  # never guessed for another draft

@@ -360,7 +360,7 @@ def test_demo_pair_uses_its_shipped_head():
     target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=4, do_sample=True,
                     temperature=1.0, top_k=50)  # fmt: skip
     sampled = SamplingConfig(1.0, 50)
-    assert target.__dict__["_acchead_hf_demo_heads"] == {
+    assert target.__dict__["_acchead_hf_pair_heads"] == {
         (draft, SamplingConfig(0.0)): demo_pair.head_for(SamplingConfig(0.0)),
         (draft, sampled): demo_pair.head_for(sampled),
     }

@@ -13,7 +13,7 @@ from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.decoder import SpeculativeDecoder
-from acchead.models import load_causal_lm
+from acchead.models import load_causal_lm, model_identity
 from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM, embedding_fingerprint
 from acchead.sampling import SamplingConfig
 
@@ -74,6 +74,11 @@ def test_saved_without_the_embedding_and_loaded_with_it(reduced_pair, tmp_path):
     assert torch.equal(loaded.lm_head.to_full, KEPT)
     half = load_causal_lm(tmp_path / "draft", dtype="bf16")
     assert half.lm_head.weight.dtype == half.get_input_embeddings().weight.dtype == torch.bfloat16
+    # a head records its draft by fingerprint: the same across dtypes, another for another reduced draft of
+    # the same target (the input embedding, the target's, cannot tell them apart; the head rows do)
+    mine = model_identity(draft)["fingerprint"]
+    assert model_identity(half)["fingerprint"] == mine
+    assert model_identity(_reduced_draft(target, seed=6))["fingerprint"] != mine
     assert half.lm_head.to_draft.dtype == torch.long  # the id maps are never cast
     other = _peaked_llama(VOCAB, seed=9)
     other.save_pretrained(tmp_path / "target", safe_serialization=True)  # another target's embedding
