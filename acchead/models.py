@@ -255,12 +255,15 @@ def model_identity(model: PreTrainedModel) -> dict[str, Any]:
         sample = torch.cat([sample, head[::step][:_FINGERPRINT_SAMPLES].float().cpu()])
     signs = torch.sign(sample).to(torch.int8).numpy().tobytes()
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode() + b"\0" + signs).hexdigest()
-    return {
+    identity = {
         "name": _model_name(model),
         "hidden_size": int(emb.shape[1]),
         "vocab_size": int(emb.shape[0]),
         "fingerprint": digest[:16],
     }
+    if getattr(cfg, "model_type", None) == "acchead_reduced_llama":
+        identity["head_rows"] = int(cfg.draft_vocab_size)  # its LM head scores these tokens only
+    return identity
 
 
 def context_length(model: PreTrainedModel) -> int | None:
@@ -343,3 +346,12 @@ def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
+
+def output_embedding_table(model: PreTrainedModel) -> torch.Tensor:
+    """(V, H) the model's LM-head row of every token id, what a lookahead head's "token" input reads. A
+    reduced-vocabulary draft (`acchead.reduced_vocab`) has rows for its V_d tokens only: the others are
+    zero (it never proposes them, so a head never judges them)."""
+    head = model.get_output_embeddings()
+    if hasattr(head, "full_weight"):
+        return head.full_weight()
+    return head.weight.detach()

@@ -73,6 +73,11 @@ class ScatterHead(nn.Module):
         self.to_draft.fill_(-1)
         self.to_draft[token_ids] = torch.arange(v_d, device=self.to_draft.device)
 
+    def full_weight(self) -> torch.Tensor:
+        """(V, H): the head's rows at their target ids, zero elsewhere (detached)."""
+        full = self.weight.new_zeros(self.vocab_size, self.weight.shape[1])
+        return full.index_copy(0, self.to_full, self.weight.detach())
+
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V_d)
         return hidden @ self.weight.T
 

@@ -343,8 +343,10 @@ def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict
     if not state.is_main_process:
         return {}
     if cache:
+        from acchead.models import output_embedding_table
+
         # The lookahead head rebuilds each candidate's logits from its state: state @ out_emb.T.
-        out_emb = draft.get_output_embeddings().weight.detach().float().cpu().numpy()  # (V, H)
+        out_emb = output_embedding_table(draft).float().cpu().numpy()  # (V, H)
         write_npy(run_dir.out / TOKEN_EMBEDDINGS, out_emb)
     result = run_dir.merge(gen_config, hidden if cache else None)
     _summary(result, run_dir.out)

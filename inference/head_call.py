@@ -27,6 +27,7 @@ from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
 from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, input_offset, needs_stats
+from acchead.models import output_embedding_table
 
 TOKEN_TABLE_MAX = 1 << 24  # elements (64 MB in float32): the largest folded token table built
 
@@ -55,7 +56,7 @@ class HeadCall:
     def attach_draft(self, model: torch.nn.Module) -> None:
         """Read the draft's output embedding (a head reading "token") and fold it into the first layer."""
         if "token" in self.inputs:
-            self._out_emb = model.get_output_embeddings().weight.detach()
+            self._out_emb = output_embedding_table(model)
             self._cache_weights()
 
     def to(self, device: torch.device | str) -> HeadCall:

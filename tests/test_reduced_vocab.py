@@ -4,8 +4,10 @@ greedy-identical on both paths."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama
@@ -113,3 +115,38 @@ def test_greedy_equals_the_targets_greedy(reduced_pair, spec, fast):
     ref = target.generate(prompt, max_new_tokens=24, do_sample=False, pad_token_id=0)
     res = dec.generate(prompt, max_new_tokens=24, temperature=0)
     assert res.new_ids.tolist() == ref[0, 3:].tolist()
+
+
+def test_output_embedding_table_places_the_head_rows(reduced_pair):
+    from acchead.models import output_embedding_table
+
+    target, draft = reduced_pair
+    table = output_embedding_table(draft)  # (V, H)
+    assert table.shape == (VOCAB, 32) and torch.equal(table[KEPT], draft.lm_head.weight.detach())
+    outside = [t for t in range(VOCAB) if t not in KEPT.tolist()]
+    assert table[outside].eq(0).all()
+    assert output_embedding_table(target).data_ptr() == target.get_output_embeddings().weight.data_ptr()
+
+
+def test_gen_data_and_training_take_a_reduced_draft(tiny_pair_dirs, tiny_tokenizer, tmp_path):
+    """gen-data caches the (V, H) token table (the head's rows at their ids), a lookahead head reading the
+    token trains on it; one reading log q from cached states is refused in one line (they would be wrong)."""
+    from acchead.data_gen import cli as gen_cli
+    from acchead.distill.draft import init_from_target
+    from acchead.train import cli as train_cli
+
+    target_dir, _ = tiny_pair_dirs
+    target = load_causal_lm(target_dir)
+    vocab = torch.arange(len(tiny_tokenizer))[::2].contiguous()  # every other token
+    draft = init_from_target(target, vocab, (1,), str(target_dir))
+    draft.save_pretrained(tmp_path / "draft")
+    tiny_tokenizer.save_pretrained(tmp_path / "draft")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(6)))
+    data = tmp_path / "data"
+    assert gen_cli.main(["--target", str(target_dir), "--draft", str(tmp_path / "draft"), "--prompts",
+                         str(prompts), "--max-new-tokens", "8", "--out", str(data)]) == 0  # fmt: skip
+    assert np.load(data / "token_embeddings.npy").shape == (len(tiny_tokenizer), 64)
+    card = ["--data", str(data), "--w-rej", "6", "--depth", "3"]
+    assert train_cli.main([*card, "--out", str(tmp_path / "h")]) == 0  # state+token
+    assert train_cli.main([*card, "--inputs", "state+logq", "--out", str(tmp_path / "h2")]) == 2

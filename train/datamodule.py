@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from acchead.errors import AccheadError
 from acchead.lookahead import assemble_inputs, candidate_stats, feature_logprobs, needs_stats
 from acchead.sampling import SamplingConfig
 from acchead.train.data import GenData, split_by_prompt
@@ -122,6 +123,14 @@ class CachedPositions(Dataset):
         if self.inputs != ("state",):
             assert data.token_embeddings is not None and data.candidate is not None
             self.out_emb = torch.from_numpy(data.token_embeddings)
+            if needs_stats(inputs) and data.config.get("draft", {}).get("head_rows"):
+                # a reduced-vocabulary draft's logits are -inf outside its head rows, where the token table
+                # (acchead.models.output_embedding_table) holds zeros: `state @ out_emb.T` would give 0 there
+                raise AccheadError(
+                    "the draft's LM head scores only some tokens (a reduced-vocabulary draft): a head "
+                    "reading logq/entropy/topk cannot be trained from its cached states; use --inputs state "
+                    "or state+token"
+                )
             self.stats = self._stats(SamplingConfig.from_dict(data.sampling)) if needs_stats(inputs) else None
 
     def _stats(self, sampling: SamplingConfig, chunk: int = 16384) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch import nn
 from acchead.head import AcceptanceHead
 from acchead.lookahead import lookahead_inputs
 from acchead.loss import weighted_bce_with_logits
+from acchead.models import output_embedding_table
 from acchead.sampling import SamplingConfig
 from acchead.train.draft import FrozenDraft
 from acchead.train.metrics import HeadMetrics
@@ -94,7 +95,7 @@ class AcceptanceHeadModule(L.LightningModule):
         mask = batch["target_mask"]
         features = hidden[mask]  # (N, H)
         if self.head.inputs != ("state",):
-            out_emb = self.draft.model.get_output_embeddings().weight.detach()  # (V, H)
+            out_emb = output_embedding_table(self.draft.model)  # (V, H)
             features = lookahead_inputs(
                 self.head.inputs, features, batch["candidates"][mask], out_emb, self.sampling
             )
