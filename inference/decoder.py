@@ -46,6 +46,7 @@ from transformers import DynamicCache, PreTrainedModel
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.device_path import DevicePath, PhaseClock, upload
 from acchead.inference.device_random import NEXT, TAU, Word, key_hash, key_input
 from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
 from acchead.inference.host_reads import read
@@ -162,33 +163,10 @@ def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int,
     return steps
 
 
-class _PhaseClock:
-    """Timestamps inside a decode: CUDA events on a GPU (recorded without a sync, read once at the end),
-    `perf_counter` on the CPU, where every op has finished when Python moves on."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[Any] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def elapsed_ms(self) -> list[float]:
-        """Milliseconds between consecutive marks."""
-        if self.cuda:
-            self.marks[-1].synchronize()
-            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
-        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
-
-
-def use_fast_path(target: PreTrainedModel, fast: bool | None) -> bool:
-    """`fast`, or by default the fast path on CUDA (on the CPU compiling costs tens of seconds first)."""
-    return target.device.type == "cuda" if fast is None else bool(fast)
+def use_fast_path(target: PreTrainedModel, fast: bool | None, device_path: bool | None = None) -> bool:
+    """`fast`, or by default the fast path on the device path (CUDA unless `device_path` says otherwise;
+    on the CPU compiling costs tens of seconds first)."""
+    return DevicePath.resolve(target.device, device_path).fast_default if fast is None else bool(fast)
 
 
 class SpeculativeDecoder:
@@ -209,6 +187,9 @@ class SpeculativeDecoder:
             the target is on CUDA. Call `warm_up` before timing it.
         compile: on the fast path, capture the forwards (False runs the static caches eagerly: the same
             cache logic without compilation, for tests and debugging).
+        device_path: take the CUDA default's branches (`acchead.inference.device_path`): the fast path and
+            the fixed-K round unit by default, units compiled for CUDA-graph replay. None: on CUDA only;
+            True on the CPU runs them there (how the CPU suite tests them).
     """
 
     def __init__(
@@ -220,21 +201,24 @@ class SpeculativeDecoder:
         verifier: str = "token",
         fast: bool | None = None,
         compile: bool = True,
+        device_path: bool | None = None,
     ) -> None:
         if verifier not in VERIFIERS:
             raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
         self.target = target
-        self.fast = use_fast_path(target, fast)
+        self.path = DevicePath.resolve(target.device, device_path)
+        self.fast = self.path.fast_default if fast is None else bool(fast)
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
-        self._runner = make_runner(target, self.fast, compile)
+        self._runner = make_runner(target, self.fast, compile, device_path=self.path.on)
         self._key_tensors = self.fast and compile
         self._vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access (`_key` and
         # `_stack_q` run every round).
         self._device: torch.device = target.device
         if isinstance(draft, PreTrainedModel):
-            draft = ModelDrafter(draft, fast=self.fast, compile=compile)
+            # The draft resolves its own default from its own device (it may sit elsewhere).
+            draft = ModelDrafter(draft, fast=self.fast, compile=compile, device_path=device_path)
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
         self.draft_model = draft.model if isinstance(draft, ModelDrafter) else None
         self.drafter: Drafter | None = draft
@@ -355,7 +339,7 @@ class SpeculativeDecoder:
         head_calls0 = getattr(policy, "head_calls", 0)
         reads0 = host_reads.count
         t_dev = self._device
-        clock = _PhaseClock(t_dev) if profile else None
+        clock = PhaseClock(t_dev) if profile else None
 
         start = time.perf_counter()
         if self.drafter is not None:
@@ -364,9 +348,7 @@ class SpeculativeDecoder:
         # The sequence lives on the target's device (a draft elsewhere reads its context by copy); `out`
         # mirrors the generated tokens on the host, filled from each round's status read.
         seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long, device=t_dev)
-        # From pinned memory without blocking: a pageable host-to-device copy synchronises the stream.
-        cuda = t_dev.type == "cuda"
-        seq[: prompt.numel()] = prompt.pin_memory().to(t_dev, non_blocking=True) if cuda else prompt
+        seq[: prompt.numel()] = upload(prompt, t_dev)  # pinned on CUDA: a pageable copy would sync
         out: list[int] = []
         n = prompt.numel()  # committed length
         runner = self._runner  # the target's KV cache: holds runner.length tokens
@@ -498,6 +480,7 @@ def bandit_decoder(
     head: AcceptanceHead | str | Path | None = None,
     verifier: str = "token",
     fast: bool | None = None,
+    device_path: bool | None = None,
 ) -> SpeculativeDecoder:
     """A `SpeculativeDecoder` whose rounds a bandit assigns to (drafter, stop policy) arms.
 
@@ -507,7 +490,8 @@ def bandit_decoder(
         bigram: MaG's bigram table, needed by `mag`/`cascade` arms
             (`acchead.inference.mag.corpus_bigram_table`).
         head: for specdecpp arms (which must use the draft model: MaG and cascades have no hidden states).
-        fast: as for `SpeculativeDecoder` (the draft model's arms and the target; MaG and cascades are eager).
+        fast, device_path: as for `SpeculativeDecoder` (the draft model's arms and the target; MaG and
+            cascades are eager).
     """
     from acchead.inference.bandit_policy import SwitchDrafter, parse_bandit
     from acchead.inference.cascade import make_drafter
@@ -524,7 +508,8 @@ def bandit_decoder(
         if name is None:
             if draft is None:
                 raise AccheadError(f"bandit {spec!r} has arms that need a draft model")
-            drafters.append(ModelDrafter(draft, fast=use_fast_path(target, fast)))
+            fast_draft = use_fast_path(target, fast, device_path)
+            drafters.append(ModelDrafter(draft, fast=fast_draft, device_path=device_path))
         else:
             if bigram is None:
                 raise AccheadError(f"drafter {name!r} needs MaG's bigram table")
@@ -536,4 +521,6 @@ def bandit_decoder(
         policy.to(draft.device)
         policy.attach_draft(draft)
     switch = SwitchDrafter(drafters, [names.index(n) for n in policy.drafters], policy)
-    return SpeculativeDecoder(target, switch, policy=policy, verifier=verifier, fast=fast)
+    return SpeculativeDecoder(
+        target, switch, policy=policy, verifier=verifier, fast=fast, device_path=device_path
+    )

@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel
 
+from acchead.inference.device_path import DevicePath
 from acchead.inference.device_random import DRAFT, Word, key_hash, key_input
 from acchead.inference.model_runner import make_runner
 from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_block_post, draft_post
@@ -83,28 +84,35 @@ class ModelDrafter:
         fast: run it on the fast path (`StaticRunner`: static cache, compiled units) instead of eager.
         compile: on the fast path, capture the units (False: the static cache alone, for tests).
         round_unit: draft a fixed-K round as one unit (`propose_block`) instead of K step units. None: on
-            CUDA only, where it saves K - 1 launches and host round trips per round. On the CPU a compiled
-            K-step graph measured slower than K one-step graphs (docs/speed.md: 0.94 vs 0.62 ms for two
-            steps of the demo draft), so K step units run there; the draws are the same either way.
+            the device path only, where it saves K - 1 launches and host round trips per round. On the CPU
+            a compiled K-step graph measured slower than K one-step graphs (docs/speed.md: 0.94 vs 0.62 ms
+            for two steps of the demo draft), so K step units run there; the draws are the same either way.
+        device_path: take the CUDA default's branches (`acchead.inference.device_path`); None: on CUDA.
     """
 
     fuses_judge = True  # `propose` takes the policy and runs its rule inside the draft's unit
 
     def __init__(
-        self, model: PreTrainedModel, fast: bool = False, compile: bool = True, round_unit: bool | None = None
+        self,
+        model: PreTrainedModel,
+        fast: bool = False,
+        compile: bool = True,
+        round_unit: bool | None = None,
+        device_path: bool | None = None,
     ) -> None:
         self.model = model
         self.draft_calls = 0
-        self.runner = make_runner(model, fast, compile)
+        # Resolved once: `PreTrainedModel.device` walks the parameters on every access (~1 ms per draft
+        # step in a profile of the decode loop).
+        self.device: torch.device = model.device
+        self.path = DevicePath.resolve(self.device, device_path)
+        self.runner = make_runner(model, fast, compile, device_path=self.path.on)
         # A compiled unit takes its random keys as tensors (an int would be a graph constant).
         self._key_tensors = fast and compile
         self._pending: _Pending | None = None
         self._sampling = SamplingConfig()
         self._seed = 0
-        # Resolved once: `PreTrainedModel.device` walks the parameters on every access (~1 ms per draft
-        # step in a profile of the decode loop).
-        self.device: torch.device = model.device
-        self.round_unit = self.device.type == "cuda" if round_unit is None else round_unit
+        self.round_unit = self.path.round_unit_default if round_unit is None else round_unit
 
     def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         self.runner.reset(input_ids.numel() + 1)  # a static cache grows as the sequence does
@@ -250,4 +258,3 @@ class RoundBufferDrafter:
 
     def rollback(self, length: int) -> None:
         self._clear_block()
-

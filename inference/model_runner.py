@@ -37,6 +37,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from acchead.errors import AccheadError
+from acchead.inference.device_path import DevicePath
 from acchead.models import CACHE_ARG, final_hidden
 
 # Compiled graphs of `step_forward` per process: a unit per token count a decoder can ask for (cap <= 63),
@@ -206,11 +207,20 @@ class StaticRunner:
             recompiles: `warm_up` with the longest sequence first keeps that out of timed decoding.
         compile: False runs the static cache eagerly (no capture): the same cache logic, testable in
             seconds; the decoders' fast path compiles.
+        device_path: compile the units as the CUDA default does (`acchead.inference.device_path`: graph
+            replay, weights not frozen, outputs copied out); None: on CUDA only.
     """
 
-    def __init__(self, model: PreTrainedModel, capacity: int = 256, compile: bool = True) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        capacity: int = 256,
+        compile: bool = True,
+        device_path: bool | None = None,
+    ) -> None:
         self.model = model
         self.device: torch.device = model.device
+        self.path = DevicePath.resolve(self.device, device_path)
         self.compile = compile
         self.capacity = 0
         self.length = 0
@@ -277,11 +287,10 @@ class StaticRunner:
         config = torch._dynamo.config
         config.recompile_limit = max(config.recompile_limit, _RECOMPILE_LIMIT)
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, _RECOMPILE_LIMIT)
-        if self.device.type == "cuda":
-            compiled = torch.compile(step_forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
-            compiling = contextlib.nullcontext
-        else:
-            compiled = torch.compile(step_forward, fullgraph=True, dynamic=False)
+        mode = self.path.compile_mode
+        compiled = torch.compile(step_forward, mode=mode, fullgraph=True, dynamic=False)
+        compiling = contextlib.nullcontext
+        if not self.path.on:
             # Inductor reads these from its global config when it compiles (passing them in `options=`
             # left the weights unfrozen), so they are set around the call that compiles a new shape:
             # freezing folds the weights into the graph, prepacked for MKL (4.9 instead of 5.6 ms per
@@ -358,14 +367,18 @@ class StaticRunner:
         fn = step_forward if self._compiled is None or prefill else self._compiled
         out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args)
         self.length += n + post_feeds
-        if self._compiled is None or prefill or self.device.type != "cuda":
+        if self._compiled is None or prefill or not self.path.copy_outputs:
             return out
-        # A CUDA-graph replay overwrites its output buffers on the next replay: hand out copies.
-        return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in out)
+        return copy_out(out)
 
     def rollback(self, length: int) -> None:
         if length < self.length:
             self._set_length(length)
+
+
+def copy_out(out: tuple) -> tuple:
+    """A graph replay's outputs as tensors of their own: the next replay overwrites its output buffers."""
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in out)
 
 
 # Where a model keeps its compiled fast-path runner (an attribute of the model object, so the two are freed
@@ -373,21 +386,29 @@ class StaticRunner:
 _SHARED_RUNNER = "_acchead_fast_runner"
 
 
-def make_runner(model: PreTrainedModel, fast: bool, compile: bool = True) -> ModelRunner:
+def make_runner(
+    model: PreTrainedModel, fast: bool, compile: bool = True, device_path: bool | None = None
+) -> ModelRunner:
     """`EagerRunner`, or for the fast path the model's one compiled `StaticRunner`.
 
     Every decoder that runs `model` on the fast path shares that runner (decoders take turns: each
     `generate` resets it). This is not only about compiling once: a captured graph is bound to the cache
     it was captured with (Inductor's freezing folds the cache's statically-addressed tensors in on the
     CPU; a CUDA graph records their addresses), and a second cache would silently replay into the first.
-    `compile=False` (tests) gets a private runner.
+    `compile=False` (tests) gets a private runner. `device_path` (None: on CUDA) picks how the units compile
+    (`acchead.inference.device_path`); a model's runner serves one choice, another is refused.
     """
     if not fast:
         return EagerRunner(model)
     if not compile:
-        return StaticRunner(model, compile=False)
+        return StaticRunner(model, compile=False, device_path=device_path)
     runner = model.__dict__.get(_SHARED_RUNNER)
     if runner is None:
-        runner = StaticRunner(model)
+        runner = StaticRunner(model, device_path=device_path)
         model.__dict__[_SHARED_RUNNER] = runner
+    elif runner.path != DevicePath.resolve(runner.device, device_path):
+        raise AccheadError(
+            f"{type(model).__name__} already runs compiled with device_path={runner.path.on}; its graphs "
+            "are bound to that runner's cache: load another copy of the model for the other path"
+        )
     return runner
