@@ -1,0 +1,94 @@
+"""The batch-level stop rule of batched SpecDec++: stop drafting when one more draft forward of the whole
+batch costs more target-time than the rows still drafting are expected to gain from it.
+
+Derivation (docs/batched.md has it at length). The paper's cost model (DESIGN §4) prices a decode at
+T = t_draft·N_draft + t_target·N_target; SpecDec++'s Theorem 3.1 with its problem constant Δ set to 0 stops
+a single sequence's round once P(some candidate rejected) ≥ c2 / (c1 + c2) with c1 = t_draft and
+c2 = t_target − t_draft, i.e. once
+
+    1 − P̂ ≥ 1 − c   ⟺   P̂ ≤ c,          c = t_draft / t_target,   P̂ = Π_j σ(f_j)
+
+(so h = 1 − c: the shipped default h = 0.8 is c = 0.2, the demo pair's measured ratio). Read as a
+marginal trade: another draft forward costs t_draft, and with probability P̂ (every candidate so far
+accepted) its output is on the accepted path and is worth a target step, t_target; continue while
+P̂·t_target > t_draft.
+
+In a batch of B rows decoded in lockstep, one draft forward serves every row and costs t_draft(B); one
+target forward emits at least one token per row, so a row's token is worth t_target(B) / B (what batched
+autoregressive decoding pays for it). The draft forward's expected value is the sum over the rows still
+drafting (R) of P̂_b tokens, each worth t_target(B) / B. Continue while
+
+    Σ_{b∈R} P̂_b · t_target(B) / B  >  t_draft(B)   ⟺   Σ_{b∈R} P̂_b  >  c(B) · B,
+
+with c(B) = t_draft(B) / t_target(B) the cost ratio at that batch size. At B = 1 this is the paper's rule
+(continue iff P̂ > c). Rows stop on their own (each row's threshold h, its cap, EOS and max tokens) and
+then wait masked: they add nothing to the sum but still count in B, since the draft forward runs over
+them too. The rule only reads the past (the heads' outputs on this round's drafted candidates), never the
+target's distributions of the round, so like every stop rule here it keeps the output exact (BanditSpec
+Prop. 3.1; tests/test_batched.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from acchead.errors import AccheadError
+
+
+@dataclass(frozen=True)
+class BatchStop:
+    """The batch rule with cost ratio `c` = t_draft / t_target (a fitted or declared ratio at the batch size).
+
+    `BatchStop.from_h(h)` uses c = 1 − h, the ratio for which the paper's single-sequence threshold h is
+    optimal (Δ = 0), so that at B = 1 the batch rule adds nothing to the rows' own rule.
+    """
+
+    c: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.c < 1.0:
+            raise AccheadError(f"the batch stop rule needs a cost ratio 0 < c < 1, got c={self.c}")
+
+    @classmethod
+    def from_h(cls, h: float) -> BatchStop:
+        return cls(1.0 - h)
+
+    def gain(self, log_p_hat: torch.Tensor, drafting: torch.Tensor) -> float:
+        """Expected accepted tokens one more batch draft step is worth: Σ_{b drafting} P̂_b.
+
+        log_p_hat: (B,) log P̂ of each row's drafted candidates; drafting: (B,) bool, the rows still
+        drafting (the others contribute nothing)."""
+        return float(torch.where(drafting, log_p_hat.double().exp(), 0.0).sum())
+
+    def should_stop(self, log_p_hat: torch.Tensor, drafting: torch.Tensor, batch: int) -> bool:
+        """Stop the whole batch's drafting: Σ_{b drafting} P̂_b ≤ c · B (`batch` = B, the rows decoding,
+        drafting or waiting)."""
+        return self.gain(log_p_hat, drafting) <= self.c * batch
+
+    @property
+    def h(self) -> float:
+        """The single-sequence threshold this rule equals at B = 1."""
+        return 1.0 - self.c
+
+    def __str__(self) -> str:
+        return f"batch-stop:c={self.c:g}"
+
+
+def parse_batch_stop(value: str | float | bool | None, h: float | None) -> BatchStop | None:
+    """`None`/False/"off": no batch rule; True/"on": c = 1 − h (the policy's threshold); a number: c."""
+    if value is None or value is False or (isinstance(value, str) and value.lower() in ("off", "0", "no")):
+        return None
+    if value is True or (isinstance(value, str) and value.lower() in ("on", "1", "yes")):
+        if h is None:
+            raise AccheadError("the batch stop rule reads the heads' P̂: it needs a specdecpp policy")
+        return BatchStop.from_h(h)
+    try:
+        c = float(value)
+    except ValueError:
+        raise AccheadError(f"batch stop must be on, off or a cost ratio c in (0, 1), got {value!r}") from None
+    if not math.isfinite(c):
+        raise AccheadError(f"batch stop ratio must be finite, got {value!r}")
+    return BatchStop(c)

@@ -1,0 +1,393 @@
+"""Batched speculative decoding: B prompts at once, per-row acceptance and per-row adaptive stopping.
+
+`SpeculativeDecoder` decodes one prompt; `BatchedDecoder` decodes B prompts in lockstep rounds, with the
+same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-level choices:
+
+- Ragged rows share one KV cache per model (`acchead.inference.ragged_cache.RaggedCache`): prompts are
+  left-padded with masked holes, every later token takes a new slot, and a row's rejected candidates
+  become masked holes instead of being cropped, so each row rolls back on its own without moving another
+  row's keys. Position ids are per row. Hence every row computes exactly what it would alone, up to
+  float rounding of other batch shapes (tests/test_batched.py: greedy rows equal `generate` on the
+  prompt alone).
+- A round: every row drafts up to its own stop (its cap = the policy's, bounded by the row's remaining
+  tokens; SpecDec++: its own P̂ threshold h). One draft forward per step serves every row; rows that
+  stopped wait masked (they feed a hole). Then ONE target forward verifies every row's candidates (fed
+  right-aligned, padded to the longest), and each row is verified with the existing verifiers
+  (`acchead.inference.verification`, token or block) under its own keys; under greedy decoding both reduce
+  to "longest agreeing prefix, then the target's argmax", computed for all rows from one argmax.
+- With `batch_stop` (SpecDec++ only), the batch also stops drafting as a whole once one more draft forward
+  costs more than the rows still drafting are expected to gain (`acchead.inference.batch_stop`,
+  docs/batched.md). Rows that stop on this rule get the SpecDec++ free token like a row-level stop.
+- Rows that finish (EOS, their max tokens, their stop check) leave the batch (`batch_select_indices`),
+  so the batch shrinks instead of carrying finished rows.
+
+Randomness: row b draws with the keys the single-prompt decoder uses with seed `seeds[b]` (seed + b by
+default): draft sample k of a round starting at n is keyed (seed_b, DRAFT, n, k), τ and the next token
+(seed_b, TAU/NEXT, n, 0). So without the batch rule a row's tokens equal `SpeculativeDecoder.generate(
+prompt_b, seed=seed_b)` up to float ties, and every row is an exact sample from the target (chi-square in
+tests/test_batched.py). Eager only: the fast path's static caches are single-row.
+
+Supported policies: autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.inference.batch_stop import BatchStop, parse_batch_stop
+from acchead.inference.decoder import GenerationResult
+from acchead.inference.device_random import DRAFT, NEXT, TAU, key_hash, sample_token
+from acchead.inference.policies import Autoregressive, FixedK, SpecDecPP, StopPolicy, parse_policy
+from acchead.inference.ragged_cache import RaggedCache
+from acchead.inference.verification import VERIFIERS
+from acchead.lookahead import lookahead_inputs
+from acchead.models import check_prompt, output_embedding_table
+from acchead.sampling import SamplingConfig, probs_from_logits
+
+
+@dataclass
+class BatchResult:
+    """The rows' results and the batch's counts.
+
+    Attributes:
+        rows: one `GenerationResult` per prompt, in order: its tokens, its rounds (= its target_calls: the
+            batched target forwards it took part in), the batched draft forwards of those rounds, its
+            drafted/discarded counts and per-round τ and L.
+        target_calls / draft_calls: batched target / draft forwards.
+        head_calls: head evaluations (rows × judged steps).
+        batch_stops: rounds the batch rule ended (0 without it).
+        wall_time: seconds in `generate`.
+    """
+
+    rows: list[GenerationResult]
+    target_calls: int = 0
+    draft_calls: int = 0
+    head_calls: int = 0
+    batch_stops: int = 0
+    wall_time: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.rows)
+
+    @property
+    def wall_tokens_per_s(self) -> float:
+        return self.tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [r.to_dict() for r in self.rows], "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls, "head_calls": self.head_calls, "batch_stops": self.batch_stops,
+            "wall_time": self.wall_time, "tokens": self.tokens, "wall_tokens_per_s": self.wall_tokens_per_s,
+        }  # fmt: skip
+
+
+@dataclass
+class _Row:
+    """One prompt's decoding state: committed ids (prompt + generated) on the host."""
+
+    ids: list[int]
+    prompt_len: int
+    max_new: int
+    seed: int
+    stop_check: Callable[[list[int]], int | None] | None
+    res: GenerationResult = field(default_factory=lambda: GenerationResult(torch.empty(0, dtype=torch.long)))
+    done: bool = False
+
+    @property
+    def generated(self) -> int:
+        return len(self.ids) - self.prompt_len
+
+
+class BatchedDecoder:
+    """Speculative decoding of B prompts at once (see the module docstring).
+
+    Args:
+        target: the target causal LM (eval mode).
+        draft: the draft causal LM, or None for `autoregressive`.
+        policy: "autoregressive", "specdec:k=K", "specdecpp[:h=..,max=..,free=..]" or such a `StopPolicy`.
+        head: for specdecpp: an `AcceptanceHead` or a head file (loaded with the draft check).
+        verifier: "token" or "block".
+        batch_stop: the batch-level stop rule (specdecpp only): False (rows stop on their own only), True
+            (cost ratio c = 1 − h, which adds nothing at B = 1), or a float c = t_draft / t_target.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel | None = None,
+        policy: str | StopPolicy = "specdec:k=4",
+        head: AcceptanceHead | str | Path | None = None,
+        verifier: str = "token",
+        batch_stop: bool | float | str | None = False,
+    ) -> None:
+        if verifier not in VERIFIERS:
+            raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
+        if head is not None and not isinstance(head, AcceptanceHead):
+            from acchead.head_io import load_head
+
+            head, _ = load_head(head, draft=draft)
+        self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head)
+        if not isinstance(self.policy, Autoregressive | FixedK | SpecDecPP):
+            raise AccheadError(
+                f"batched decoding runs autoregressive, specdec and specdecpp, not {self.policy.spec!r}"
+            )
+        if draft is None and not isinstance(self.policy, Autoregressive):
+            raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
+        self.target, self.draft, self.verifier = target, draft, verifier
+        self._verify = VERIFIERS[verifier]
+        self._vocab = target.get_output_embeddings().weight.shape[0]
+        self.t_cache = RaggedCache(target)
+        self.d_cache = RaggedCache(draft) if draft is not None else None
+        pp = self.policy if isinstance(self.policy, SpecDecPP) else None
+        self.batch_stop: BatchStop | None = parse_batch_stop(batch_stop, pp.h if pp else None)
+        self._head = pp.head if pp else None
+        self._out_emb = None
+        if pp is not None and draft is not None:
+            pp.head.to(draft.device)
+            if pp.lookahead and "token" in pp.head.inputs:
+                self._out_emb = output_embedding_table(draft)
+
+    @property
+    def cap(self) -> int:
+        """The policy's candidate cap per round."""
+        return self.policy.max_cap
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[torch.Tensor | Sequence[int]],
+        max_new_tokens: int | Sequence[int] = 128,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | Sequence[int] = 0,
+        eos_token_id: int | list[int] | None = None,
+        stop_checks: Sequence[Callable[[list[int]], int | None] | None] | None = None,
+    ) -> BatchResult:
+        """Decode every prompt ((T_b,) ids each, any lengths) up to its max new tokens, EOS or stop check.
+
+        `max_new_tokens` and `seed` take one value for all rows or one per row (an int seed gives row b the
+        seed `seed + b`). `stop_checks[b]`, as `SpeculativeDecoder.generate`'s `stop_check`, is called with
+        row b's new tokens after each of its rounds and returns how many to keep when the row must end.
+        """
+        batch = len(prompts)
+        if batch == 0:
+            raise AccheadError("generate needs at least one prompt")
+        try:
+            sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
+        except ValueError as e:
+            raise AccheadError(str(e)) from None
+        max_new = [max_new_tokens] * batch if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        seeds = [seed + b for b in range(batch)] if isinstance(seed, int) else list(seed)
+        checks = list(stop_checks) if stop_checks is not None else [None] * batch
+        if not len(max_new) == len(seeds) == len(checks) == batch:
+            raise AccheadError(f"need one max_new_tokens, seed and stop check per prompt ({batch})")
+        models = [m for m in (self.target, self.draft) if m is not None]
+        rows = []
+        for b, p in enumerate(prompts):
+            ids = torch.as_tensor(p, dtype=torch.long).cpu().reshape(-1)
+            if ids.numel() == 0 or max_new[b] < 1:
+                raise AccheadError(f"prompt {b}: need a non-empty prompt and max_new_tokens >= 1")
+            check_prompt(ids, max_new[b], models)
+            rows.append(_Row(ids.tolist(), ids.numel(), max_new[b], seeds[b], checks[b]))
+        eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+        out = BatchResult(rows=[r.res for r in rows])
+        start = time.perf_counter()
+        self.t_cache.reset(batch)
+        if self.d_cache is not None:
+            self.d_cache.reset(batch)
+        active = rows
+        while active:
+            caps = [min(self.cap, r.max_new - r.generated - 1) for r in active]
+            calls0 = out.draft_calls
+            if max(caps) > 0:
+                cands, qs = self._draft(active, caps, sampling, out)
+            else:
+                cands, qs = [[] for _ in active], [None] * len(active)
+            self._verify_round(active, cands, qs, sampling, eos, out.draft_calls - calls0)
+            out.target_calls += 1
+            keep = [i for i, r in enumerate(active) if not r.done]
+            if len(keep) < len(active):
+                idx = torch.tensor(keep, dtype=torch.long)
+                for cache in (self.t_cache, self.d_cache):
+                    if cache is not None:
+                        cache.select(idx.to(cache.device))
+                active = [active[i] for i in keep]
+        for r in rows:
+            r.res.new_ids = torch.tensor(r.ids[r.prompt_len :], dtype=torch.long)
+            r.res.target_calls = r.res.rounds
+        out.wall_time = time.perf_counter() - start
+        return out
+
+    # ------------------------------------------------------------------------------------------- drafting
+
+    def _draft(
+        self, rows: list[_Row], caps: list[int], sampling: SamplingConfig, out: BatchResult
+    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """One round's drafting for every row: ([candidates of row b], [(L_b, V) their q or None])."""
+        cache = self.d_cache
+        assert cache is not None
+        dev = cache.device
+        pp = self.policy if isinstance(self.policy, SpecDecPP) else None
+        want = pp is not None  # a head reads the state (lookahead) or hidden state (candidate) of each step
+        n = [len(r.ids) for r in rows]
+        # The draft cache holds a prefix of each row's committed ids; it must miss at least the last one,
+        # whose forward produces q_1 (a row whose cache holds them all re-feeds its last token).
+        cache.rollback(torch.tensor([len(r.ids) - 1 for r in rows], device=dev))
+        held = cache.length.tolist()
+        pending = [r.ids[h:] for r, h in zip(rows, held, strict=True)]
+        logits, hidden = cache.feed(*_right_aligned(pending, dev), keep=1, want_hidden=want)
+        out.draft_calls += 1
+        logits, state = logits[:, -1], hidden[:, -1] if hidden is not None else None
+        n_t = torch.tensor(n, device=dev)
+        seeds = torch.tensor([r.seed for r in rows], device=dev)
+        cap_t = torch.tensor(caps, device=dev)
+        drafting = cap_t > 0
+        log_p = torch.zeros(len(rows), dtype=torch.float64, device=dev)
+        log_keep = math.log1p(-pp.h) if pp is not None else 0.0
+        toks: list[list[torch.Tensor]] = [[] for _ in rows]
+        qrows: list[list[torch.Tensor]] = [[] for _ in rows]
+
+        def take(y: torch.Tensor, q: torch.Tensor, which: torch.Tensor) -> None:
+            for b in which.nonzero()[:, 0].tolist():
+                toks[b].append(y[b])
+                qrows[b].append(q[b])
+
+        k = 1
+        while True:
+            q = probs_from_logits(logits, sampling)  # (R, V) q_k
+            y = sample_token(q, sampling.greedy, key_hash(seeds, DRAFT, n_t, k))
+            take(y, q, drafting)
+            judged = drafting & (k < cap_t)  # the candidate that reaches a row's cap is not judged
+            if pp is not None and pp.lookahead and bool(judged.any()):
+                x = lookahead_inputs(pp.head.inputs, state[judged], y[judged], self._out_emb, sampling,
+                                     logits[judged])  # fmt: skip
+                log_p = self._judge(x, judged, log_p, out)
+                drafting = drafting & ~(judged & (log_p < log_keep))
+            drafting = drafting & (k < cap_t)
+            if pp is not None and pp.lookahead and self._batch_stops(log_p, drafting, out):
+                drafting = torch.zeros_like(drafting)
+            if not bool(drafting.any()):
+                break
+            # Feed Y_k to the rows still drafting; the others wait (a hole).
+            logits, hidden = cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=want)
+            out.draft_calls += 1
+            logits, state = logits[:, -1], hidden[:, -1] if hidden is not None else None
+            if pp is not None and not pp.lookahead:  # the paper's head reads e_k, after Y_k was fed
+                log_p = self._judge(state[drafting], drafting, log_p, out)
+                stop = drafting & (log_p < log_keep)
+                if self._batch_stops(log_p, drafting & ~stop, out):
+                    stop = drafting
+                if bool(stop.any()):
+                    if pp.free_token:  # Y_{k+1} ~ q_{k+1}: that forward already ran
+                        q = probs_from_logits(logits, sampling)
+                        take(sample_token(q, sampling.greedy, key_hash(seeds, DRAFT, n_t, k + 1)), q, stop)
+                    drafting = drafting & ~stop
+                    if not bool(drafting.any()):
+                        break
+            k += 1
+        cands = [torch.stack(t).tolist() if t else [] for t in toks]  # one read per row per round
+        return cands, [torch.stack(qr) if qr else None for qr in qrows]
+
+    def _judge(
+        self, x: torch.Tensor, rows: torch.Tensor, log_p: torch.Tensor, out: BatchResult
+    ) -> torch.Tensor:
+        """Add log σ(head(x)) to the `rows` entries of log P̂ ((R,) float64); x: (N, D), N = rows.sum()."""
+        assert self._head is not None
+        out.head_calls += int(x.shape[0])
+        log_p = log_p.clone()
+        log_p[rows] += F.logsigmoid(self._head(x).double())
+        return log_p
+
+    def _batch_stops(self, log_p: torch.Tensor, drafting: torch.Tensor, out: BatchResult) -> bool:
+        """The batch rule over the rows still drafting (B = every row of the round)."""
+        rule = self.batch_stop
+        if rule is None or not bool(drafting.any()):
+            return False
+        if not rule.should_stop(log_p, drafting, drafting.numel()):
+            return False
+        out.batch_stops += 1
+        return True
+
+    # ------------------------------------------------------------------------------------------ verifying
+
+    def _verify_round(
+        self,
+        rows: list[_Row],
+        cands: list[list[int]],
+        qs: list[torch.Tensor | None],
+        sampling: SamplingConfig,
+        eos: set[int],
+        draft_calls: int,
+    ) -> None:
+        """One batched target forward over every row's [committed tail, candidates]; per-row verification,
+        commit and rollback of both caches."""
+        cache = self.t_cache
+        dev = cache.device
+        held = cache.length.tolist()
+        feeds = [r.ids[h:] + c for r, h, c in zip(rows, held, cands, strict=True)]
+        keep = max(len(c) for c in cands) + 1
+        logits, _ = cache.feed(*_right_aligned(feeds, dev), keep=keep)
+        if sampling.greedy:  # one-hot p and q: τ = the longest agreeing prefix, then the target's argmax
+            argmax = logits.argmax(-1).tolist()
+        kept = []
+        for b, (r, c) in enumerate(zip(rows, cands, strict=True)):
+            n, num = len(r.ids), len(c)
+            if sampling.greedy:
+                a = argmax[b][keep - num - 1 :]
+                tau = next((i for i in range(num) if c[i] != a[i]), num)
+                nxt = a[tau]
+            else:
+                p = probs_from_logits(logits[b, keep - num - 1 :], sampling)  # (L+1, V)
+                tau_t, nxt_t = self._verify(
+                    torch.tensor(c, dtype=torch.long, device=dev), self._pad_q(qs[b], num), p, False,
+                    key_hash(r.seed, TAU, n, 0), key_hash(r.seed, NEXT, n, 0),
+                )  # fmt: skip
+                tau, nxt = int(tau_t), int(nxt_t)
+            new = [*c[:tau], nxt]
+            cut = next((i for i, t in enumerate(new) if t in eos), None)
+            if cut is not None:
+                new, r.done = new[: cut + 1], True
+            if r.stop_check is not None and (keep_n := r.stop_check(new)) is not None:
+                new, r.done = new[:keep_n], True
+            r.ids += new
+            kept.append(n + tau)
+            res = r.res
+            res.rounds += 1
+            res.draft_calls += draft_calls
+            res.drafted += num
+            res.discarded += num - tau
+            res.accepted_per_round.append(tau)
+            res.drafted_per_round.append(num)
+            r.done = r.done or r.generated >= r.max_new
+        kept_t = torch.tensor(kept, device=dev)
+        cache.rollback(kept_t)
+        if self.d_cache is not None:
+            self.d_cache.rollback(kept_t.to(self.d_cache.device))
+
+    def _pad_q(self, q: torch.Tensor | None, num: int) -> torch.Tensor:
+        """(L, V) draft distributions on the target's device, zero-padded to the target's vocabulary."""
+        dev = self.t_cache.device
+        if q is None:
+            return torch.zeros(num, self._vocab, device=dev)
+        q = q.to(device=dev, dtype=torch.float32)
+        return F.pad(q, (0, self._vocab - q.shape[-1])) if q.shape[-1] < self._vocab else q
+
+
+def _right_aligned(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged token lists -> ((B, W) int64, each row's tokens at the right end, holes = 0; (B,) counts)."""
+    width = max(len(s) for s in seqs)
+    tokens = torch.tensor([[0] * (width - len(s)) + s for s in seqs], dtype=torch.long, device=device)
+    return tokens, torch.tensor([len(s) for s in seqs], dtype=torch.long, device=device)
