@@ -1,0 +1,374 @@
+"""`acchead-gpu-check` (`make gpu-check`): what a freshly lent GPU machine runs first, in one 10-minute run.
+
+    acchead-gpu-check --out docs/results/gpu-check-h100.md        # on a GPU machine (cuda is the default)
+    acchead-gpu-check --device cpu --no-tests --pairs toy          # the same checks on the CPU
+
+1. Tests: on CUDA the GPU-marked tests (`pytest -m gpu tests/test_gpu.py`); on the CPU their twins, the
+   CUDA default's branches forced onto the CPU (tests/test_device_path.py). Needs a checkout (tests/ beside
+   the package); else one line says they were skipped.
+2. Exactness, per dtype (`--exact-dtypes`, float32 and bfloat16): greedy decoding by autoregressive
+   decoding, fixed K and SpecDec++ on the device's default path (CUDA: the fast path with CUDA graphs)
+   against eager autoregressive greedy decoding in the same dtype, token for token, on a few prompts. A
+   float32 difference fails the check; in bfloat16 a verification over L + 1 positions rounds differently
+   from a one-token step, so a near-tie can flip the argmax: a difference is reported, not failed.
+3. Speed: wall-clock tokens/s of autoregressive decoding, each K of `--k-grid` (the best is reported) and
+   SpecDec++ with the pair's default head at each h of `--h-grid`, after `warm_up` (its seconds are
+   reported: the compilation a bench pays), for the toy pair and the real pair when its assets, shipped
+   draft and head are present (else one line says why not), in `--speed-dtype`.
+
+The report is markdown on stdout and, with `--out FILE`, written atomically (FILE ending in .json: the
+same as JSON). Exit status 1 when a test or a float32 exactness check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from acchead.errors import AccheadError, cli_errors
+
+REPO = Path(__file__).resolve().parents[2]  # the checkout, when installed editable (tests/ beside it)
+DEFAULT_PROMPTS = {"toy": "humaneval", "smollm2": "mtbench"}
+TEST_TIMEOUT_S = 300
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="acchead-gpu-check",
+        description="GPU tests, exactness in float32 and bfloat16, and tokens/s of AR, the best fixed K and "
+        "SpecDec++ on the toy pair and (when installed) the real pair: one run on a freshly lent GPU.",
+    )
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where to run (default: cuda)")
+    p.add_argument("--out", help="also write the report here, atomically (.json: as JSON, else markdown)")
+    p.add_argument(
+        "--pairs",
+        default="toy,smollm2",
+        help="named pairs, comma-separated (default: toy,smollm2; "
+        "a pair whose files are missing is skipped with a line)",
+    )
+    p.add_argument("--target", help="target model directory, overriding every listed pair's")
+    p.add_argument("--draft", help="draft model directory, overriding every listed pair's")
+    p.add_argument("--head", help="acceptance head for SpecDec++ (default: the pair's shipped greedy head)")
+    p.add_argument("--prompts", help="prompt set or .jsonl (default: humaneval for toy, mtbench for smollm2)")
+    p.add_argument("--num-prompts", type=int, default=4, help="prompts per check (default: 4)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: 64)")
+    p.add_argument("--k-grid", default="1,2,3,4", help="fixed K values timed; the best is reported (1,2,3,4)")
+    p.add_argument(
+        "--h-grid", default="0.3,0.5,0.7", help="SpecDec++ thresholds timed (default: 0.3,0.5,0.7)"
+    )
+    p.add_argument("--exact-dtypes", default="float32,bfloat16", help="dtypes of the exactness check")
+    p.add_argument(
+        "--speed-dtype", help="dtype of the speed check (default: bfloat16 on cuda, float32 on cpu)"
+    )
+    p.add_argument(
+        "--path",
+        default="default",
+        choices=["default", "eager", "fast"],
+        help="the device's default (cuda: fast, cpu: eager), eager or fast",
+    )
+    p.add_argument("--no-tests", action="store_true", help="skip step 1 (the test run)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    return p
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AccheadError(f"{flag} must be comma-separated numbers, got {text!r}") from None
+
+
+def run_tests(device: str) -> dict[str, Any]:
+    """The GPU-marked tests on CUDA, their CPU twins on the CPU: pytest in a subprocess, from the checkout."""
+    tests = REPO / "tests"
+    if not (tests / "test_gpu.py").is_file():
+        return {"ran": False, "line": f"tests skipped: no checkout's tests/ at {tests}"}
+    if device == "cuda":
+        cmd = ["-m", "gpu", "tests/test_gpu.py"]
+    else:
+        cmd = ["-m", "not slow and not gpu", "tests/test_device_path.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *cmd]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"ran": True, "ok": False, "line": f"{' '.join(cmd[3:])}: timed out after {TEST_TIMEOUT_S} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    summary = lines[-1] if lines else proc.stderr.strip()[-200:]
+    return {
+        "ran": True,
+        "ok": proc.returncode == 0,
+        "command": " ".join(cmd[1:]),
+        "summary": summary,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+class PairRun:
+    """One pair on one device: its models per dtype, tokenizer, prompts and head."""
+
+    def __init__(self, args: argparse.Namespace, name: str) -> None:
+        from acchead.inference.bench.prompts import load_prompts
+        from acchead.models import load_tokenizer
+        from acchead.pairs import default_heads, resolve_pair
+        from acchead.prompting import encode_prompt
+        from acchead.sampling import SamplingConfig
+
+        self.args, self.name = args, name
+        self.paths = resolve_pair(name, args.target, args.draft)  # AccheadError names what is missing
+        heads = [Path(args.head)] if args.head else default_heads(name, SamplingConfig(0.0))
+        if not heads:
+            raise AccheadError(f"pair {name}: no shipped greedy head (pass --head)")
+        self.head = heads[0]
+        self.tok = load_tokenizer(self.paths.target)
+        prompts = load_prompts(args.prompts or DEFAULT_PROMPTS[name], args.num_prompts)
+        self.prompts = [torch_ids(encode_prompt(self.tok, p)) for p in prompts]
+        self.eos = self.tok.eos_token_id
+        self._models: dict[str, tuple] = {}
+
+    def models(self, dtype: str) -> tuple:
+        if dtype not in self._models:
+            from acchead.models import load_causal_lm
+
+            dev = self.args.device
+            self._models[dtype] = (
+                load_causal_lm(self.paths.target, dtype, dev),
+                load_causal_lm(self.paths.draft, dtype, dev),
+            )
+        return self._models[dtype]
+
+    def decoder(self, dtype: str, spec: str, fast: bool | None):
+        from acchead.inference.decoder import SpeculativeDecoder
+
+        target, draft = self.models(dtype)
+        head = self.head if spec.startswith("specdecpp") else None
+        return SpeculativeDecoder(
+            target, None if spec == "autoregressive" else draft, spec, head=head, fast=fast
+        )
+
+    def greedy(self, dec, prompt) -> tuple[list[int], float]:
+        res = dec.generate(
+            prompt, max_new_tokens=self.args.max_new_tokens, temperature=0, eos_token_id=self.eos
+        )
+        return res.new_ids.tolist(), res.wall_time
+
+
+def torch_ids(ids: list[int]):
+    import torch
+
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _fast(path: str) -> bool | None:
+    return {"default": None, "eager": False, "fast": True}[path]
+
+
+def _warm(dec, run: PairRun) -> float:
+    """Seconds `warm_up` took for the longest prompt (compilation, on the fast path)."""
+    start = time.perf_counter()
+    dec.warm_up(max(p.numel() for p in run.prompts) + run.args.max_new_tokens)
+    return time.perf_counter() - start
+
+
+def check_exactness(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
+    """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`."""
+    ref_dec = run.decoder(dtype, "autoregressive", fast=False)
+    refs = [run.greedy(ref_dec, p)[0] for p in run.prompts]
+    out = {}
+    for spec in specs:
+        dec = run.decoder(dtype, spec, _fast(run.args.path))
+        _warm(dec, run)
+        diffs = []
+        for i, (p, ref) in enumerate(zip(run.prompts, refs, strict=True)):
+            got = run.greedy(dec, p)[0]
+            if got != ref:
+                at = next(
+                    (j for j, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b),
+                    min(len(got), len(ref)),
+                )
+                diffs.append(f"prompt {i} from token {at}")
+        out[spec] = {"equal": not diffs, "differs": diffs, "fast": dec.fast}
+    return out
+
+
+def measure_speed(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
+    """tokens/s per spec (all prompts' tokens over their summed wall time), after warm-up and one untimed
+    decode; warm-up seconds summed over the specs."""
+    rows, warm = {}, 0.0
+    for spec in specs:
+        dec = run.decoder(dtype, spec, _fast(run.args.path))
+        warm += _warm(dec, run)
+        run.greedy(dec, run.prompts[0])  # first-call costs (allocator, caches) out of the timing
+        tokens, seconds = 0, 0.0
+        for p in run.prompts:
+            ids, wall = run.greedy(dec, p)
+            tokens, seconds = tokens + len(ids), seconds + wall
+        rows[spec] = {
+            "tokens": tokens,
+            "seconds": round(seconds, 4),
+            "tokens_per_s": tokens / max(seconds, 1e-9),
+        }
+    ar = rows["autoregressive"]["tokens_per_s"]
+    fixed = {s: r["tokens_per_s"] for s, r in rows.items() if s.startswith("specdec:")}
+    adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if s.startswith("specdecpp:")}
+    best_k = max(fixed, key=fixed.get)
+    best_pp = max(adaptive, key=adaptive.get)
+    pp = adaptive[best_pp]
+    return {
+        "rows": rows,
+        "warm_up_s": round(warm, 1),
+        "best_fixed": best_k,
+        "best_specdecpp": best_pp,
+        "specdecpp_over_ar": pp / ar,
+        "specdecpp_over_best_k": pp / fixed[best_k],
+        "best_k_over_ar": fixed[best_k] / ar,
+    }
+
+
+def _environment(device: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+    else:
+        name = f"CPU ({platform.processor() or platform.machine()}), {torch.get_num_threads()} torch threads"
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "unknown"
+        )
+    except OSError:
+        commit = "unknown"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+        "device": name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as markdown."""
+    env = report["environment"]
+    lines = [
+        f"# acchead-gpu-check, {env['date']}",
+        "",
+        f"commit {env['commit']}; {env['device']}; torch {env['torch']}, transformers "
+        f"{env['transformers']}; path {report['path']}; {report['num_prompts']} prompts x "
+        f"{report['max_new_tokens']} new tokens, greedy",
+        "",
+    ]
+    tests = report["tests"]
+    if not tests.get("ran"):
+        lines += [f"- {tests.get('line', 'tests not run (--no-tests)')}"]
+    elif "summary" in tests:
+        verdict = "passed" if tests["ok"] else "FAILED"
+        lines += [f"- tests {verdict} ({tests['seconds']} s): `{tests['command']}`: {tests['summary']}"]
+    else:
+        lines += [f"- tests FAILED: {tests['line']}"]
+    for name, pair in report["pairs"].items():
+        lines += ["", f"## {name}", ""]
+        if "skipped" in pair:
+            lines += [f"skipped: {pair['skipped']}"]
+            continue
+        for dtype, checks in pair["exactness"].items():
+            for spec, c in checks.items():
+                said = (
+                    "equal to eager AR" if c["equal"] else "DIFFERS from eager AR: " + ", ".join(c["differs"])
+                )
+                lines.append(f"- exactness {dtype}, `{spec}` ({'fast' if c['fast'] else 'eager'}): {said}")
+        sp = pair["speed"]
+        lines += [
+            "",
+            f"Speed in {pair['speed_dtype']} (warm-up {sp['warm_up_s']} s in all):",
+            "",
+            "| method | tokens | seconds | tokens/s |",
+            "|---|---|---|---|",
+        ]
+        for spec, r in sp["rows"].items():
+            lines.append(f"| `{spec}` | {r['tokens']} | {r['seconds']:.3f} | {r['tokens_per_s']:.1f} |")
+        lines += [
+            "",
+            f"best fixed K `{sp['best_fixed']}`: {sp['best_k_over_ar']:.3f}x AR; best SpecDec++ "
+            f"`{sp['best_specdecpp']}`: {sp['specdecpp_over_ar']:.3f}x AR, "
+            f"{sp['specdecpp_over_best_k']:.3f}x the best fixed K",
+        ]
+    lines += ["", f"verdict: {'ok' if report['ok'] else 'FAILED'}"]
+    return "\n".join(lines) + "\n"
+
+
+def run_check(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise AccheadError("--device cuda: no CUDA device here (use --device cpu for the CPU run)")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    ks = [int(k) for k in _floats(args.k_grid, "--k-grid")]
+    hs = _floats(args.h_grid, "--h-grid")
+    if not ks or not hs:
+        raise AccheadError("--k-grid and --h-grid need at least one value each")
+    speed_dtype = args.speed_dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    exact_dtypes = [d.strip() for d in args.exact_dtypes.split(",") if d.strip()]
+    report: dict[str, Any] = {
+        "environment": _environment(args.device),
+        "path": args.path,
+        "num_prompts": args.num_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "pairs": {},
+    }
+    report["tests"] = {"ran": False} if args.no_tests else run_tests(args.device)
+    ok = report["tests"].get("ok", True)
+    fixed = [f"specdec:k={k}" for k in ks]
+    adaptive = [f"specdecpp:h={h:g},max={max(ks) * 2}" for h in hs]
+    for name in [n.strip() for n in args.pairs.split(",") if n.strip()]:
+        try:
+            run = PairRun(args, name)
+        except AccheadError as e:
+            report["pairs"][name] = {"skipped": str(e)}
+            continue
+        exact = {
+            d: check_exactness(run, d, ["autoregressive", fixed[len(fixed) // 2], adaptive[0]])
+            for d in exact_dtypes
+        }
+        ok = ok and all(c["equal"] for c in exact.get("float32", {}).values())
+        speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive])
+        report["pairs"][name] = {"exactness": exact, "speed_dtype": speed_dtype, "speed": speed}
+    report["ok"] = bool(ok)
+    return report
+
+
+@cli_errors
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    report = run_check(args)
+    text = render(report)
+    print(text, end="")
+    if args.out:
+        from acchead.rundir import atomic_write_json, atomic_write_text
+
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".json":
+            atomic_write_json(out, report)
+        else:
+            atomic_write_text(out, text)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""`acchead-gpu-check --device cpu` (`make gpu-check`'s CPU run) on the tiny pair: exactness per dtype,
+tokens/s of AR, the best fixed K and SpecDec++, the report written atomically; a pair without its files is
+skipped with a line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from acchead.head import AcceptanceHead
+from acchead.head_io import HeadMetadata, save_head
+from acchead.inference.bench.gpu_check import main
+from acchead.models import load_causal_lm, model_identity
+from acchead.sampling import SamplingConfig
+
+
+@pytest.fixture
+def check_argv(tiny_pair_dirs, tmp_path) -> list[str]:
+    draft = load_causal_lm(tiny_pair_dirs[1])
+    torch.manual_seed(0)
+    head = AcceptanceHead(draft.config.hidden_size, 1)
+    meta = HeadMetadata(depth=1, hidden_size=head.hidden_size, w_acc=1.0, w_rej=6.0,
+                        draft=model_identity(draft), sampling=SamplingConfig(0.0).to_dict())  # fmt: skip
+    head_path = save_head(head, tmp_path / "head.safetensors", meta=meta)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def add(a, b):\n", "for i in ")))
+    return ["--device", "cpu", "--no-tests", "--pairs", "toy", "--target", str(tiny_pair_dirs[0]),
+            "--draft", str(tiny_pair_dirs[1]), "--head", str(head_path), "--prompts", str(prompts),
+            "--num-prompts", "2", "--max-new-tokens", "12", "--k-grid", "1,2",
+            "--h-grid", "0.4,0.6"]  # fmt: skip
+
+
+def test_cpu_run_checks_exactness_and_times_every_method(check_argv, tmp_path, capsys):
+    out = tmp_path / "report" / "gpu-check.md"
+    assert main([*check_argv, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text == capsys.readouterr().out
+    for dtype in ("float32", "bfloat16"):
+        for spec in ("autoregressive", "specdec:k=2", "specdecpp:h=0.4,max=4"):
+            assert f"exactness {dtype}, `{spec}` (eager): " in text
+    assert "exactness float32, `specdec:k=2` (eager): equal to eager AR" in text
+    for spec in (
+        "autoregressive",
+        "specdec:k=1",
+        "specdec:k=2",
+        "specdecpp:h=0.4,max=4",
+        "specdecpp:h=0.6,max=4",
+    ):
+        assert f"| `{spec}` | " in text
+    assert "x the best fixed K" in text and "verdict: ok" in text and "tests not run" in text
+
+
+def test_json_report_and_a_pair_without_files_is_skipped(check_argv, tmp_path):
+    out = tmp_path / "gpu-check.json"
+    # the test session's cache (ACCHEAD_CACHE_DIR) holds no real-pair assets
+    assert main(["--device", "cpu", "--no-tests", "--pairs", "smollm2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert "skipped" in report["pairs"]["smollm2"] and report["ok"] is True
+    assert not (tmp_path / "gpu-check.json.tmp").exists()
+
+
+def test_cuda_without_a_gpu_is_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["--device", "cuda", "--no-tests"]) == 2
+    assert "no CUDA device here" in capsys.readouterr().err
