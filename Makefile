@@ -16,6 +16,10 @@
 #                             w_rej 3, depth 3) -> bench every method on HumanEval -> runs/demo/bench/report.md
 #                             (both demos resume where they stopped when rerun)
 #   make pair                 load the demo pair and let the target complete a HumanEval prompt
+#   make gpu-check            first run on a freshly lent GPU (<= 10 min): the GPU tests, greedy exactness on CUDA in
+#                             float32 and bfloat16, tokens/s of AR, the best fixed K and SpecDec++ on the toy pair and
+#                             (when installed) the real pair -> runs/gpu-check/report.md; GPU_CHECK_ARGS="--device cpu"
+#                             runs the same on the CPU (the GPU tests' CPU twins instead)
 #   make lint                 ruff check
 #
 # GPU users bring their own torch: either install your CUDA build into .venv before `make venv`
@@ -53,7 +57,7 @@ DEMO_BENCH_PROMPTS ?= 10
 DEMO_NEW_TOKENS ?= 128
 BIN := $(VENV)/bin
 
-.PHONY: help venv test test-latest test-oldest lock demo demo-toy assets pair lint
+.PHONY: help venv test test-latest test-oldest lock demo demo-toy assets pair gpu-check lint
 
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
@@ -140,6 +144,11 @@ $(DEMO_DIR)/head/head.safetensors: $(DEMO_DIR)/data/gen_config.json
 
 pair: $(STAMP)
 	$(PY) -m acchead.zoo.demo
+
+# acchead-gpu-check (inference/bench/gpu_check.py); `--help` lists its flags.
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	$(PY) -m acchead.inference.bench.gpu_check --out runs/gpu-check/report.md $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
