@@ -86,8 +86,11 @@ class RaggedCache:
         # The row's count of valid tokens before each slot; holes get 0 (their position is unused).
         pos = (self.length[:, None] + j[None, :] - start[:, None]).clamp_min(0)
         mask = torch.cat([self.mask, valid], dim=1)
+        # Without holes (B = 1 always: its rejected tail is cropped) the causal mask alone is exact, and the
+        # model skips building a (B, 1, W, T) mask from the 2-D one.
+        attention = None if bool(mask.all()) else mask.long()
         out = self.model(
-            input_ids=tokens.to(self.device), attention_mask=mask.long(), position_ids=pos,
+            input_ids=tokens.to(self.device), attention_mask=attention, position_ids=pos,
             **{CACHE_ARG: self.cache}, use_cache=True, logits_to_keep=keep, output_hidden_states=want_hidden,
         )  # fmt: skip
         self.mask = mask

@@ -284,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--device", help="torch device for both models (cpu, cuda)")
     a("--dtype", help="model dtype (float32, bfloat16, float16)")
     a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
+    a("--batch-size", type=_int_list, help="also decode the autoregressive, specdec and specdecpp settings B "
+      "prompts at a time for each B, e.g. 1,4,16,64 (acchead.inference.batched; report: a row per B)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
     a(
         "--loop-profile-prompts",

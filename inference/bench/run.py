@@ -237,6 +237,7 @@ def run_identity(args: argparse.Namespace, key: dict, settings: list[Setting]) -
         "threads": args.threads,
         "overhead_calls": args.overhead_calls,
         "truncate_prompts": args.truncate_prompts,
+        **({"batch_size": args.batch_size} if args.batch_size else {}),  # absent: the identity of older runs
     }
 
 
@@ -383,7 +384,13 @@ def run_bench(args: argparse.Namespace) -> dict:
             print(f"truncated {len(truncated)} prompt(s) to their last {truncated[0]['kept']} tokens")
         results = _run_and_report(args, bench, settings, out, fingerprint, draft, loaded, notes, sampling)
         results["truncated_prompts"] = truncated
+        if args.batch_size:  # issue 33: the batchable settings again, B prompts per forward
+            from acchead.inference.bench.batched_bench import run_batched, write_batched
+
+            results["batched"] = run_batched(bench, settings, args.batch_size)
         write_outputs(results, out)
+        if args.batch_size:
+            write_batched(results["batched"], out)
         mark_complete(out, "bench", identity)
     return results
 

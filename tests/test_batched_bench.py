@@ -1,0 +1,35 @@
+"""`acchead-bench --batch-size`: a row per (B, batchable setting) in results.json and the report."""
+
+from __future__ import annotations
+
+import json
+
+from test_bench import _argv, bench_inputs  # noqa: F401  (the fixture, shared with the bench's tests)
+
+from acchead.inference.bench.run import main
+
+
+def test_bench_batch_sizes_add_a_row_per_b(bench_inputs, tmp_path):  # noqa: F811
+    out = tmp_path / "bench"
+    argv = _argv(bench_inputs, out, "--methods", "autoregressive,specdec,specdecpp", "--temperature", "0",
+                 "--batch-size", "1,3")  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    rows = res["batched"]
+    specs = [r["spec"] for r in res["rows"]]  # the single-prompt settings, each again per B
+    assert [(r["batch_size"], r["spec"]) for r in rows] == [(b, s) for b in (1, 3) for s in specs]
+    # Two prompts: B = 1 decodes both one at a time, B = 3 one batch of three rows (prompt 0 again).
+    assert {r["rows"] for r in rows if r["batch_size"] == 1} == {2}
+    assert {r["rows"] for r in rows if r["batch_size"] == 3} == {3}
+    assert all(r["greedy_matches_ar"] for r in rows)  # every row equals batched AR's
+    for r in rows:
+        assert r["wall_tokens_per_s"] > 0 and r["tokens"] > 0
+        if r["spec"] == "autoregressive":
+            assert r["draft_calls"] == 0
+        else:
+            assert r["draft_calls"] > 0
+    pp = [r for r in rows if r["spec"].startswith("specdecpp")]
+    assert pp and all(r["batch_stop"] == "c=0.5" and r["head_calls"] > 0 for r in pp)  # h-grid 0.5
+    report = (out / "report.md").read_text()
+    assert "## Batched decoding" in report and (out / "batched.md").read_text() in report
+    assert len([line for line in report.splitlines() if line.startswith("| 3 |")]) == len(specs)
