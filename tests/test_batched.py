@@ -147,17 +147,18 @@ def test_greedy_stop_checks_end_rows_at_different_rounds(peaked_pair):
 # ------------------------------------------------------------------------------------------- sampling
 
 
+@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[2:3]], ids=["B4", "B1"])
 @pytest.mark.parametrize("verifier", ["token", "block"])
 @pytest.mark.parametrize(("spec", "kind"), POLICIES, ids=lambda x: str(x))
-def test_sampling_rows_equal_the_single_prompt_decoder(peaked_pair, spec, kind, verifier):
+def test_sampling_rows_equal_the_single_prompt_decoder(peaked_pair, spec, kind, verifier, prompts):
     """Without the batch rule, row b draws with the single decoder's keys under seed + b: same tokens, same
     rounds (a float tie between batched and unbatched logits could break this; none occurs here)."""
     target, draft = peaked_pair
     dec = _decoder(peaked_pair, spec, kind, verifier=verifier)
     single = SpeculativeDecoder(target, None if spec == "autoregressive" else draft, spec, head=dec._head,
                                 verifier=verifier, fast=False)  # fmt: skip
-    res = dec.generate(PROMPTS, max_new_tokens=12, temperature=0.9, top_k=8, seed=10, eos_token_id=5)
-    for b, prompt in enumerate(PROMPTS):
+    res = dec.generate(prompts, max_new_tokens=12, temperature=0.9, top_k=8, seed=10, eos_token_id=5)
+    for b, prompt in enumerate(prompts):
         ref = single.generate(torch.tensor(prompt), max_new_tokens=12, temperature=0.9, top_k=8, seed=10 + b,
                               eos_token_id=5)  # fmt: skip
         assert res.rows[b].new_ids.tolist() == ref.new_ids.tolist(), b
