@@ -3,6 +3,7 @@
 The decoding loop is `decoder`, its stop policies `policies` (bandits: `bandit`, `bandit_policy`), its
 drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_decode` is `acchead-decode`;
 `hf` runs the decoder as transformers' own `generate` loop (`custom_generate=acchead.inference.hf.generate`).
+`batched` decodes B prompts at once (autoregressive, fixed K, SpecDec++ with a batch stop rule).
 The benchmark that measures them, `acchead-bench`, is the subpackage `acchead.inference.bench`.
 """
 
@@ -12,12 +13,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from acchead.inference.bandit_policy import BanditPolicy
+    from acchead.inference.batched import BatchedDecoder
     from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
     from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
     from acchead.inference.policies import StopPolicy, parse_policy
 
-__all__ = ["BanditPolicy", "DraftStep", "Drafter", "GenerationResult", "ModelDrafter", "SpeculativeDecoder",
-           "StopPolicy", "bandit_decoder", "parse_policy"]
+__all__ = ["BanditPolicy", "BatchedDecoder", "DraftStep", "Drafter", "GenerationResult", "ModelDrafter",
+           "SpeculativeDecoder", "StopPolicy", "bandit_decoder", "parse_policy"]
 
 
 def __getattr__(name: str) -> object:
@@ -26,13 +28,14 @@ def __getattr__(name: str) -> object:
     if name not in __all__:
         raise AttributeError(f"module 'acchead.inference' has no attribute {name!r}")
     from acchead.inference.bandit_policy import BanditPolicy
+    from acchead.inference.batched import BatchedDecoder
     from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
     from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
     from acchead.inference.policies import StopPolicy, parse_policy
 
     names = {
-        "BanditPolicy": BanditPolicy, "DraftStep": DraftStep, "Drafter": Drafter,
-        "GenerationResult": GenerationResult, "ModelDrafter": ModelDrafter,
+        "BanditPolicy": BanditPolicy, "BatchedDecoder": BatchedDecoder, "DraftStep": DraftStep,
+        "Drafter": Drafter, "GenerationResult": GenerationResult, "ModelDrafter": ModelDrafter,
         "SpeculativeDecoder": SpeculativeDecoder, "StopPolicy": StopPolicy, "bandit_decoder": bandit_decoder,
         "parse_policy": parse_policy,
     }  # fmt: skip
