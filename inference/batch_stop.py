@@ -26,6 +26,9 @@ then wait masked: they add nothing to the sum but still count in B, since the dr
 them too. The rule only reads the past (the heads' outputs on this round's drafted candidates), never the
 target's distributions of the round, so like every stop rule here it keeps the output exact (BanditSpec
 Prop. 3.1; tests/test_batched.py).
+
+The draft-only rules (confidence, entropy) run per row too (`row_rule_flags`); they have no P̂, so no
+batch rule.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from acchead.errors import AccheadError
+from acchead.inference.policies import Confidence, Entropy, StopPolicy
 
 
 @dataclass(frozen=True)
@@ -92,3 +96,25 @@ def parse_batch_stop(value: str | float | bool | None, h: float | None) -> Batch
     if not math.isfinite(c):
         raise AccheadError(f"batch stop ratio must be finite, got {value!r}")
     return BatchStop(c)
+
+
+def row_rule_flags(
+    policy: StopPolicy, q: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, greedy: bool
+) -> torch.Tensor:
+    """The draft-only rules (confidence, entropy) for a batch of candidates, as their `judge` for one row.
+
+    q: (R, V) the distributions the candidates were drawn from; logits: (R, V) the draft's raw logits;
+    tokens: (R,) the candidates. Under greedy decoding q is one-hot, so both rules read softmax(logits),
+    as `DraftStep.confidence` and `draft_entropy` do. Returns (R,) bool: stop after this candidate.
+    """
+    if isinstance(policy, Confidence):
+        dist = logits.float().softmax(-1) if greedy else q
+        return dist.gather(-1, tokens[:, None].to(dist.device))[:, 0] < policy.tau
+    if isinstance(policy, Entropy):
+        if greedy:
+            logp = torch.log_softmax(logits.float(), -1)
+            entropy = -(logp.exp() * logp).sum(-1)
+        else:
+            entropy = torch.special.entr(q).sum(-1)
+        return entropy > policy.tau
+    raise AccheadError(f"no batched rule for {policy.spec!r}")

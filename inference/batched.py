@@ -27,7 +27,7 @@ default): draft sample k of a round starting at n is keyed (seed_b, DRAFT, n, k)
 prompt_b, seed=seed_b)` up to float ties, and every row is an exact sample from the target (chi-square in
 tests/test_batched.py). Eager only: the fast path's static caches are single-row.
 
-Supported policies: autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads).
+Policies: autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads), confidence, entropy.
 """
 
 from __future__ import annotations
@@ -45,11 +45,19 @@ from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
-from acchead.inference.batch_stop import BatchStop, parse_batch_stop
+from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
 from acchead.inference.decoder import GenerationResult
 from acchead.inference.device_random import DRAFT, NEXT, TAU, key_hash, sample_token
-from acchead.inference.policies import Autoregressive, FixedK, SpecDecPP, StopPolicy, parse_policy
-from acchead.inference.ragged_cache import RaggedCache
+from acchead.inference.policies import (
+    Autoregressive,
+    Confidence,
+    Entropy,
+    FixedK,
+    SpecDecPP,
+    StopPolicy,
+    parse_policy,
+)
+from acchead.inference.ragged_cache import RaggedCache, right_aligned
 from acchead.inference.verification import VERIFIERS
 from acchead.lookahead import lookahead_inputs
 from acchead.models import check_prompt, output_embedding_table
@@ -116,7 +124,8 @@ class BatchedDecoder:
     Args:
         target: the target causal LM (eval mode).
         draft: the draft causal LM, or None for `autoregressive`.
-        policy: "autoregressive", "specdec:k=K", "specdecpp[:h=..,max=..,free=..]" or such a `StopPolicy`.
+        policy: "autoregressive", "specdec:k=K", "specdecpp[:h=..,max=..,free=..]", "confidence:tau=..",
+            "entropy:tau=.." or such a `StopPolicy` (AdaEDL's online λ and the bandits are per sequence).
         head: for specdecpp: an `AcceptanceHead` or a head file (loaded with the draft check).
         verifier: "token" or "block".
         batch_stop: the batch-level stop rule (specdecpp only): False (rows stop on their own only), True
@@ -139,9 +148,10 @@ class BatchedDecoder:
 
             head, _ = load_head(head, draft=draft)
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head)
-        if not isinstance(self.policy, Autoregressive | FixedK | SpecDecPP):
+        if not isinstance(self.policy, Autoregressive | FixedK | SpecDecPP | Confidence | Entropy):
             raise AccheadError(
-                f"batched decoding runs autoregressive, specdec and specdecpp, not {self.policy.spec!r}"
+                "batched decoding runs autoregressive, specdec, specdecpp, confidence and entropy, "
+                f"not {self.policy.spec!r}"
             )
         if draft is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
@@ -248,7 +258,7 @@ class BatchedDecoder:
         cache.rollback(torch.tensor([len(r.ids) - 1 for r in rows], device=dev))
         held = cache.length.tolist()
         pending = [r.ids[h:] for r, h in zip(rows, held, strict=True)]
-        logits, hidden = cache.feed(*_right_aligned(pending, dev), keep=1, want_hidden=want)
+        logits, hidden = cache.feed(*right_aligned(pending, dev), keep=1, want_hidden=want)
         out.draft_calls += 1
         logits, state = logits[:, -1], hidden[:, -1] if hidden is not None else None
         n_t = torch.tensor(n, device=dev)
@@ -277,6 +287,8 @@ class BatchedDecoder:
             y = sample_token(q, sampling.greedy, draw_key(k))
             take(y, q, drafting)
             judged = drafting & (k < cap_t)  # the candidate that reaches a row's cap is not judged
+            if isinstance(self.policy, Confidence | Entropy):
+                drafting = drafting & ~(judged & row_rule_flags(self.policy, q, logits, y, sampling.greedy))
             if pp is not None and pp.lookahead and bool(judged.any()):
                 x = lookahead_inputs(pp.head.inputs, state[judged], y[judged], self._out_emb, sampling,
                                      logits[judged])  # fmt: skip
@@ -345,7 +357,7 @@ class BatchedDecoder:
         held = cache.length.tolist()
         feeds = [r.ids[h:] + c for r, h, c in zip(rows, held, cands, strict=True)]
         keep = max(len(c) for c in cands) + 1
-        logits, _ = cache.feed(*_right_aligned(feeds, dev), keep=keep)
+        logits, _ = cache.feed(*right_aligned(feeds, dev), keep=keep)
         if sampling.greedy:  # one-hot p and q: τ = the longest agreeing prefix, then the target's argmax
             argmax = logits.argmax(-1).tolist()
         kept = []
@@ -390,10 +402,3 @@ class BatchedDecoder:
             return torch.zeros(num, self._vocab, device=dev)
         q = q.to(device=dev, dtype=torch.float32)
         return F.pad(q, (0, self._vocab - q.shape[-1])) if q.shape[-1] < self._vocab else q
-
-
-def _right_aligned(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged token lists -> ((B, W) int64, each row's tokens at the right end, holes = 0; (B,) counts)."""
-    width = max(len(s) for s in seqs)
-    tokens = torch.tensor([[0] * (width - len(s)) + s for s in seqs], dtype=torch.long, device=device)
-    return tokens, torch.tensor([len(s) for s in seqs], dtype=torch.long, device=device)

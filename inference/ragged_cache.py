@@ -138,3 +138,11 @@ class RaggedCache:
                 kv = getattr(layer, name)  # (B, heads, T, d)
                 index = idx[:, None, :, None].expand(-1, kv.shape[1], -1, kv.shape[3])
                 setattr(layer, name, kv.gather(2, index))
+
+
+def right_aligned(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged token lists -> ((B, W) int64, each row's tokens at the right end, holes = 0; (B,) counts): the
+    arguments of `RaggedCache.feed`."""
+    width = max(len(s) for s in seqs)
+    tokens = torch.tensor([[0] * (width - len(s)) + s for s in seqs], dtype=torch.long, device=device)
+    return tokens, torch.tensor([len(s) for s in seqs], dtype=torch.long, device=device)

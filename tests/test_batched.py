@@ -54,6 +54,8 @@ POLICIES = [
     ("specdecpp:h=0.5,max=6", "candidate"),
     ("specdecpp:h=0.8,max=6,free=0", "candidate"),
     ("specdecpp:h=0.6,max=6", "lookahead"),
+    ("confidence:tau=0.6,max=6", None),
+    ("entropy:tau=1.0,max=6", None),
 ]
 
 
@@ -245,7 +247,7 @@ def test_batch_rule_saves_draft_forwards(peaked_pair):
 
 def test_refuses_what_it_cannot_batch(peaked_pair):
     with pytest.raises(AccheadError, match="batched decoding runs"):
-        _decoder(peaked_pair, "confidence:tau=0.5", None)
+        _decoder(peaked_pair, "adaedl:lam=0.5", None)
     with pytest.raises(AccheadError, match="needs a draft"):
         BatchedDecoder(peaked_pair[0], None, "specdec:k=2")
     dec = _decoder(peaked_pair, "specdec:k=2", None)
