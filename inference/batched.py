@@ -269,6 +269,7 @@ class BatchedDecoder:
             if len(rows) == 1:
                 return key_hash(rows[0].seed, DRAFT, n[0], k)
             return key_hash(seeds, DRAFT, n_t, k)
+
         cap_t = torch.tensor(caps, device=dev)
         drafting = cap_t > 0
         log_p = torch.zeros(len(rows), dtype=torch.float64, device=dev)

@@ -1,10 +1,11 @@
 """`acchead-bench --batch-size 1,4,16,64`: the bench's batchable settings decoded B prompts at a time.
 
 For each B and each setting the batched decoder runs (`acchead.inference.batched`: autoregressive, fixed K,
-SpecDec++ with the batch stop rule at c = 1 − h; eager path, the models' draft), the prompts are decoded
-in batches of B (cycled to B rows when there are fewer prompts; row i keeps the single-prompt bench's seed,
-`--seed` + its prompt index), and one row is reported per (B, setting): wall-clock tokens/s
-(`wall_tokens_per_s`, all batches' tokens over their summed wall time) and the batched forward counts.
+SpecDec++ with the batch stop rule at c = 1 − h, confidence, entropy; eager path, the models' draft), the
+prompts are decoded in batches of B (cycled to B rows when there are fewer prompts; row i keeps the
+single-prompt bench's seed, `--seed` + its prompt index), and one row is reported per (B, setting):
+wall-clock tokens/s (`wall_tokens_per_s`, all batches' tokens over their summed wall time, averaged over
+PASSES passes) and the batched forward counts.
 Under greedy decoding every row's output is also compared with batched autoregressive decoding's
 (`greedy_matches_ar`): they must be equal, as each row equals the target's greedy decoding alone.
 """
@@ -12,6 +13,7 @@ Under greedy decoding every row's output is also compared with batched autoregre
 from __future__ import annotations
 
 import hashlib
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
     from acchead.inference.bench.config import Setting
     from acchead.inference.bench.run import Bench
 
-BATCHABLE = ("autoregressive", "specdec", "specdecpp")
+BATCHABLE = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy")
+PASSES = 2  # every batch runs twice per setting (the timings' spread; counts are the same each pass)
 
 
 def batchable(setting: Setting) -> bool:
@@ -31,7 +34,12 @@ def batchable(setting: Setting) -> bool:
 
 
 def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list[dict[str, Any]]:
-    """One result row per (B, batchable setting), in `sizes` order (see the module docstring)."""
+    """One result row per (B, batchable setting), in `sizes` order (see the module docstring).
+
+    Within a B, the settings take turns batch by batch, in a seeded random order per batch and pass, and
+    every batch runs PASSES times: a slow drift of the machine's load (other jobs) then spreads over the
+    settings instead of falling on whichever ran while a neighbour was busy.
+    """
     from acchead.inference.batched import BatchedDecoder
 
     args, prompts = bench.args, bench.prompt_ids
@@ -41,35 +49,45 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
     rows: list[dict[str, Any]] = []
     for size in sizes:
         index = [i % len(prompts) for i in range(max(size, len(prompts)))]
-        ar_digest: list[str] | None = None
+        chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
+        decs = {
+            s.key: BatchedDecoder(
+                bench.target, None if s.spec == "autoregressive" else bench.draft, s.spec,
+                head=s.head if s.needs_head else None, verifier=s.verifier,
+                batch_stop=s.spec.startswith("specdecpp"),
+            )
+            for s in chosen
+        }  # fmt: skip
+        keys = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
+        totals = {s.key: dict.fromkeys(keys, 0) for s in chosen}
+        wall = dict.fromkeys(decs, 0.0)
+        digests: dict[str, list[str]] = {s.key: [] for s in chosen}
+        for p in range(PASSES):
+            for c, chunk in enumerate(chunks):
+                order = list(chosen)
+                random.Random(args.seed * 100_003 + size * 1_009 + p * 101 + c).shuffle(order)
+                for s in order:
+                    res = decs[s.key].generate(
+                        [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=[args.seed + i for i in chunk], eos_token_id=bench.eos,
+                    )  # fmt: skip
+                    wall[s.key] += res.wall_time
+                    if p == 0:  # counts and outputs are the same every pass
+                        for k in keys:
+                            totals[s.key][k] += getattr(res, k)
+                        digests[s.key] += [_digest(r.new_ids.tolist()) for r in res.rows]
+        ar = next((digests[s.key] for s in chosen if s.spec == "autoregressive"), None)
         for s in chosen:
-            head = s.head if s.needs_head else None
-            draft = None if s.spec == "autoregressive" else bench.draft
-            rule = s.spec.startswith("specdecpp")
-            dec = BatchedDecoder(bench.target, draft, s.spec, head=head, verifier=s.verifier, batch_stop=rule)
-            totals = dict.fromkeys(("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops"), 0)
-            wall, digests = 0.0, []
-            for lo in range(0, len(index), size):
-                chunk = index[lo : lo + size]
-                res = dec.generate(
-                    [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=[args.seed + i for i in chunk], eos_token_id=bench.eos,
-                )  # fmt: skip
-                wall += res.wall_time
-                for k in totals:
-                    totals[k] += getattr(res, k)
-                digests += [_digest(r.new_ids.tolist()) for r in res.rows]
+            dec, t = decs[s.key], totals[s.key]
             row: dict[str, Any] = {
                 "batch_size": size, "method": s.family, "spec": s.spec, "verifier": s.verifier,
-                "batch_stop": f"c={1 - dec.policy.h:g}" if rule else None, "rows": len(index),
-                **totals, "wall_time": wall,
-                "wall_tokens_per_s": totals["tokens"] / wall if wall > 0 else 0.0,
+                "batch_stop": str(dec.batch_stop) if dec.batch_stop else None, "rows": len(index),
+                "passes": PASSES, **t, "wall_time": wall[s.key] / PASSES,
+                "wall_tokens_per_s": t["tokens"] * PASSES / wall[s.key] if wall[s.key] > 0 else 0.0,
             }  # fmt: skip
             if args.temperature == 0:
-                if s.spec == "autoregressive":
-                    ar_digest = digests
-                row["greedy_matches_ar"] = None if ar_digest is None else digests == ar_digest
+                row["greedy_matches_ar"] = None if ar is None else digests[s.key] == ar
             rows.append(row)
     return rows
 
