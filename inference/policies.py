@@ -237,6 +237,13 @@ class SpecDecPP(StopPolicy):
         return log_p_hat < self._log_keep, log_p_hat
 
 
+def threshold_input(value: float) -> torch.Tensor:
+    """A rule's threshold as a 0-d float64 tensor: the draft's compiled step then reads it as an input, so
+    one graph serves every threshold of a sweep (a float would be a constant of the graph: one compilation
+    per value). `judge` casts it to the compared tensor's dtype, as a Python float would be cast."""
+    return torch.tensor(value, dtype=torch.float64)
+
+
 class Confidence(StopPolicy):
     """Stop after a candidate the draft itself found unlikely: q(x) < tau (the low-confidence token is
     kept, as in Hugging Face's `assistant_confidence_threshold`)."""
@@ -247,17 +254,23 @@ class Confidence(StopPolicy):
         if max_draft < 1:
             raise AccheadError(f"confidence needs max >= 1, got max={max_draft}")
         self.tau = tau
+        self._tau = threshold_input(tau)
         self.max_draft = max_draft
         self.spec = f"confidence:tau={tau:g},max={max_draft}"
 
     judge_at = SAMPLE
+
+    def to(self, device: torch.device | str) -> Confidence:
+        self._tau = self._tau.to(device)
+        return super().to(device)
 
     def start_round(self, position: int) -> int:
         return self.max_draft
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         dist = step.q if step.confidence is None else step.confidence
-        return rows(dist, step.token)[0] < self.tau, stats
+        conf = rows(dist, step.token)[0]
+        return conf < self._tau.to(conf.dtype), stats
 
 
 def draft_entropy(step: DraftStep) -> torch.Tensor:
@@ -289,16 +302,22 @@ class Entropy(StopPolicy):
         if max_draft < 1:
             raise AccheadError(f"entropy needs max >= 1, got max={max_draft}")
         self.tau = tau
+        self._tau = threshold_input(tau)
         self.max_draft = max_draft
         self.spec = f"entropy:tau={tau:g},max={max_draft}"
 
     judge_at = SAMPLE
 
+    def to(self, device: torch.device | str) -> Entropy:
+        self._tau = self._tau.to(device)
+        return super().to(device)
+
     def start_round(self, position: int) -> int:
         return self.max_draft
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return draft_entropy(step) > self.tau, stats
+        h = draft_entropy(step)
+        return h > self._tau.to(h.dtype), stats
 
 
 class AdaEDL(StopPolicy):

@@ -167,3 +167,43 @@ def test_compiled_fixed_k_round_unit_equals_eager(compiled_pair):
     with torch.compiler.set_stance("fail_on_recompile"):
         got = [_rounds(fast, prompt, temperature=t, seed=5) for t in (0.0, 1.0)]
     assert got == [_rounds(eager, prompt, temperature=t, seed=5) for t in (0.0, 1.0)]
+
+
+def _new_thresholds_replay(target, draft, warmed: str, specs: list[str], head=None) -> list[list[int]]:
+    """Warm up `warmed`, then decode each of `specs` (the same rule, other thresholds) with no warm-up of its
+    own under `fail_on_recompile`: a threshold that were a constant of the compiled step would recompile
+    and fail. Each decodes the eager path's tokens and rounds; returns the greedy round lengths per spec."""
+    prompt = torch.tensor([5, 9, 17, 33, 2])
+    SpeculativeDecoder(target, draft, policy=warmed, head=head, fast=True).warm_up(64)
+    lengths = []
+    for spec in specs:
+        fast = SpeculativeDecoder(target, draft, policy=spec, head=head, fast=True)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            got = _rounds(fast, prompt, temperature=0)
+        eager = SpeculativeDecoder(target, draft, policy=spec, head=head, fast=False)
+        assert got == _rounds(eager, prompt, temperature=0), spec
+        lengths.append(got[1])
+    return lengths
+
+
+def test_a_new_specdecpp_threshold_compiles_nothing(compiled_pair):
+    """SpecDec++'s h is an input of the draft's compiled step: one graph serves every threshold of a sweep
+    (issue 32). The head and shapes are those of the test above, so its graphs are reused when it ran
+    first."""
+    target, draft = compiled_pair
+    (head,) = _token_heads(draft.config.hidden_size, [("state", "token")])
+    specs = ["specdecpp:h=0.2,max=3", "specdecpp:h=0.8,max=3"]
+    lengths = _new_thresholds_replay(target, draft, "specdecpp:h=0.5,max=3", specs, head)
+    assert lengths[0] != lengths[1], "the thresholds should stop differently (else the test proves nothing)"
+
+
+@pytest.mark.slow
+def test_new_confidence_and_entropy_thresholds_compile_nothing(compiled_pair):
+    """The confidence and entropy rules' tau are inputs of the compiled step too (they were constants: a
+    new tau recompiled, about 30 s each on the CPU). The random draft's softmax is nearly uniform over 320
+    tokens (H ≈ 5.8 nats), so tau 0.9 / 0.5 stop after every candidate and tau 0 / 10 never do."""
+    target, draft = compiled_pair
+    for rule, taus in (("confidence", (0.5, 0.9, 0.0)), ("entropy", (1.5, 0.5, 10.0))):
+        specs = [f"{rule}:tau={t},max=3" for t in taus]
+        lengths = _new_thresholds_replay(target, draft, specs[0], specs[1:])
+        assert lengths[0] != lengths[1], rule
