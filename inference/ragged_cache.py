@@ -10,7 +10,8 @@ alone would compute:
 - (this module) a slot per fed token, and an explicit (B, T) validity mask: a row's rejected candidates and
   the padding of a narrower row are holes, masked out of every later attention through `attention_mask`.
   Rollback is a mask update (no copy); the cache is cropped when its last slots are holes in every row,
-  and compacted (each row's valid slots gathered to the right end) when holes fill more than half of it.
+  and compacted (each row's valid slots gathered to the right end) when even the longest row fills less
+  than half of it (slots > 2·longest + 8).
 
 Why it is exact: a valid token's key and value depend only on its row's valid tokens before it (holes are
 masked) and on its position id, which is the row's count of valid tokens before it (passed explicitly as
@@ -114,7 +115,7 @@ class RaggedCache:
         self._shrink()
 
     def _shrink(self) -> None:
-        """Crop trailing all-hole slots; compact when holes are more than half the slots."""
+        """Crop trailing all-hole slots; compact when the longest row holds less than half the slots."""
         if not self.slots:
             return
         used = self.mask.any(0).nonzero()
