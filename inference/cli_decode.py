@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         "default: on for CUDA, off on the CPU, where compiling costs tens of seconds up front",
     )
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="decode B rows of the prompt at once (row b: seed + b; "
+        "acchead.inference.batched, eager, no streaming); prints each row's text and the batch's counts",
+    )
     return p
 
 
@@ -154,6 +158,33 @@ def format_stats(res: GenerationResult) -> str:
     )
 
 
+def _decode_batch(args: argparse.Namespace, target, draft, head_path, tok, ids, s: SamplingConfig) -> int:
+    """`--batch-size B`: the prompt as B rows of one batch (issue 33), each row's text, the batch's counts."""
+    from acchead.inference.batched import BatchedDecoder
+
+    if args.batch_size < 1:
+        raise AccheadError(f"--batch-size must be >= 1, got {args.batch_size}")
+    dec = BatchedDecoder(target, draft, policy=args.policy, head=head_path, verifier=args.verifier,
+                         batch_stop=args.policy.startswith("specdecpp"))  # fmt: skip
+    res = dec.generate([ids] * args.batch_size, max_new_tokens=args.max_new_tokens,
+                       temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed,
+                       eos_token_id=tok.eos_token_id)  # fmt: skip
+    stats = {k: v for k, v in res.to_dict().items() if k != "rows"}
+    stats.update(batch_size=args.batch_size, policy=dec.policy.spec, verifier=args.verifier,
+                 batch_stop=str(dec.batch_stop) if dec.batch_stop else None, sampling=s.to_dict(),
+                 texts=[tok.decode(r.new_ids) for r in res.rows])  # fmt: skip
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    for b, text in enumerate(stats["texts"]):
+        print(f"--- row {b} (seed {args.seed + b})\n{text}")
+    rule = stats["batch_stop"] or "no batch rule"
+    print(f"--- {dec.policy.spec}, {args.verifier} verification, {s}, B = {args.batch_size}, {rule}")
+    print(f"tokens {res.tokens} | target calls {res.target_calls} | draft calls {res.draft_calls} | "
+          f"batch stops {res.batch_stops} | {res.wall_time:.2f} s, {res.wall_tokens_per_s:.1f} tokens/s")
+    return 0
+
+
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -207,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     if ids.numel() == 0:
         raise AccheadError("the prompt encodes to no tokens")
     ids, truncated_from = _fit_prompt(ids, args.max_new_tokens, [target, draft], args.truncate_prompt)
+    if args.batch_size is not None:
+        return _decode_batch(args, target, draft, head_path, tok, ids, s)
     streamer = None if args.json else TextStreamer(tok, skip_prompt=False)
     res = decoder.generate(
         ids,

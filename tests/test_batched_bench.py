@@ -1,4 +1,5 @@
-"""`acchead-bench --batch-size`: a row per (B, batchable setting) in results.json and the report."""
+"""`--batch-size` on the commands: `acchead-bench` adds a row per (B, batchable setting) to results.json and
+the report; `acchead-decode` decodes B rows of its prompt."""
 
 from __future__ import annotations
 
@@ -33,3 +34,24 @@ def test_bench_batch_sizes_add_a_row_per_b(bench_inputs, tmp_path):  # noqa: F81
     report = (out / "report.md").read_text()
     assert "## Batched decoding" in report and (out / "batched.md").read_text() in report
     assert len([line for line in report.splitlines() if line.startswith("| 3 |")]) == len(specs)
+
+
+def test_decode_batch_size_prints_every_row(tiny_pair_dirs, capsys):
+    """`acchead-decode --batch-size 3`: three rows of the prompt; greedy rows are the same text, and the same
+    as the single-prompt decode's."""
+    from acchead.inference.cli_decode import main as decode_main
+
+    t, d = tiny_pair_dirs
+    base = ["--target", str(t), "--draft", str(d), "--prompt", "def f(x):", "--max-new-tokens", "10",
+            "--policy", "specdec:k=3", "--temperature", "0", "--json"]  # fmt: skip
+    assert decode_main(base) == 0
+    single = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert decode_main([*base, "--batch-size", "3"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["batch_size"] == 3 and stats["texts"] == [single["text"]] * 3
+    assert stats["tokens"] == 3 * single["tokens"] and stats["target_calls"] == single["target_calls"]
+    assert decode_main([*base[:-1], "--batch-size", "2", "--temperature", "1.0"]) == 0
+    out = capsys.readouterr().out
+    assert "--- row 1 (seed 1)" in out and "B = 2" in out and "draft calls" in out
+    assert decode_main([*base, "--batch-size", "0"]) == 2
+    assert "--batch-size must be >= 1" in capsys.readouterr().err
