@@ -7,6 +7,7 @@ dataset). Only this module builds Trainers.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import signal
 import threading
@@ -75,6 +76,9 @@ def resolve_draft(settings: TrainSettings, data: GenData) -> FrozenDraft | None:
     from acchead.pairs import shipped_drafts
 
     for path in shipped_drafts():  # the named pairs' drafts: the data records which one it was made with
+        shape = json.loads((path / "config.json").read_text())
+        if shape.get("hidden_size") != data.draft.get("hidden_size"):
+            continue  # not it, and loading it could need its target's assets (the SmolLM2 draft does)
         draft = FrozenDraft.load(path, dtype=settings.draft_dtype)
         if same_draft(draft.identity, data.draft):
             return draft
