@@ -247,7 +247,12 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         )
     train_shards = shards[: len(shards) - args.held_out_shards]
     held_shards = shards[len(shards) - args.held_out_shards :]
-    teacher = [shard for directory in args.teacher for shard in load_teacher(directory)]
+    teacher = []
+    for directory in args.teacher:
+        found = load_teacher(directory)
+        if not found:
+            raise AccheadError(f"--teacher {directory}: no teacher shards there (acchead-distill teacher)")
+        teacher += found
     target_path = args.target or asset_path(TARGET_DIR_NAME)
     tok = load_tokenizer(target_path)
     resuming = (args.out / "checkpoint.pt").is_file()

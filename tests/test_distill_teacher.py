@@ -110,6 +110,8 @@ def test_teacher_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_path, mo
              "--held-out-shards", "1", "--total-tokens", "50", "--vocab-background", "0"]  # fmt: skip
     assert cli.main([*train, "--teacher", str(tmp_path / "teach")]) == 0
     assert "train_examples=5" in capsys.readouterr().out  # 2 responses + 3 exchanges
+    assert cli.main([*train, "--teacher", str(tmp_path / "nothing")]) == 2
+    assert "no teacher shards there" in capsys.readouterr().err
     bad = ["teacher", "--target", str(chatty), "--out", str(tmp_path / "t2"), "--max-len", "0"]
     assert cli.main(bad) == 2
     assert "--max-len must be >= 1" in capsys.readouterr().err
