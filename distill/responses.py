@@ -101,25 +101,30 @@ def greedy_batch(
     return results
 
 
-def save_shard(path: Path, shard: ResponseShard) -> None:
-    def offsets(seqs: list[list[int]]) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+def ragged(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token-id lists as (concatenated uint16 ids, int64 offsets of length n + 1)."""
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in seqs])]).astype(np.int64)
+    return np.array([t for x in seqs for t in x], dtype=np.uint16), offsets
 
-    def flat(seqs: list[list[int]]) -> np.ndarray:
-        return np.array([t for s in seqs for t in s], dtype=np.uint16)
 
-    arrays = {
-        "plan_index": np.array(shard.plan_index, dtype=np.int64),
-        "prompt": flat(shard.prompts), "prompt_offsets": offsets(shard.prompts),
-        "response": flat(shard.responses), "response_offsets": offsets(shard.responses),
-        "chat": np.array(shard.chat, dtype=bool), "ended": np.array(shard.ended, dtype=bool),
-    }  # fmt: skip
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """`arrays` as one compressed .npz, written atomically."""
 
     def write(tmp: Path) -> None:
         with tmp.open("wb") as f:
             np.savez_compressed(f, **arrays)
 
     atomic_write(path, write)
+
+
+def save_shard(path: Path, shard: ResponseShard) -> None:
+    (prompt, prompt_offsets), (response, response_offsets) = ragged(shard.prompts), ragged(shard.responses)
+    save_npz(path, {
+        "plan_index": np.array(shard.plan_index, dtype=np.int64),
+        "prompt": prompt, "prompt_offsets": prompt_offsets,
+        "response": response, "response_offsets": response_offsets,
+        "chat": np.array(shard.chat, dtype=bool), "ended": np.array(shard.ended, dtype=bool),
+    })  # fmt: skip
 
 
 def load_shard(path: Path) -> ResponseShard:

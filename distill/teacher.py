@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from acchead.distill.responses import ragged, save_npz
 from acchead.errors import AccheadError
-from acchead.rundir import atomic_write, atomic_write_json
+from acchead.rundir import atomic_write_json
 
 SHARD_GLOB = "teacher-*.npz"
 META_FILE = "teacher.json"
@@ -72,22 +73,10 @@ def label_batch(target, batch: list[tuple[list[int], int]], pad_id: int) -> list
     return out
 
 
-def _ragged(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
-    return np.array([t for s in seqs for t in s], dtype=np.uint16), offsets
-
-
 def save_teacher_shard(path: Path, shard: TeacherShard) -> None:
-    ids, offsets = _ragged(shard.ids)
-    labels, _ = _ragged(shard.labels)
-    arrays = {"ids": ids, "offsets": offsets, "prompt_len": np.array(shard.prompt_len, dtype=np.int64),
-              "labels": labels}  # fmt: skip
-
-    def write(tmp: Path) -> None:
-        with tmp.open("wb") as f:
-            np.savez_compressed(f, **arrays)
-
-    atomic_write(path, write)
+    (ids, offsets), (labels, _) = ragged(shard.ids), ragged(shard.labels)
+    save_npz(path, {"ids": ids, "offsets": offsets, "prompt_len": np.array(shard.prompt_len, dtype=np.int64),
+                    "labels": labels})  # fmt: skip
 
 
 def load_teacher_shard(path: Path) -> TeacherShard:
