@@ -1,9 +1,9 @@
 """Command line and YAML config of `acchead-gen-data`.
 
-Every flag has its default in `configs/gen_data.yaml` (or the file given by `--config`); a flag given on the
-command line overrides the file. The prompt source is one of `--prompt-set`, `--prompts FILE`,
-`--dataset NAME`, or responses generated elsewhere, `--responses FILE`: one given on the command line
-replaces the file's choice.
+Every flag has its default in `configs/gen_data.yaml`; a `--config` file overrides the keys it sets and a
+flag given on the command line overrides both (`acchead.layered_config`). The prompt source is one of
+`--prompt-set`, `--prompts FILE`, `--dataset NAME`, or responses generated elsewhere, `--responses FILE`:
+one given on the command line (or in the `--config` file) replaces the shipped file's choice.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from acchead.data_gen.placement import parse_process_gpus
 from acchead.data_gen.prompts import PromptSource
 from acchead.data_gen.responses import ResponsesSource
 from acchead.errors import AccheadError
+from acchead.layered_config import read_mapping, resolve_layers
 from acchead.pairs import DEFAULT_PAIR, PAIR_NAMES
 from acchead.sampling import SamplingConfig
 
@@ -148,7 +146,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
     from acchead.configs import config_path
 
     try:
-        defaults = load_yaml(config_path("gen_data"))
+        defaults = read_mapping(config_path("gen_data"))
     except AccheadError:
         return  # --help must work even with a broken config; parse_args reports it
     for action in parser._actions:
@@ -206,32 +204,15 @@ class GenDataArgs:
         return isinstance(self.source, ResponsesSource)
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file as a dict; AccheadError if unreadable or not a mapping."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise AccheadError(f"cannot read config {path}: {str(e).splitlines()[0]}") from e
-    if not isinstance(data, dict):
-        raise AccheadError(f"config {path} is not a mapping of flag names to values")
-    return data
-
-
 def parse_args(argv: list[str] | None = None) -> GenDataArgs:
     """Flags over YAML defaults -> validated `GenDataArgs`."""
     from acchead.configs import config_path
 
     parser = build_parser()
     ns = parser.parse_args(argv)
-    cfg = load_yaml(ns.config or config_path("gen_data"))
-    known = {a.dest for a in parser._actions} - {"help", "config"}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise AccheadError(f"unknown key(s) in config: {', '.join(unknown)}")
-    cli = {k: v for k, v in vars(ns).items() if v is not None and k != "config"}
-    if any(k in cli for k in SOURCE_KEYS):
-        cfg = {k: v for k, v in cfg.items() if k not in SOURCE_KEYS}  # the command line picks the source
-    merged = {**cfg, **cli}
+    flags = {k: v for k, v in vars(ns).items() if k != "config"}
+    # One prompt source: a file or the command line naming one replaces the layers' source below it.
+    merged = resolve_layers(config_path("gen_data"), ns.config, flags, set(flags), exclusive=[SOURCE_KEYS])
     get = merged.get
 
     sources = [k for k in SOURCE_KEYS if get(k)]

@@ -2,9 +2,9 @@
 
     acchead-train --data DIR --w-rej 6 --depth 3 --out OUT
 
-Settings come from configs/train.yaml (or `--config`), overridden by flags. Writes OUT/head.safetensors
-(through `acchead.save_head`, tied to the draft and the sampling configuration of the data),
-OUT/metrics.json, OUT/train_config.yaml (the resolved settings), OUT/checkpoints/ and OUT/logs/.
+Settings come from configs/train.yaml, then `--config` (the keys it sets), then flags. Writes
+OUT/head.safetensors (through `acchead.save_head`, tied to the draft and the sampling configuration of the
+data), OUT/metrics.json, OUT/train_config.yaml (the resolved settings), OUT/checkpoints/ and OUT/logs/.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import yaml
 
 from acchead.configs import config_path
 from acchead.errors import AccheadError, cli_errors
+from acchead.layered_config import resolve_layers
 from acchead.rundir import (
     DirLock,
     atomic_write_text,
@@ -122,16 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_settings(args: argparse.Namespace, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
-    """YAML defaults overridden by the flags given; returns TrainSettings keyword arguments."""
+    """The shipped YAML, then `--config`, then the flags given, then `fixed` (`acchead.layered_config`);
+    returns TrainSettings keyword arguments."""
     flags = vars(args)
-    cfg_file = flags.pop("config", None) or config_path("train")
-    if not Path(cfg_file).is_file():
-        raise AccheadError(f"config file does not exist: {cfg_file}")
-    cfg = yaml.safe_load(Path(cfg_file).read_text()) or {}
-    unknown = sorted(set(cfg) - _FIELDS)
-    if unknown:
-        raise AccheadError(f"{cfg_file}: unknown keys {', '.join(unknown)}")
-    merged = {**cfg, **flags, **(fixed or {})}
+    user = flags.pop("config", None)
+    merged = resolve_layers(config_path("train"), user, {**flags, **(fixed or {})}, _FIELDS)
     if merged.get("logger") == "none":
         merged["logger"] = None
     if isinstance(merged.get("devices"), str) and merged["devices"].isdigit():

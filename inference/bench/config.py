@@ -19,8 +19,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from acchead.errors import AccheadError
 from acchead.pairs import PAIR_NAMES
 from acchead.sampling import SamplingConfig
@@ -194,11 +192,12 @@ def _spec_list(text: str) -> list[str]:
 
 def _shipped_defaults() -> dict[str, Any]:
     from acchead.configs import config_path
+    from acchead.layered_config import read_mapping
 
     try:
-        return yaml.safe_load(config_path("bench").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
+        return read_mapping(config_path("bench"))
+    except AccheadError:
+        return {}  # --help must work even with a broken config; resolve_args reports it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -310,35 +309,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _read_config(path: Path, known: set[str]) -> dict[str, Any]:
-    if not path.is_file():
-        raise AccheadError(f"config file does not exist: {path}")
-    try:
-        cfg = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise AccheadError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(cfg, dict):
-        raise AccheadError(f"{path} must hold a mapping of flag names to values")
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise AccheadError(f"{path}: unknown keys {', '.join(unknown)}")
+def _converted(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config file's values as the flags' parsers would produce them (`_from_yaml`)."""
     return {k: _from_yaml(path, k, v) for k, v in cfg.items() if v is not None}
 
 
 def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill every flag left unset from `--config`, then the shipped config, then the demo pair; validate.
 
-    A user config may set only some keys; the others keep the shipped defaults.
+    A user config may set only some keys; the others keep the shipped defaults (`acchead.layered_config`).
+    The config's `goals:` section (not flags) becomes `args.goals`, a `GoalThresholds`.
     """
     from acchead.configs import config_path
+    from acchead.inference.bench.thresholds import GoalThresholds
+    from acchead.layered_config import resolve_layers
 
-    known = {k for k in vars(args) if k != "config"}
-    cfg = _read_config(config_path("bench"), known)
-    if args.config:
-        cfg |= _read_config(Path(args.config).expanduser(), known)
-    for k in known:
-        if getattr(args, k) is None and k in cfg:
-            setattr(args, k, cfg[k])
+    flags = {k: v for k, v in vars(args).items() if k != "config"}
+    merged = resolve_layers(config_path("bench"), args.config, flags, {*flags, "goals"}, convert=_converted)
+    for k in flags:
+        setattr(args, k, merged.get(k))
+    args.goals = GoalThresholds.from_mapping(merged.get("goals") or {}, "config goals")
     _apply_demo_defaults(args)
     _validate(args)
     return args
