@@ -225,9 +225,7 @@ def generate_windows(
     """The target continues each prompt (its last `context` tokens, left-padded with `pad_id`, the corpus's
     document separator, so no attention mask is needed) by `new_tokens` tokens, greedily (temperature 0)
     or by sampling; every position's top-k next-token distribution (temperature 1) is kept."""
-    from transformers import DynamicCache
-
-    from acchead.models import CACHE_ARG
+    from acchead.kv_decode import KVSequence, decode
 
     n, width = len(prompts), context + new_tokens
     tokens = np.zeros((n, width), np.uint16)
@@ -249,19 +247,21 @@ def generate_windows(
             tail = p[-context:]
             x[i, context - len(tail) :] = torch.tensor(tail)
             start[b0 + i] = context - len(tail)
-        cache = DynamicCache()
-        logits = target(input_ids=x, **{CACHE_ARG: cache}, use_cache=True).logits  # (B, context, V)
+        seq = KVSequence(target)
+        logits, _ = seq.feed(x, keep=context)  # (B, context, V)
         keep(slice(b0, b1), slice(0, context), logits)
         tokens[b0:b1, :context] = x.numpy()
-        last = logits[:, -1]
-        for t in range(context, width):
+
+        def choose(t: int, last: torch.Tensor, rows: slice = slice(b0, b1)) -> torch.Tensor:
+            if t:  # `last` follows the token of column context + t - 1: its distribution is kept there
+                keep(rows, slice(context + t - 1, context + t), last[:, None])
             if temperature == 0:
-                nxt = last.argmax(-1)
-            else:
-                nxt = torch.multinomial(torch.softmax(last.float() / temperature, -1), 1, generator=gen)[:, 0]
-            tokens[b0:b1, t] = nxt.numpy()
-            last = target(input_ids=nxt[:, None], **{CACHE_ARG: cache}, use_cache=True).logits[:, -1]
-            keep(slice(b0, b1), slice(t, t + 1), last[:, None])
+                return last.argmax(-1)
+            return torch.multinomial(torch.softmax(last.float() / temperature, -1), 1, generator=gen)[:, 0]
+
+        # The last token is fed too: the distribution after it is kept in the last column.
+        tokens[b0:b1, context:] = decode(seq, new_tokens, choose, feed_last=True).numpy()
+        keep(slice(b0, b1), slice(width - 1, width), seq.logits[:, None])
     return GeneratedWindows(tokens=tokens, ids=ids, logp=logp, start=start, context=context)
 
 
