@@ -212,7 +212,8 @@ def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict
     from tqdm.auto import tqdm
 
     from acchead.data_gen.labeler import Labeler
-    from acchead.data_gen.shards import TOKEN_EMBEDDINGS, PartWriter, RunDir, plan_batches, write_npy
+    from acchead.data_gen.part_writer import PartWriter
+    from acchead.data_gen.shards import TOKEN_EMBEDDINGS, RunDir, plan_batches, write_npy
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer, model_identity
 
     state = PartialState()

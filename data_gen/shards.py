@@ -12,17 +12,17 @@ Layout of OUT while a run is in progress and after it:
     lookahead_features.npy, token_embeddings.npy   the lookahead head's cache (after the merge)
     gen_config.json       written last: its presence means the run is complete
 
-Batches are planned once over the whole run (`plan_batches`: all kept prompts sorted by length, then
-index), so a batch's composition, and with it the float rounding of its labels and features, never depends
-on when rows are written, on `--shard-size`, on the number of processes or on interruptions. Labelled
-batches are written as *parts*: `shards/part-<first>-<end>.arrow` (+ `.npy` feature files) holds the rows of
-batches [first, end), written as soon as `--shard-size` prompts or `--flush-seconds` seconds have
-accumulated, whichever comes first (`PartWriter`), so a kill loses at most about that much work at any run
-size. A part exists iff its `.arrow` file does (written last; every file fsynced, then renamed). A rerun
+Batches are planned once over the whole run (`plan_batches`: all kept prompts sorted by length, then index),
+so a batch's composition, and with it the float rounding of its labels and features, never depends on when
+rows are written, on `--shard-size`, on the number of processes or on interruptions. Labelled batches are
+written as *parts*: `shards/part-<first>-<end>.arrow` (+ `.npy` feature files) holds the rows of batches
+[first, end), written as soon as `--shard-size` prompts or `--flush-seconds` seconds have accumulated,
+whichever comes first (`acchead.data_gen.part_writer`), so a kill loses at most about that much work at any
+run size. A part exists iff its `.arrow` file does (written last; every file fsynced, then renamed). A rerun
 checks every part (rows, prompt indices, feature shapes), deletes a corrupt one (a truncated file left by a
 crash or a power loss) and relabels only the batches no valid part holds. The merge puts rows back in prompt
-order. The directory is locked for the run (`acchead.rundir.DirLock`); another run's OUT is refused,
-never overwritten, unless `--overwrite` is given.
+order. The directory is locked for the run (`acchead.rundir.DirLock`); another run's OUT is refused, never
+overwritten, unless `--overwrite` is given.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import math
 import re
 import shutil
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -360,60 +359,6 @@ class RunDir:
 
     def load_gen_config(self) -> dict:
         return json.loads((self.out / GEN_CONFIG).read_text())
-
-
-class PartWriter:
-    """Collects one process's labelled batches and writes them as parts, so a kill loses little work.
-
-    A part is written once it holds `max_prompts` prompts or `max_seconds` have passed since the previous
-    write, whichever comes first (checked after each batch), before a batch that does not continue it (a
-    resumed run's pending batches have gaps), and at `close`. What reaches the disk when never changes
-    what the rows are: batches are planned over the whole run.
-
-    Args:
-        run_dir: where parts go.
-        hidden_size: the draft's H when features are cached, else None.
-        max_prompts: `--shard-size`.
-        max_seconds: `--flush-seconds`.
-        clock: seconds, monotonic (tests inject one).
-    """
-
-    def __init__(
-        self,
-        run_dir: RunDir,
-        hidden_size: int | None,
-        max_prompts: int,
-        max_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.run_dir, self.hidden_size = run_dir, hidden_size
-        self.max_prompts, self.max_seconds, self.clock = max_prompts, max_seconds, clock
-        self.rows: list[LabeledRow] = []
-        self.first = self.end = -1
-        self.since = clock()
-        self.written: list[Part] = []
-
-    def add(self, batch: int, rows: list[LabeledRow]) -> None:
-        """Add the rows of batch `batch`; write the part if it is due."""
-        if self.rows and batch != self.end:
-            self.flush()
-        if not self.rows:
-            self.first = batch
-        self.rows += rows
-        self.end = batch + 1
-        if len(self.rows) >= self.max_prompts or self.clock() - self.since >= self.max_seconds:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write the collected batches as one part now (nothing if none)."""
-        if self.rows:
-            part = (self.first, self.end)
-            self.run_dir.write_shard(part, self.rows, self.hidden_size)
-            self.written.append(part)
-            self.rows = []
-        self.since = self.clock()
-
-    close = flush
 
 
 def _row_stats(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,8 @@ from test_gen_data_cli import PROMPTS, base_args, read_run, write_jsonl
 
 from acchead.data_gen import cli as gen_cli
 from acchead.data_gen.labeler import Labeler
-from acchead.data_gen.shards import PartWriter, RunDir
+from acchead.data_gen.part_writer import PartWriter
+from acchead.data_gen.shards import RunDir
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, load_head, save_head
