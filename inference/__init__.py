@@ -1,7 +1,9 @@
 """Speculative decoders (token/block verification; fixed-K, SpecDec++, confidence, oracle, bandits).
 
-The decoding loop is `decoder`, its stop policies `policies` (bandits: `bandit`, `bandit_policy`), its
-drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_decode` is `acchead-decode`;
+The decoding loop is `decoder` (a round: `draft_round`, then `round_verifier`; what it returns:
+`results`; a bandit's decoder: `bandit_decoder`), its stop policies `policies` (bandits: `bandit`,
+`bandit_policy`), its drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_decode`
+is `acchead-decode`;
 `hf` runs the decoder as transformers' own `generate` loop (`custom_generate=acchead.inference.hf.generate`).
 `batched` decodes B prompts at once (autoregressive, fixed K, SpecDec++ with a batch stop rule).
 The benchmark that measures them, `acchead-bench`, is the subpackage `acchead.inference.bench`.
@@ -12,11 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from acchead.inference.bandit_decoder import bandit_decoder
     from acchead.inference.bandit_policy import BanditPolicy
     from acchead.inference.batched import BatchedDecoder
-    from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
+    from acchead.inference.decoder import SpeculativeDecoder
     from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
     from acchead.inference.policies import StopPolicy, parse_policy
+    from acchead.inference.results import GenerationResult
 
 __all__ = ["BanditPolicy", "BatchedDecoder", "DraftStep", "Drafter", "GenerationResult", "ModelDrafter",
            "SpeculativeDecoder", "StopPolicy", "bandit_decoder", "parse_policy"]
@@ -27,11 +31,13 @@ def __getattr__(name: str) -> object:
     runs this file, and their `--help` must not wait for torch and transformers."""
     if name not in __all__:
         raise AttributeError(f"module 'acchead.inference' has no attribute {name!r}")
+    from acchead.inference.bandit_decoder import bandit_decoder
     from acchead.inference.bandit_policy import BanditPolicy
     from acchead.inference.batched import BatchedDecoder
-    from acchead.inference.decoder import GenerationResult, SpeculativeDecoder, bandit_decoder
+    from acchead.inference.decoder import SpeculativeDecoder
     from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
     from acchead.inference.policies import StopPolicy, parse_policy
+    from acchead.inference.results import GenerationResult
 
     names = {
         "BanditPolicy": BanditPolicy, "BatchedDecoder": BatchedDecoder, "DraftStep": DraftStep,

@@ -197,7 +197,7 @@ def parse_bandit(spec: str, *, head=None, allow_drafters: bool = False) -> Bandi
     )
 
 
-class SwitchDrafter:
+class SwitchDrafter(Drafter):
     """A `Drafter` that hands each round to the drafter of the bandit's current arm.
 
     All drafters see every `begin`/`rollback`, so an idle one only lags behind the sequence; neural
@@ -208,7 +208,7 @@ class SwitchDrafter:
         self.drafters = list(drafters)
         self.arm_drafter = list(arm_drafter)
         self.policy = policy
-        self.device = getattr(self.drafters[0], "device", torch.device("cpu"))
+        self.device = self.drafters[0].device
 
     @property
     def draft_calls(self) -> int:
@@ -219,8 +219,14 @@ class SwitchDrafter:
             d.begin(input_ids, sampling, seed)
 
     def propose(
-        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+        self,
+        context: torch.Tensor,
+        index: int,
+        want_hidden: bool,
+        want_state: bool = False,
+        judge: StopPolicy | None = None,
     ) -> DraftStep:
+        """As `Drafter.propose` by the current arm's drafter; the bandit's policy judges the step itself."""
         assert self.policy.arm is not None, "propose outside a round"
         drafter = self.drafters[self.arm_drafter[self.policy.arm]]
         return drafter.propose(context, index, want_hidden, want_state)

@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +45,6 @@ from transformers import PreTrainedModel
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
-from acchead.inference.decoder import GenerationResult
 from acchead.inference.device_random import DRAFT, NEXT, TAU, key_hash, sample_token
 from acchead.inference.policies import (
     Autoregressive,
@@ -58,47 +56,11 @@ from acchead.inference.policies import (
     parse_policy,
 )
 from acchead.inference.ragged_cache import RaggedCache, right_aligned
+from acchead.inference.results import BatchResult, GenerationResult
 from acchead.inference.verification import VERIFIERS
 from acchead.lookahead import lookahead_inputs
 from acchead.models import check_prompt, output_embedding_table
 from acchead.sampling import SamplingConfig, probs_from_logits
-
-
-@dataclass
-class BatchResult:
-    """The rows' results and the batch's counts.
-
-    Attributes:
-        rows: one `GenerationResult` per prompt, in order: its tokens, its rounds (= its target_calls: the
-            batched target forwards it took part in), the batched draft forwards of those rounds, its
-            drafted/discarded counts and per-round τ and L.
-        target_calls / draft_calls: batched target / draft forwards.
-        head_calls: head evaluations (rows × judged steps).
-        batch_stops: rounds the batch rule ended (0 without it).
-        wall_time: seconds in `generate`.
-    """
-
-    rows: list[GenerationResult]
-    target_calls: int = 0
-    draft_calls: int = 0
-    head_calls: int = 0
-    batch_stops: int = 0
-    wall_time: float = 0.0
-
-    @property
-    def tokens(self) -> int:
-        return sum(r.tokens for r in self.rows)
-
-    @property
-    def wall_tokens_per_s(self) -> float:
-        return self.tokens / self.wall_time if self.wall_time > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": [r.to_dict() for r in self.rows], "target_calls": self.target_calls,
-            "draft_calls": self.draft_calls, "head_calls": self.head_calls, "batch_stops": self.batch_stops,
-            "wall_time": self.wall_time, "tokens": self.tokens, "wall_tokens_per_s": self.wall_tokens_per_s,
-        }  # fmt: skip
 
 
 @dataclass

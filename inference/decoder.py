@@ -36,7 +36,6 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,70 +46,16 @@ import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.device_path import DevicePath, PhaseClock, upload
-from acchead.inference.device_random import NEXT, TAU, Word, key_hash, key_input
-from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
+from acchead.inference.draft_round import draft_round
+from acchead.inference.drafters import Drafter, ModelDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.model_runner import make_runner
 from acchead.inference.policies import Autoregressive, StopPolicy, needs_head, parse_policy
-from acchead.inference.units import verify_post
+from acchead.inference.results import GenerationResult
+from acchead.inference.round_verifier import RoundVerifier
 from acchead.inference.verification import VERIFIERS
 from acchead.models import CACHE_ARG, check_prompt
 from acchead.sampling import SamplingConfig
-
-
-@dataclass
-class GenerationResult:
-    """New tokens and the counts of the cost model (DESIGN §4) for one `generate` call.
-
-    Attributes:
-        new_ids: (N,) int64 on the CPU, the generated tokens (EOS included if it ended the generation).
-        target_calls: target forwards (= rounds).
-        draft_calls: draft forwards (0 for model-free drafters and autoregressive decoding).
-        drafted: candidates sent to the target.
-        discarded: candidates the target rejected (drafted − accepted).
-        rounds: verification rounds.
-        accepted_per_round / drafted_per_round: per-round τ and L.
-        wall_time: seconds spent in `generate` (excluding the oracle's hindsight reference run).
-        head_calls: acceptance-head evaluations (SpecDec++ only).
-        host_reads: device-to-host reads made by the decoding loop (`acchead.inference.host_reads`).
-        phases: with `generate(..., profile=True)`, per round: "draft_ms" (drafting, all its forwards and
-            stop decisions), "draft_forwards", "verify_ms" (target forward, verification, the status read
-            and both rollbacks) and "verify_tokens" (tokens the target's forward fed); else empty.
-    """
-
-    new_ids: torch.Tensor
-    target_calls: int = 0
-    draft_calls: int = 0
-    drafted: int = 0
-    discarded: int = 0
-    rounds: int = 0
-    accepted_per_round: list[int] = field(default_factory=list)
-    drafted_per_round: list[int] = field(default_factory=list)
-    wall_time: float = 0.0
-    head_calls: int = 0
-    host_reads: int = 0
-    phases: dict[str, list[float]] = field(default_factory=dict)
-
-    @property
-    def tokens(self) -> int:
-        """N, the number of generated tokens."""
-        return int(self.new_ids.numel())
-
-    @property
-    def verification_rate(self) -> float:
-        """N_target / N (lower is better; 1 for autoregressive decoding)."""
-        return self.target_calls / max(self.tokens, 1)
-
-    @property
-    def discard_rate(self) -> float:
-        """N_discarded / N."""
-        return self.discarded / max(self.tokens, 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["new_ids"] = self.new_ids.tolist()
-        d.update(tokens=self.tokens, verification_rate=self.verification_rate, discard_rate=self.discard_rate)
-        return d
 
 
 def _as_prompt(input_ids: torch.Tensor | list[int]) -> torch.Tensor:
@@ -122,51 +67,6 @@ def _as_prompt(input_ids: torch.Tensor | list[int]) -> torch.Tensor:
     if ids.dim() != 1 or ids.numel() == 0:
         raise AccheadError(f"input_ids must be a non-empty (T,) or (1, T) tensor, got {tuple(ids.shape)}")
     return ids
-
-
-def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int, cap: int) -> list[DraftStep]:
-    """Draft up to `cap` candidates after seq[:n] and write them into seq[n:]; the policy stops the round.
-
-    `policy.start_round` has already been called (it returned the cap). A candidate's hidden state (or,
-    for a lookahead head, the state that produced it) is requested only when a stop decision follows it,
-    i.e. not for the one that reaches the cap. After an
-    early stop, a policy with `free_token` gets one more candidate from the q that the last forward
-    already produced (a neural drafter pays no forward for it). Reads nothing back itself: the policy's
-    `should_stop` reads one flag per judged candidate, and fixed K none. Module-level so that the
-    exactness tests enumerate this very function with a scripted drafter.
-    """
-    fused = getattr(drafter, "fuses_judge", False)
-    if fused and drafter.round_unit and policy.fixed_length and cap == policy.max_cap:  # one unit: the round
-        steps = drafter.propose_block(seq[:n], cap)
-        seq[n : n + cap] = torch.stack([s.token for s in steps])
-        return steps
-    steps: list[DraftStep] = []
-    while len(steps) < cap:
-        k = len(steps) + 1
-        judged = k < cap
-        want_hidden, want_state = policy.needs_hidden and judged, policy.needs_state and judged
-        if fused:  # the draft model's unit runs the rule and hands the flag back in the step
-            judge = policy if judged and policy.judge_at is not None else None
-            step = drafter.propose(seq[: n + k - 1], k, want_hidden, want_state, policy=judge)
-        else:
-            step = drafter.propose(seq[: n + k - 1], k, want_hidden=want_hidden, want_state=want_state)
-        seq[n + k - 1] = step.token
-        steps.append(step)
-        if k == cap:
-            break
-        if policy.should_stop(step):
-            if policy.free_token:
-                step = drafter.propose(seq[: n + k], k + 1, want_hidden=False)
-                seq[n + k] = step.token
-                steps.append(step)
-            break
-    return steps
-
-
-def use_fast_path(target: PreTrainedModel, fast: bool | None, device_path: bool | None = None) -> bool:
-    """`fast`, or by default the fast path on the device path (CUDA unless `device_path` says otherwise;
-    on the CPU compiling costs tens of seconds first)."""
-    return DevicePath.resolve(target.device, device_path).fast_default if fast is None else bool(fast)
 
 
 class SpeculativeDecoder:
@@ -211,19 +111,24 @@ class SpeculativeDecoder:
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
         self._runner = make_runner(target, self.fast, compile, device_path=self.path.on)
-        self._key_tensors = self.fast and compile
-        self._vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
-        # Resolved once: `PreTrainedModel.device` walks the parameters on every access (`_key` and
-        # `_stack_q` run every round).
+        # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self._device: torch.device = target.device
+        vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
+        self._verifier = RoundVerifier(
+            self._runner, VERIFIERS[verifier], vocab, self._device, key_tensors=self.fast and compile
+        )
         if isinstance(draft, PreTrainedModel):
             # The draft resolves its own default from its own device (it may sit elsewhere).
             draft = ModelDrafter(draft, fast=self.fast, compile=compile, device_path=device_path)
+        elif draft is not None and not isinstance(draft, Drafter):
+            raise AccheadError(
+                f"draft must be a PreTrainedModel, a Drafter (acchead.inference.drafters) or None, not "
+                f"{type(draft).__name__}"
+            )
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
         self.draft_model = draft.model if isinstance(draft, ModelDrafter) else None
         self.drafter: Drafter | None = draft
         self.verifier = verifier
-        self._verify = VERIFIERS[verifier]
         self.head_meta = None
         if not isinstance(policy, str | StopPolicy):
             raise AccheadError(f"policy must be a spec string (e.g. 'specdec:k=4') or StopPolicy: {policy!r}")
@@ -277,21 +182,8 @@ class SpeculativeDecoder:
         with torch.inference_mode():
             # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
             # target's token), so `max_length` is all either needs.
-            runner = self._runner
-            runner.reset(max_length)
-            dummy = torch.zeros(self.policy.max_cap + 1, dtype=torch.long, device=self._device)
-            runner.feed(dummy[:1])  # a decode step, not a prefill: length 0 -> 1
-            keys = [self._key(0, purpose, 0) for purpose in (TAU, NEXT)]
-            for num in range(self.policy.max_cap + 1):
-                runner.rollback(1)
-                q = torch.zeros(num, self._vocab, device=self._device)
-                q[:, 0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
-                runner.feed(
-                    dummy[: num + 1], keep=num + 1, post=verify_post,
-                    post_args=(dummy[1 : num + 1], q, sampling, self._verify, *keys),
-                )  # fmt: skip
-            runner.reset(max_length)
-            if isinstance(self.drafter, ModelDrafter):
+            self._verifier.warm_up(max_length, self.policy.max_cap, sampling)
+            if self.drafter is not None:
                 self.drafter.warm_up(max_length, sampling, self.policy)
 
     # ------------------------------------------------------------------------------------------ generate
@@ -370,14 +262,7 @@ class SpeculativeDecoder:
                 res.phases.setdefault("verify_tokens", []).append(n + num - runner.length)
             # One unit: the target's forward over [x_n, X_1..X_L] (or the prompt), S, the verifier, the
             # packed status [τ, next token, X_1..X_L].
-            tokens = seq[n : n + num]
-            keys = [self._key(seed, purpose, n) for purpose in (TAU, NEXT)]
-            (status_t,) = runner.feed(
-                seq[runner.length : n + num], keep=num + 1, post=verify_post,
-                post_args=(tokens, self._stack_q(steps), sampling, self._verify, *keys),
-            )  # fmt: skip
-            seq.index_copy_(0, status_t[:1] + n, status_t[1:2])  # the next token, after the τ accepted
-            status = read(status_t)  # the round's one read
+            status = read(self._verifier.verify(seq, n, steps, sampling, seed))  # the round's one read
             tau, nxt = status[0], status[1]
             new = [*status[2 : 2 + tau], nxt]
             for i, tok in enumerate(new):
@@ -415,21 +300,6 @@ class SpeculativeDecoder:
             res.phases["verify_ms"] = ms[1::3]
         res.wall_time = time.perf_counter() - start
         return res
-
-    def _key(self, seed: int, purpose: int, n: int) -> Word:
-        """The key of a verifier draw in the round starting at n: a tensor for a compiled unit (an int
-        would be a constant of its graph)."""
-        return key_input(key_hash(seed, purpose, n, 0), self._device, self._key_tensors)
-
-    def _stack_q(self, steps: list[DraftStep]) -> torch.Tensor:
-        """(L, V) draft distributions on the target's device, zero-padded to its vocabulary width."""
-        v = self._vocab
-        if not steps:
-            return torch.zeros(0, v, device=self._device)
-        q = torch.stack([s.q for s in steps]).to(device=self._device, dtype=torch.float32)
-        if q.shape[-1] > v:
-            raise AccheadError(f"the drafter's vocabulary ({q.shape[-1]}) is wider than the target's ({v})")
-        return torch.nn.functional.pad(q, (0, v - q.shape[-1])) if q.shape[-1] < v else q
 
     # --------------------------------------------------------------------------------------------- helpers
 
@@ -469,58 +339,3 @@ class SpeculativeDecoder:
                 "its acceptance predictions will be off (DESIGN §2)",
                 stacklevel=3,
             )
-
-
-def bandit_decoder(
-    target: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    spec: str,
-    *,
-    bigram=None,
-    head: AcceptanceHead | str | Path | None = None,
-    verifier: str = "token",
-    fast: bool | None = None,
-    device_path: bool | None = None,
-) -> SpeculativeDecoder:
-    """A `SpeculativeDecoder` whose rounds a bandit assigns to (drafter, stop policy) arms.
-
-    Args:
-        target, draft: the models; `draft` serves arms without a drafter and reviews in cascades.
-        spec: e.g. "ucb:arms=specdec:k=3|mag@specdec:k=8|cascade:k=4.2/10@specdec:k=6".
-        bigram: MaG's bigram table, needed by `mag`/`cascade` arms
-            (`acchead.inference.mag.corpus_bigram_table`).
-        head: for specdecpp arms (which must use the draft model: MaG and cascades have no hidden states).
-        fast, device_path: as for `SpeculativeDecoder` (the draft model's arms and the target; MaG and
-            cascades are eager).
-    """
-    from acchead.inference.bandit_policy import SwitchDrafter, parse_bandit
-    from acchead.inference.cascade import make_drafter
-
-    if head is not None and not isinstance(head, AcceptanceHead):
-        from acchead.head_io import load_head
-
-        head, _ = load_head(head, draft=draft)
-    policy = parse_bandit(spec, head=head, allow_drafters=True)
-    names = list(dict.fromkeys(policy.drafters))  # distinct drafter specs, first-seen order
-    vocab = target.config.vocab_size
-    drafters: list[Drafter] = []
-    for name in names:
-        if name is None:
-            if draft is None:
-                raise AccheadError(f"bandit {spec!r} has arms that need a draft model")
-            fast_draft = use_fast_path(target, fast, device_path)
-            drafters.append(ModelDrafter(draft, fast=fast_draft, device_path=device_path))
-        else:
-            if bigram is None:
-                raise AccheadError(f"drafter {name!r} needs MaG's bigram table")
-            drafters.append(make_drafter(name, draft=draft, bigram=bigram, vocab_size=vocab))
-    for arm, name in zip(policy.arms, policy.drafters, strict=True):
-        if (arm.needs_hidden or arm.needs_state) and name is not None:
-            raise AccheadError(f"arm {name}@{arm.spec} needs hidden states; only the draft model gives them")
-    if draft is not None:
-        policy.to(draft.device)
-        policy.attach_draft(draft)
-    switch = SwitchDrafter(drafters, [names.index(n) for n in policy.drafters], policy)
-    return SpeculativeDecoder(
-        target, switch, policy=policy, verifier=verifier, fast=fast, device_path=device_path
-    )

@@ -6,9 +6,10 @@ verification needs the true q of whatever produced each token, or exactness is l
 also return their final hidden state after feeding the candidate (the SpecDec++ head's input); drafters
 without one (Max-Gram, lookup tables) return None, and a head policy cannot run on them.
 
-The decoder calls, per generation: `begin(...)` once; then per round `propose(...)` up to K times and
-`rollback(n)` after verification (n = committed length). `draft_calls` counts forward passes of the draft
-model; a model-free drafter keeps it at 0. Batch size 1 throughout.
+The decoder calls, per generation: `begin(...)` once; then per round `propose(...)` up to K times (or,
+for a fixed-length round and a drafter with `round_unit`, `propose_block(...)` once) and `rollback(n)`
+after verification (n = committed length); `warm_up(...)` before timed decodes. `draft_calls` counts
+forward passes of the draft model; a model-free drafter keeps it at 0. Batch size 1 throughout.
 
 `ModelDrafter` keeps everything on the model's device: the context it reads is the decoder's device
 sequence, its candidate is a 0-d device tensor sampled with counter-based noise keyed by (seed, round
@@ -18,8 +19,9 @@ Max-Gram drafter and cascades are host-driven: their proposals are host computat
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
@@ -30,32 +32,75 @@ from acchead.inference.model_runner import make_runner
 from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_block_post, draft_post
 from acchead.sampling import SamplingConfig
 
+if TYPE_CHECKING:  # policies import this module (DraftStep)
+    from acchead.inference.policies import StopPolicy
 
-@runtime_checkable
-class Drafter(Protocol):
-    """The interface the decoder drives; see the module docstring for the call order."""
+
+class Drafter(ABC):
+    """The interface the decoder drives; see the module docstring for the call order.
+
+    Every member the decoder reads is declared here, so it never probes a drafter: a subclass that misses
+    an abstract method cannot be built (TypeError), and `SpeculativeDecoder` refuses an object that is
+    not a `Drafter`. The typed defaults describe a host-driven drafter (Max-Gram, a cascade, a switch
+    between drafters): no round unit, nothing to compile, candidates on the CPU.
+
+    Attributes:
+        draft_calls: forward passes of a draft model since `begin` (0 for a model-free drafter); set by
+            every implementation's `begin`.
+        round_unit: `propose_block` drafts a fixed-length round in one unit (the draft model on the device
+            path); False: the decoder drafts such a round one `propose` at a time.
+        device: where the candidates and their q live.
+    """
 
     draft_calls: int
+    round_unit: bool = False
+    device: torch.device = torch.device("cpu")
 
+    @abstractmethod
     def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
         """Start a new sequence; input_ids: (T,) int64 prompt. Resets caches and `draft_calls`; `seed`
         keys every random draw of the sequence."""
-        ...
 
+    @abstractmethod
     def propose(
-        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+        self,
+        context: torch.Tensor,
+        index: int,
+        want_hidden: bool,
+        want_state: bool = False,
+        judge: StopPolicy | None = None,
     ) -> DraftStep:
         """Next candidate after `context` ((T,) int64: committed tokens + this round's candidates).
 
         `want_hidden` asks for the hidden state of the candidate (costs a neural drafter one forward now,
         which it would pay at the next proposal anyway). `want_state` asks for the state that produced the
-        candidate's q (free: it comes out of the forward that produced q).
+        candidate's q (free: it comes out of the forward that produced q). `judge`, the policy when this
+        candidate will be judged: a drafter may run its rule inside its own unit and return the flag in
+        `DraftStep.stop`; one that leaves `stop` None lets the policy judge the step itself.
         """
-        ...
 
+    @abstractmethod
     def rollback(self, length: int) -> None:
         """Forget everything past the first `length` tokens (the committed prefix after verification)."""
-        ...
+
+    def propose_block(self, context: torch.Tensor, count: int) -> list[DraftStep]:
+        """All `count` candidates of a fixed-length round after `context` ((n,) committed tokens), none of
+        them judged: by definition the candidates of `count` proposals. The decoder calls it when
+        `round_unit` is set; a drafter with a round unit overrides it with one unit that draws the same."""
+        n = context.numel()
+        seq = torch.cat([context, context.new_zeros(count)])
+        steps = []
+        for k in range(1, count + 1):
+            step = self.propose(seq[: n + k - 1], k, want_hidden=False)
+            seq[n + k - 1] = step.token
+            steps.append(step)
+        return steps
+
+    def warm_up(  # noqa: B027  (an optional hook: most drafters have nothing to prepare)
+        self, max_length: int, sampling: SamplingConfig, policy: StopPolicy
+    ) -> None:
+        """Prepare the units a decode of up to `max_length` tokens under S and `policy` runs (the fast
+        path compiles them here rather than inside a timed decode). Default: nothing to prepare."""
 
 
 @dataclass
@@ -70,7 +115,7 @@ class _Pending:
     stop: torch.Tensor | None  # the stop flag of `token` (a SAMPLE-time rule), if judged
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A causal LM as drafter, with its own KV cache (a `ModelRunner`), rolled back after verification.
 
     Each forward is one unit with what follows it (`acchead.inference.units.draft_post`): S's processing,
@@ -89,8 +134,6 @@ class ModelDrafter:
             for two steps of the demo draft), so K step units run there; the draws are the same either way.
         device_path: take the CUDA default's branches (`acchead.inference.device_path`); None: on CUDA.
     """
-
-    fuses_judge = True  # `propose` takes the policy and runs its rule inside the draft's unit
 
     def __init__(
         self,
@@ -121,7 +164,7 @@ class ModelDrafter:
         self._seed = seed
         self.draft_calls = 0
 
-    def warm_up(self, max_length: int, sampling: SamplingConfig, policy) -> None:
+    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: StopPolicy) -> None:
         """Prepare (fast path: compile) the draft's decode-time units for sequences up to `max_length`
         under S and a stop `policy`: 1 token per proposal, 2 after a round whose candidates were all
         accepted (the last candidate and the bonus token); unjudged and judged steps (the judged ones
@@ -155,7 +198,14 @@ class ModelDrafter:
     def _key(self, n0: int, index: int) -> Word:
         return key_input(key_hash(self._seed, DRAFT, n0, index), self.device, self._key_tensors)
 
-    def _feed(self, tokens: torch.Tensor, want_hidden: bool, slot: tuple[int, int], policy, judge_at: str):
+    def _feed(
+        self,
+        tokens: torch.Tensor,
+        want_hidden: bool,
+        slot: tuple[int, int],
+        policy: StopPolicy | None,
+        judge_at: str,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Run one unit on `tokens` ((n,) after the cached prefix): the forward, the draw of the candidate
         for `slot`, and `policy`'s rule if it judges at `judge_at` (else no rule). Sets `_pending`; returns
         (hidden (H,) or None, the flag of the fed token (a FEED-time rule) or None)."""
@@ -173,10 +223,16 @@ class ModelDrafter:
         return hidden, flag if judge_at == FEED else None
 
     def propose(
-        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False, policy=None
+        self,
+        context: torch.Tensor,
+        index: int,
+        want_hidden: bool,
+        want_state: bool = False,
+        judge: StopPolicy | None = None,
     ) -> DraftStep:
-        """As `Drafter.propose`; `policy` (a `StopPolicy` to judge this candidate, or None) runs its rule in
-        the draft's units and returns the flag in `DraftStep.stop`."""
+        """As `Drafter.propose`; `judge`'s rule (when it judges at all: `judge_at`) runs inside the draft's
+        units, and its flag comes back in `DraftStep.stop`."""
+        policy = judge if judge is not None and judge.judge_at is not None else None
         n = context.numel()
         n0 = n - index + 1  # the round's start: with the slot, the key of this candidate's draw
         cached = self.runner.length
@@ -227,7 +283,7 @@ class ModelDrafter:
             self._pending = None
 
 
-class RoundBufferDrafter:
+class RoundBufferDrafter(Drafter):
     """Base for drafters that compute a whole block of candidates at once (Max-Gram, a cascade) and hand
     it out one candidate per `propose`.
 
@@ -236,19 +292,23 @@ class RoundBufferDrafter:
     `_propose_block` and call `_clear_block()` from `begin`.
     """
 
-    draft_calls: int
-
     def _clear_block(self) -> None:
         self._base = -1  # context length the buffered block starts after
         self._block: list[tuple[int, torch.Tensor]] = []
 
+    @abstractmethod
     def _propose_block(self, context: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(token, q) pairs continuing `context` ((T,) int64); q is the true (V,) distribution of each."""
-        raise NotImplementedError
 
     def propose(
-        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+        self,
+        context: torch.Tensor,
+        index: int,
+        want_hidden: bool,
+        want_state: bool = False,
+        judge: StopPolicy | None = None,
     ) -> DraftStep:
+        """As `Drafter.propose`; no hidden states and no rule of its own (the policy judges the step)."""
         n = int(context.numel())
         if index == 1 or not 0 <= n - self._base < len(self._block):
             self._base = n

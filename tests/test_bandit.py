@@ -11,8 +11,9 @@ import torch
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.bandit import EXP3Spec, UCBSpec, make_selector
+from acchead.inference.bandit_decoder import bandit_decoder
 from acchead.inference.bandit_policy import BanditPolicy
-from acchead.inference.decoder import SpeculativeDecoder, bandit_decoder
+from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.mag import build_bigram_table
 from acchead.inference.policies import parse_policy
 

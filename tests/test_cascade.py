@@ -210,7 +210,7 @@ def test_bad_k_and_drafter_specs(tiny_llama_pair):
 @pytest.mark.slow
 def test_sampling_bandit_over_drafters_samples_the_target():
     """Rounds switching between the draft model, MaG and a lenient cascade still sample the target."""
-    from acchead.inference.decoder import bandit_decoder
+    from acchead.inference.bandit_decoder import bandit_decoder
 
     target = make_tiny_llama(VOCAB, hidden_size=32, num_layers=2, seed=11)
     draft = make_tiny_llama(VOCAB, hidden_size=32, num_layers=1, seed=12)

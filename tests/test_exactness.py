@@ -26,8 +26,8 @@ import torch
 
 from acchead.head import AcceptanceHead
 from acchead.inference import SpeculativeDecoder, parse_policy
-from acchead.inference.decoder import draft_round
-from acchead.inference.drafters import DraftStep
+from acchead.inference.draft_round import draft_round
+from acchead.inference.drafters import Drafter, DraftStep
 from acchead.inference.policies import AdaEDL, StopPolicy
 from acchead.inference.verification import (
     block_h,
@@ -136,20 +136,19 @@ class World:
         return agree
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Proposes script[k-1] as candidate k (with the toy q of its context): enumerating all scripts
     enumerates all draft samples."""
 
-    draft_calls = 0
-
     def __init__(self, world: World, script: tuple[int, ...]) -> None:
         self.world, self.script = world, script
+        self.draft_calls = 0
 
     def begin(self, input_ids, sampling, seed) -> None:
         pass
 
     def propose(
-        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False
+        self, context: torch.Tensor, index: int, want_hidden: bool, want_state: bool = False, judge=None
     ) -> DraftStep:
         ctx = tuple(context.tolist())
         token = self.script[index - 1]
