@@ -19,7 +19,8 @@ from acchead.inference.bench.config import (
     resolve_args,
     used_heads,
 )
-from acchead.inference.bench.run import main, run_key
+from acchead.inference.bench.partials import run_key
+from acchead.inference.bench.run import main
 from acchead.models import load_causal_lm, model_identity
 from acchead.sampling import SamplingConfig
 

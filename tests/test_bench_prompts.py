@@ -7,8 +7,7 @@ import copy
 import pytest
 
 from acchead.errors import AccheadError
-from acchead.inference.bench.prompts import load_prompts, read_jsonl_prompts
-from acchead.inference.bench.run import _encode_prompts
+from acchead.inference.bench.prompts import encode_prompts, load_prompts, read_jsonl_prompts
 from acchead.prompting import is_chat
 
 
@@ -22,7 +21,7 @@ def test_a_line_can_be_a_chat_turn_and_is_encoded_through_the_template(
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
     target, draft = tiny_llama_pair
-    ids, _ = _encode_prompts(prompts, tok, target, draft, max_new_tokens=8, device="cpu")
+    ids, _ = encode_prompts(prompts, tok, target, draft, max_new_tokens=8, device="cpu")
     assert tok.decode(ids[0][0]) == "<|user|>hi there<|assistant|>"
     assert ids[1][0].tolist() == tok("def f():", add_special_tokens=False).input_ids
     path.write_text('{"prompt": "hi", "chat": 1}\n')

@@ -4,30 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
-from acchead.inference.bench.costmodel import CostFit
+from acchead.inference.bench.costmodel import CostFit, Metrics
+from acchead.inference.bench.goals import best_by_family, evaluate_goals, overhead_goal
+from acchead.inference.bench.head_kinds import compare_head_kinds, kind_lines
 from acchead.inference.bench.head_timing import HeadOverhead
-from acchead.inference.bench.hf_custom import overhead_goal
-from acchead.inference.bench.report import (
-    _greedy_agreement,
-    _kind_lines,
-    best_by_family,
-    build_results,
-    compare_head_kinds,
-    evaluate_goals,
-    hf_cross_check,
-    legend_label,
-    plot_pareto,
-    render_report,
-)
+from acchead.inference.bench.pareto import legend_label, plot_pareto
+from acchead.inference.bench.report import build_results, hf_cross_check, render_report
+from acchead.inference.bench.rows import BenchRow, MeasuredRow, price_rows
+from acchead.inference.bench.thresholds import GoalThresholds
 from acchead.sampling import SamplingConfig
 
+GOALS = GoalThresholds.shipped()  # configs/bench.yaml: the thresholds the tests below name
 
-def _row(method: str, modeled: float, wall: float, **params) -> dict:
-    return {"method": method, "params": params, "spec": f"{method}:{params}", "modeled_tokens_per_s": modeled,
-            "wall_tokens_per_s": wall}  # fmt: skip
+
+def _row(method: str, modeled: float, wall: float, **params) -> BenchRow:
+    return BenchRow(method=method, params=params, spec=f"{method}:{params}", tokens=40, target_calls=20,
+                    draft_calls=30, discarded=10, wall_time=1.0, verification_rate=0.5, discard_rate=0.25,
+                    modeled_tokens_per_s=modeled, wall_tokens_per_s=wall, n_prompts=1)  # fmt: skip
 
 
 def _rows(pp: float, sd: float, cf: float, sd_wall: float, hf_wall: float) -> list[dict]:
@@ -44,14 +41,13 @@ def _rows(pp: float, sd: float, cf: float, sd_wall: float, hf_wall: float) -> li
 def test_best_by_family_picks_highest_modelled_throughput():
     best = best_by_family(_rows(12.0, 11.0, 9.0, 5.0, 4.0))
     assert list(best) == ["autoregressive", "specdec", "specdecpp", "confidence", "hf-assisted"]
-    assert best["specdec"]["params"] == {"k": 4}
+    assert best["specdec"].params == {"k": 4}
 
 
-def _at(method: str, speedup: float, modeled: float | None = None, wall: float = 1.0, **params) -> dict:
-    """A row priced at c = 0.2 (`ratio_speedups`, as `add_ratio_speedups` stores it) and at fitted costs."""
+def _at(method: str, speedup: float, modeled: float | None = None, wall: float = 1.0, **params) -> BenchRow:
+    """A row priced at c = 0.2 (`ratio_speedups`, as `price_rows` stores it) and at fitted costs."""
     r = _row(method, 10.0 * speedup if modeled is None else modeled, wall, **params)
-    r["ratio_speedups"] = {"0.2": speedup, "0.1": speedup + 0.5}
-    return r
+    return replace(r, ratio_speedups={"0.2": speedup, "0.1": speedup + 0.5})
 
 
 def _goal_rows(la: float = 1.55, sd: float = 1.30, cf: float = 1.45, ada: float = 1.46,
@@ -73,11 +69,10 @@ def _goal_rows(la: float = 1.55, sd: float = 1.30, cf: float = 1.45, ada: float 
     ]
 
 
-def _custom(twin: dict, wall: float) -> dict:
+def _custom(twin: BenchRow, wall: float) -> BenchRow:
     """The hf-custom row of `twin` (its setting decoded through generate), at wall-clock `wall` tokens/s."""
-    r = _at("hf-custom", twin["ratio_speedups"]["0.2"], wall=wall, twin=twin["method"], **twin["params"])
-    r["spec"] = twin["spec"]
-    return r
+    r = _at("hf-custom", twin.ratio_speedups["0.2"], wall=wall, twin=twin.method, **twin.params)
+    return replace(r, spec=twin.spec)
 
 
 def _overheads(*ratios: float) -> dict[str, HeadOverhead]:
@@ -87,7 +82,7 @@ def _overheads(*ratios: float) -> dict[str, HeadOverhead]:
 
 
 def test_greedy_goals_are_judged_from_the_rows():
-    goals = evaluate_goals(_goal_rows(), _overheads(0.02, 0.05), greedy=True)
+    goals = evaluate_goals(_goal_rows(), _overheads(0.02, 0.05), True, GOALS)
     names = [g for g, _, _ in goals]
     assert names[:5] == [
         "greedy: best SpecDec++ ≥ 1.15× best fixed K at c = 0.2",
@@ -121,13 +116,13 @@ def test_greedy_goals_are_judged_from_the_rows():
     ],
 )
 def test_greedy_goals_not_met(kw, expected):
-    goals = evaluate_goals(_goal_rows(**kw), _overheads(0.01), greedy=True)
+    goals = evaluate_goals(_goal_rows(**kw), _overheads(0.01), True, GOALS)
     assert [m for _, m, _ in goals[:5]] == expected
 
 
 def test_sampling_goals_are_judged_from_the_rows():
-    rows = [r for r in _goal_rows() if r["method"] != "oracle"]  # no oracle under sampling
-    goals = evaluate_goals(rows, _overheads(0.01, 0.02), greedy=False)
+    rows = [r for r in _goal_rows() if r.method != "oracle"]  # no oracle under sampling
+    goals = evaluate_goals(rows, _overheads(0.01, 0.02), False, GOALS)
     assert [g for g, _, _ in goals[:3]] == [
         "sampling: best SpecDec++ ≥ 1.08× best fixed K at c = 0.2",
         "sampling: best SpecDec++ above the best confidence threshold at c = 0.2",
@@ -135,38 +130,36 @@ def test_sampling_goals_are_judged_from_the_rows():
     ]
     assert [m for _, m, _ in goals] == [True, True, True, True, True, True, True]
     # 1.40 / 1.30 = 1.077 < 1.08; equal to the best confidence threshold is not above it.
-    goals = evaluate_goals(_goal_rows(la=1.40, cf=1.40, ada=1.39), None, greedy=False)
+    goals = evaluate_goals(_goal_rows(la=1.40, cf=1.40, ada=1.39), None, False, GOALS)
     assert [m for _, m, _ in goals[:3]] == [False, False, True]
 
 
 def test_goals_not_measured_are_reported_as_such():
-    goals = evaluate_goals([_row("autoregressive", 10.0, 10.0)], None)
+    goals = evaluate_goals([_row("autoregressive", 10.0, 10.0)], None, True, GOALS)
     assert [met for _, met, _ in goals] == [None] * 8
     assert goals[-1] == ("head overhead ≤ 3% of a draft step", None, "not measured (no head loaded)")
     # c = 0.2 not declared: the goals that need it say so; the fitted-cost goal is still judged.
-    rows = _goal_rows()
-    for r in rows:
-        r["ratio_speedups"] = {"0.1": r["ratio_speedups"]["0.1"]}
-    goals = evaluate_goals(rows, None)
+    rows = [replace(r, ratio_speedups={"0.1": r.ratio_speedups["0.1"]}) for r in _goal_rows()]
+    goals = evaluate_goals(rows, None, True, GOALS)
     assert [met for _, met, _ in goals[:5]] == [None, True, None, None, None]
     assert goals[0][2] == "not measured (c = 0.2 is not among --cost-ratios)"
     # No AdaEDL or oracle runs; an oracle not above fixed K leaves no gap to capture.
-    rows = [r for r in _goal_rows() if not r["method"].startswith("adaedl")]
-    goals = evaluate_goals(rows, None)
+    rows = [r for r in _goal_rows() if not r.method.startswith("adaedl")]
+    goals = evaluate_goals(rows, None, True, GOALS)
     assert goals[3][1:] == (None, "not measured (needs specdecpp and adaedl or adaedl-adapt runs)")
-    goals = evaluate_goals(_goal_rows(oracle=1.3), None)
+    goals = evaluate_goals(_goal_rows(oracle=1.3), None, True, GOALS)
     assert goals[4][1] is None and goals[4][2].startswith("no gap to capture")
-    goals = evaluate_goals([r for r in _goal_rows() if r["method"] != "oracle"], None)
+    goals = evaluate_goals([r for r in _goal_rows() if r.method != "oracle"], None, True, GOALS)
     assert goals[4][1:] == (None, "not measured (needs specdecpp, specdec and oracle runs)")
 
 
 def test_hf_custom_goal_compares_the_row_with_its_twin():
     twin = _at("specdec", 1.3, wall=10.0, k=3)
-    _, met, detail = overhead_goal([twin, _custom(twin, wall=9.4)])
+    _, met, detail = overhead_goal([twin, _custom(twin, wall=9.4)], GOALS)
     assert met is False and detail.endswith(": 0.940×")  # the wrapper costs 6%
-    assert overhead_goal([twin, _custom(twin, wall=9.6)])[1] is True
+    assert overhead_goal([twin, _custom(twin, wall=9.6)], GOALS)[1] is True
     other = _at("specdec", 1.3, wall=10.0, k=4)  # not the setting the hf-custom row decoded
-    assert overhead_goal([other, _custom(twin, wall=9.6)])[1] is None
+    assert overhead_goal([other, _custom(twin, wall=9.6)], GOALS)[1] is None
 
 
 def test_head_kinds_compared_per_ratio():
@@ -180,15 +173,15 @@ def test_head_kinds_compared_per_ratio():
     w = kinds["winners"]["0.2"]
     assert (w["kind"], w["family"], w["other_kind"]) == ("lookahead", "specdecpp-lookahead", "candidate")
     assert w["margin"] == pytest.approx(1.55 / 1.40)
-    assert _kind_lines(kinds)[0] == ("head kinds at c = 0.2: lookahead (specdecpp-lookahead) wins by 1.107×, "
+    assert kind_lines(kinds)[0] == ("head kinds at c = 0.2: lookahead (specdecpp-lookahead) wins by 1.107×, "
                                      "1.550× vs 1.400× for candidate (specdecpp)")  # fmt: skip
     # Two heads of one kind and none of the other: per-head rows, no winner.
-    rows = [r for r in _goal_rows() if r["method"] != "specdecpp-lookahead"]
+    rows = [r for r in _goal_rows() if r.method != "specdecpp-lookahead"]
     rows.append(_at("specdecpp[other]", 1.6, h=0.4, head="/z/other/head.safetensors"))
     kinds = compare_head_kinds(rows, ["0.2"])
     assert list(kinds["heads"]) == ["specdecpp", "specdecpp[other]"]
     assert kinds["heads"]["specdecpp[other]"]["kind"] == "candidate"
-    assert kinds["winners"] == {"0.2": None, "fitted": None} and _kind_lines(kinds) == []
+    assert kinds["winners"] == {"0.2": None, "fitted": None} and kind_lines(kinds) == []
     assert compare_head_kinds([_at("specdec", 1.2, k=2)], ["0.2"]) is None
 
 
@@ -200,20 +193,34 @@ def test_legend_names_head_kinds_and_training_free_rules():
 
 
 def test_greedy_agreement_share():
-    rows = [{"method": "autoregressive", "outputs": ["a", "b"]}, {"method": "specdec", "outputs": ["a", "c"]}]
-    _greedy_agreement(rows, greedy=True)
-    assert [r["matches_autoregressive"] for r in rows] == [1.0, 0.5]
-    rows = [{"method": "autoregressive", "outputs": ["a"]}, {"method": "specdec", "outputs": ["b"]}]
-    _greedy_agreement(rows, greedy=False)
-    assert [r["matches_autoregressive"] for r in rows] == [None, None]
+    metrics = Metrics(64, 16, 64, 16, 2.0, 0.25, 0.25, 40.0, 32.0)
+    measured = [MeasuredRow("autoregressive", {}, "autoregressive", metrics, ("a", "b")),
+                MeasuredRow("specdec", {"k": 4}, "specdec:k=4", metrics, ("a", "c"))]  # fmt: skip
+    assert [r.matches_autoregressive for r in price_rows(measured, [], greedy=True)] == [1.0, 0.5]
+    assert [r.matches_autoregressive for r in price_rows(measured, [], greedy=False)] == [None, None]
+    # Without an autoregressive row: no agreement and no speedups over it.
+    alone = price_rows(measured[1:], [0.2], greedy=True)[0]
+    assert (alone.matches_autoregressive, alone.modeled_speedup, alone.wall_speedup) == (None, None, None)
+    assert alone.ratio_speedups == {"0.2": pytest.approx(64 / (0.2 * 64 + 16))}
+
+
+def test_rows_keep_the_keys_of_results_json():
+    """results.json's rows are `BenchRow.to_dict()`: these keys in this order (docs and scripts read them)."""
+    metrics = Metrics(64, 16, 64, 16, 2.0, 0.25, 0.25, 40.0, 32.0)
+    row = price_rows([MeasuredRow("autoregressive", {}, "autoregressive", metrics, ("a",))], [0.2], True)[0]
+    data = row.to_dict()
+    assert list(data) == ["method", "params", "spec", "tokens", "target_calls", "draft_calls", "discarded",
+                          "wall_time", "verification_rate", "discard_rate", "modeled_tokens_per_s",
+                          "wall_tokens_per_s", "n_prompts", "matches_autoregressive", "modeled_speedup",
+                          "wall_speedup", "ratio_speedups"]  # fmt: skip
+    assert (data["n_prompts"], data["matches_autoregressive"], data["modeled_speedup"]) == (1, 1.0, 1.0)
+    assert BenchRow.from_dict(json.loads(json.dumps(data)) | {"unknown": 1}) == row
 
 
 def test_report_escapes_bandit_arms_in_tables():
     row = _row("ucb", 5.0, 5.0, spec="ucb:arms=specdec:k=2|specdec:k=4")
-    row.update(tokens=10, target_calls=5, draft_calls=5, discarded=0, verification_rate=0.5, discard_rate=0.0,
-               modeled_speedup=None, wall_speedup=None, matches_autoregressive=None)  # fmt: skip
     results = {
-        "rows": [row], "config": {"prompts": "p", "n_prompts": 1, "max_new_tokens": 8, "seed": 0,
+        "rows": [row.to_dict()], "config": {"prompts": "p", "n_prompts": 1, "max_new_tokens": 8, "seed": 0,
         "device": "cpu", "dtype": "float32", "verifier": "token", "target": "t", "draft": "d", "head": "h"},
         "sampling": {"temperature": 0.0, "top_k": 0, "top_p": 1.0}, "t_draft": 1e-3, "t_target": 2e-3,
         "r2": 0.9, "fit": {"n_runs": 3}, "goals": [], "notes": ["a note"],
@@ -226,32 +233,24 @@ def test_report_escapes_bandit_arms_in_tables():
 
 
 def test_hf_cross_check_compares_with_the_equivalent_confidence_setting():
-    counts = {
-        "tokens": 40,
-        "target_calls": 20,
-        "draft_calls": 30,
-        "discarded": 10,
-        "matches_autoregressive": 1.0,
-        "wall_tokens_per_s": 8.0,
-    }
-    hf_params = {"num_assistant_tokens": 20, "confidence_threshold": 0.4, "adaptive_threshold": False}
-    hf = {"method": "hf-assisted", "params": hf_params, **counts}
-    twin = {"method": "confidence", "params": {"tau": 0.4}, **counts}
+    hf = replace(_row("hf-assisted", 1.0, 8.0, num_assistant_tokens=20, confidence_threshold=0.4,
+                      adaptive_threshold=False), matches_autoregressive=1.0)  # fmt: skip
+    twin = replace(_row("confidence", 1.0, 8.0, tau=0.4), matches_autoregressive=1.0)
     assert "agree: 40/20/30/10. Same schedule, wall clock: ours 10.0 vs HF 8.0 tokens/s (1.25×)." in (
-        hf_cross_check([twin | {"wall_tokens_per_s": 10.0}, hf])
+        hf_cross_check([replace(twin, wall_tokens_per_s=10.0), hf])
     )
-    assert "DIFFER" in hf_cross_check([twin | {"draft_calls": 31}, hf])
-    assert hf_cross_check([twin | {"params": {"tau": 0.5}}, hf]) is None
-    assert hf_cross_check([twin, hf | {"matches_autoregressive": None}]) is None  # sampling: no check
+    assert "DIFFER" in hf_cross_check([replace(twin, draft_calls=31), hf])
+    assert hf_cross_check([replace(twin, params={"tau": 0.5}), hf]) is None
+    assert hf_cross_check([twin, replace(hf, matches_autoregressive=None)]) is None  # sampling: no check
 
 
-def _counted(method: str, tokens: int, target: int, draft: int, **params) -> dict:
+def _counted(method: str, tokens: int, target: int, draft: int, **params) -> MeasuredRow:
     """A row as `run_bench` builds it, before `build_results` (counts, rates, modelled numbers)."""
     fit = CostFit(t_draft=1e-3, t_target=4e-3, r2=1.0, n_runs=4)
-    return {"method": method, "params": params, "spec": method, "tokens": tokens, "target_calls": target,
-            "draft_calls": draft, "discarded": draft + target - tokens, "verification_rate": target / tokens,
-            "discard_rate": (draft + target - tokens) / tokens, "wall_tokens_per_s": 1.0,
-            "modeled_tokens_per_s": tokens / fit.predict(draft, target), "outputs": ["x"]}  # fmt: skip
+    discarded = draft + target - tokens
+    metrics = Metrics(tokens, target, draft, discarded, float(tokens), target / tokens, discarded / tokens,
+                      tokens / fit.predict(draft, target), 1.0)  # fmt: skip
+    return MeasuredRow(method, params, method, metrics, ("x",))
 
 
 def _priced_results(ratios: list[float]) -> dict:
@@ -262,7 +261,7 @@ def _priced_results(ratios: list[float]) -> dict:
     ]
     args = argparse.Namespace(cost_ratios=ratios, plot_ratio=None, prompts="p", max_new_tokens=64, seed=0,
                               device="cpu", dtype="float32", verifier="token", target="t", draft="d",
-                              head="h")  # fmt: skip
+                              head="h", goals=GOALS)  # fmt: skip
     fit = CostFit(t_draft=1e-3, t_target=4e-3, r2=1.0, n_runs=4)
     return build_results(args, rows, fit, None, [], SamplingConfig(), 1)
 
@@ -279,8 +278,9 @@ def test_rows_are_priced_at_declared_cost_ratios():
     assert all(isinstance(v, float) for r in again["rows"] for v in r["ratio_speedups"].values())
     assert k4["modeled_speedup"] == pytest.approx(64 / (0.25 * 64 + 16))
     # A cheap draft favours longer drafts: K = 4 wins at c = 0.2, K = 8 at c = 0.05.
-    assert best_by_family(res["rows"], "0.2")["specdec"]["params"] == {"k": 4}
-    assert best_by_family(res["rows"], "0.05")["specdec"]["params"] == {"k": 8}
+    rows = [BenchRow.from_dict(r) for r in res["rows"]]
+    assert best_by_family(rows, "0.2")["specdec"].params == {"k": 4}
+    assert best_by_family(rows, "0.05")["specdec"].params == {"k": 8}
     assert _priced_results([])["rows"][1]["ratio_speedups"] == {}
 
 
@@ -304,8 +304,29 @@ def test_report_has_a_column_per_declared_ratio():
 def test_pareto_plot_adds_a_panel_at_a_chosen_ratio(tmp_path):
     import matplotlib.image
 
-    rows = _priced_results([0.2])["rows"]
+    rows = [BenchRow.from_dict(r) for r in _priced_results([0.2])["rows"]]
     plot_pareto(rows, tmp_path / "one.png")
     plot_pareto(rows, tmp_path / "two.png", ratio=0.05)
     one, two = (matplotlib.image.imread(tmp_path / f"{n}.png") for n in ("one", "two"))
     assert one.shape[0] == two.shape[0] and two.shape[1] == 2 * one.shape[1]
+
+
+def test_goal_thresholds_come_from_the_bench_config(tmp_path):
+    from acchead.errors import AccheadError
+    from acchead.inference.bench.config import build_parser, resolve_args
+
+    assert (GOALS.ratio, GOALS.greedy_over_specdec, GOALS.head_overhead_max) == (0.2, 1.15, 0.03)
+    user = tmp_path / "user.yaml"
+    user.write_text("goals:\n  greedy_over_specdec: 1.5\n  ratio: 0.1\n")  # the other keys: shipped
+    args = resolve_args(build_parser().parse_args(["--config", str(user)]))
+    assert args.goals == replace(GOALS, greedy_over_specdec=1.5, ratio=0.1)
+    goals = evaluate_goals(_goal_rows(), None, True, args.goals)
+    # Judged at c = 0.1 (1.55 + 0.5 vs 1.30 + 0.5: 1.14×), against 1.5×.
+    assert goals[0][:2] == ("greedy: best SpecDec++ ≥ 1.50× best fixed K at c = 0.1", False)
+    assert goals[2][0] == "greedy: best SpecDec++ ≥ 1.05× best confidence threshold at c = 0.1"
+    for text, message in [("  warp: 1\n", "unknown keys warp"), ("  ratio: fast\n", "bad value for ratio")]:
+        user.write_text("goals:\n" + text)
+        with pytest.raises(AccheadError, match=message):
+            resolve_args(build_parser().parse_args(["--config", str(user)]))
+    with pytest.raises(AccheadError, match="no value for ratio"):
+        GoalThresholds.from_mapping({k: v for k, v in GOALS.to_dict().items() if k != "ratio"})

@@ -1,13 +1,17 @@
 """Prompts for the bench: a named prompt set (`acchead.prompt_sets`: code sets and the real pair's chat sets)
-or a JSON-lines file."""
+or a JSON-lines file, and their token ids, checked against (or cut to) the models' context."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError
 from acchead.prompting import ChatPrompt
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _looks_like_file(source: str) -> bool:
@@ -59,3 +63,43 @@ def load_prompts(source: str, limit: int = 0) -> list[str]:
         raise AccheadError(
             f"unknown prompt set {source!r} (a name such as humaneval, or a .jsonl file)"
         ) from None
+
+
+def encode_prompts(
+    prompts: list[str], tok, target, draft, max_new_tokens: int, device: str, truncate: bool = False
+) -> tuple[list[torch.Tensor], list[dict]]:
+    """(1, T) ids per prompt, and the prompts cut to fit: `[{"prompt", "tokens", "kept"}]`.
+
+    A prompt whose length + `max_new_tokens` exceeds either model's context is refused with one line, or,
+    with `truncate` (`--truncate-prompts`), cut to its last tokens and listed (results.json records it).
+    """
+    import torch
+
+    from acchead.models import check_prompt, context_length
+    from acchead.prompting import encode_prompt, is_chat
+
+    limits = [c for c in (context_length(target), context_length(draft)) if c is not None]
+    limit = min(limits) if limits else 10**9
+    keep = limit - max_new_tokens
+    if keep < 1:
+        raise AccheadError(f"--max-new-tokens {max_new_tokens} leaves no room in a {limit}-token context")
+    out, truncated = [], []
+    for i, p in enumerate(prompts):
+        # chat prompts through the chat template; raw ones as the bench always encoded them
+        if is_chat(p):
+            ids = torch.tensor([encode_prompt(tok, p)])
+        else:
+            ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
+        if ids.shape[1] == 0:
+            raise AccheadError(f"prompt {i} encodes to zero tokens")
+        if ids.shape[1] > keep:
+            if not truncate:
+                raise AccheadError(
+                    f"prompt {i} has {ids.shape[1]} tokens: with --max-new-tokens {max_new_tokens} it "
+                    f"exceeds the {limit}-token context; --truncate-prompts keeps its last {keep} tokens"
+                )
+            truncated.append({"prompt": i, "tokens": int(ids.shape[1]), "kept": keep})
+            ids = ids[:, -keep:]
+        check_prompt(ids[0], max_new_tokens, [target, draft])  # ids outside a model's vocabulary
+        out.append(ids.to(device))
+    return out, truncated

@@ -18,10 +18,7 @@ and another run's OUT is refused (`acchead.rundir`).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import random
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,45 +32,25 @@ from acchead.inference.bench.config import (
     resolve_args,
     used_heads,
 )
-from acchead.inference.bench.prompts import load_prompts
-from acchead.rundir import atomic_write_json, locked_run, mark_complete, remove_stale_tmp
+from acchead.inference.bench.partials import (
+    PromptRun,
+    load_partial,
+    output_digest,
+    partial_path,
+    run_fingerprint,
+    run_identity,
+    run_key,
+    save_partial,
+)
+from acchead.inference.bench.prompts import encode_prompts, load_prompts
+from acchead.rundir import locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 
 # torch, tqdm, numpy (costmodel) and the modules that need them load where they are used: `--help` and bad
 # flags must not wait seconds for torch.
 if TYPE_CHECKING:
-    import torch
 
-    from acchead.inference.bench.costmodel import CostFit, RunCounts
-
-
-@dataclass
-class PromptRun:
-    """One prompt under one setting: the counts plus a digest of the output (for the greedy check)."""
-
-    prompt: int
-    tokens: int
-    target_calls: int
-    draft_calls: int
-    discarded: int
-    wall_time: float
-    output_sha: str
-
-    def counts(self) -> RunCounts:
-        from acchead.inference.bench.costmodel import RunCounts
-
-        return RunCounts(self.tokens, self.target_calls, self.draft_calls, self.discarded, self.wall_time)
-
-
-def _digest(ids: torch.Tensor) -> str:
-    import torch
-
-    return hashlib.sha1(ids.to(torch.int64).cpu().numpy().tobytes()).hexdigest()[:16]
-
-
-def _atomic_json(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, obj, indent=1, sort_keys=False)  # fsynced: a partial survives a power loss
+    from acchead.inference.bench.costmodel import CostFit
 
 
 class Bench:
@@ -172,7 +149,7 @@ class Bench:
             draft_calls=int(res.draft_calls),
             discarded=int(res.discarded),
             wall_time=float(res.wall_time),
-            output_sha=_digest(res.new_ids),
+            output_sha=output_digest(res.new_ids),
         )
 
     def warm_up(self, settings: list[Setting], decoders: dict[str, Any]) -> None:
@@ -189,58 +166,6 @@ class Bench:
                 self.run_one(s, decoders.get(s.key), 0, max_new_tokens=min(8, self.args.max_new_tokens))
 
 
-def run_fingerprint(
-    args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_paths: list[Path]
-) -> str:
-    """Hash of everything a partial result depends on; partials with another hash are recomputed."""
-    key = run_key(args, prompt_ids, target, draft, head_paths)
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def run_key(
-    args: argparse.Namespace, prompt_ids: list[torch.Tensor], target, draft, head_paths: list[Path]
-) -> dict:
-    """Everything one prompt's runs depend on (models, heads, prompts, S, seed, lengths, device, dtype).
-
-    `head` is the sha256 of every head file the settings decode with, in `--head` order (None without
-    heads), so partial results of another head set are not reused.
-    """
-    from acchead.models import model_identity
-
-    h = hashlib.sha256()
-    for ids in prompt_ids:
-        h.update(ids.cpu().numpy().tobytes())
-    head_sha = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in head_paths] or None
-    key = {
-        "max_new_tokens": args.max_new_tokens,
-        "sampling": [args.temperature, args.top_k, args.top_p],
-        "seed": args.seed,
-        "target": model_identity(target)["fingerprint"],
-        "draft": model_identity(draft)["fingerprint"],
-        "head": head_sha,
-        "device": args.device,
-        "dtype": args.dtype,
-        "prompts": h.hexdigest(),
-    }
-    return key
-
-
-def run_identity(args: argparse.Namespace, key: dict, settings: list[Setting]) -> dict:
-    """The bench run an output directory holds: `run_key` plus the grid and what shapes the timings.
-
-    Another grid, thread count or truncation setting is another run (its results.json would differ), so
-    it is refused in an existing OUT instead of silently replacing the results there.
-    """
-    return {
-        **key,
-        "settings": [s.key for s in settings],
-        "threads": args.threads,
-        "overhead_calls": args.overhead_calls,
-        "truncate_prompts": args.truncate_prompts,
-        **({"batch_size": args.batch_size} if args.batch_size else {}),  # absent: the identity of older runs
-    }
-
-
 def check_fit_possible(settings: list[Setting], n_prompts: int) -> None:
     """Refuse, before any model is loaded, a grid whose cost fit would fail after all its runs."""
     fitted = [s for s in settings if is_fitted(s.family) or s.fast]
@@ -249,57 +174,6 @@ def check_fit_possible(settings: list[Setting], n_prompts: int) -> None:
             f"the cost fit needs at least 2 runs of {', '.join(FIT_FAMILIES)}; this bench has {n_prompts} "
             f"prompt(s) x {len(fitted)} such setting(s): add prompts (--num-prompts) or --methods"
         )
-
-
-def _load_partial(path: Path, fingerprint: str) -> dict[str, PromptRun]:
-    """Runs of one prompt saved by an earlier bench with the same fingerprint, by setting key."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if data.get("fingerprint") != fingerprint:
-        return {}
-    return {key: PromptRun(**r) for key, r in data.get("runs", {}).items()}
-
-
-def _encode_prompts(
-    prompts: list[str], tok, target, draft, max_new_tokens: int, device: str, truncate: bool = False
-) -> tuple[list[torch.Tensor], list[dict]]:
-    """(1, T) ids per prompt, and the prompts cut to fit: `[{"prompt", "tokens", "kept"}]`.
-
-    A prompt whose length + `max_new_tokens` exceeds either model's context is refused with one line, or,
-    with `truncate` (`--truncate-prompts`), cut to its last tokens and listed (results.json records it).
-    """
-    import torch
-
-    from acchead.models import check_prompt, context_length
-    from acchead.prompting import encode_prompt, is_chat
-
-    limits = [c for c in (context_length(target), context_length(draft)) if c is not None]
-    limit = min(limits) if limits else 10**9
-    keep = limit - max_new_tokens
-    if keep < 1:
-        raise AccheadError(f"--max-new-tokens {max_new_tokens} leaves no room in a {limit}-token context")
-    out, truncated = [], []
-    for i, p in enumerate(prompts):
-        # chat prompts through the chat template; raw ones as the bench always encoded them
-        if is_chat(p):
-            ids = torch.tensor([encode_prompt(tok, p)])
-        else:
-            ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
-        if ids.shape[1] == 0:
-            raise AccheadError(f"prompt {i} encodes to zero tokens")
-        if ids.shape[1] > keep:
-            if not truncate:
-                raise AccheadError(
-                    f"prompt {i} has {ids.shape[1]} tokens: with --max-new-tokens {max_new_tokens} it "
-                    f"exceeds the {limit}-token context; --truncate-prompts keeps its last {keep} tokens"
-                )
-            truncated.append({"prompt": i, "tokens": int(ids.shape[1]), "kept": keep})
-            ids = ids[:, -keep:]
-        check_prompt(ids[0], max_new_tokens, [target, draft])  # ids outside a model's vocabulary
-        out.append(ids.to(device))
-    return out, truncated
 
 
 def run_grid(
@@ -321,7 +195,7 @@ def run_grid(
     # Built before any run, so that a bad spec fails here (hf-custom decodes its twin's spec, built here
     # too, through `generate`, which keeps its own decoder on the target).
     decoders = {s.key: bench.decoder(s) for s in settings if s.family not in (*HF_METHODS, CUSTOM_METHOD)}
-    done = [{} if bench.args.fresh else _load_partial(_partial_path(out, i), fingerprint) for i in range(n)]
+    done = [{} if bench.args.fresh else load_partial(partial_path(out, i), fingerprint) for i in range(n)]
     todo = sum(s.key not in done[i] for i in range(n) for s in settings)
     resumed = n * len(settings) - todo
     if resumed:
@@ -336,14 +210,9 @@ def run_grid(
                 bar.set_postfix_str(f"prompt {i} {s.label}")
                 done[i][s.key] = bench.run_one(s, decoders.get(s.key), i)
                 # Saved after every run (outside its timed region): a kill loses one run at most.
-                runs = {k: asdict(r) for k, r in done[i].items()}
-                _atomic_json({"fingerprint": fingerprint, "runs": runs}, _partial_path(out, i))
+                save_partial(partial_path(out, i), fingerprint, done[i])
                 bar.update()
     return {s.key: [done[i][s.key] for i in range(n)] for s in settings}
-
-
-def _partial_path(out: Path, i: int) -> Path:
-    return out / "partial" / f"prompt-{i:04d}.json"
 
 
 def run_bench(args: argparse.Namespace) -> dict:
@@ -371,7 +240,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     # Loaded now (checked against the draft before any run) for the per-head overhead timing.
     loaded = {family: load_head(path, draft=draft)[0].to(args.device) for family, path, _ in heads}
 
-    prompt_ids, truncated = _encode_prompts(
+    prompt_ids, truncated = encode_prompts(
         prompts, tok, target, draft, args.max_new_tokens, args.device, args.truncate_prompts
     )
     bench = Bench(args, target, draft, tok, prompt_ids, tok.eos_token_id)
@@ -411,6 +280,7 @@ def _run_and_report(
     from acchead.inference.bench.costmodel import aggregate
     from acchead.inference.bench.head_timing import time_head_overhead
     from acchead.inference.bench.report import build_results
+    from acchead.inference.bench.rows import MeasuredRow
 
     prompt_ids = bench.prompt_ids
     done = run_grid(bench, settings, out, fingerprint)
@@ -424,19 +294,16 @@ def _run_and_report(
         for family, head in heads.items()
     } or None
     loop = _profile_loops(args, bench, settings, sampling)
-    rows = []
-    for s in settings:
-        m = aggregate([r.counts() for r in done[s.key]], fits["fast"] if s.fast else fit)
-        rows.append(
-            {
-                "method": s.family,
-                "params": s.params,
-                "spec": s.spec,
-                **m.to_dict(),
-                "n_prompts": len(done[s.key]),
-                "outputs": [r.output_sha for r in done[s.key]],
-            }
+    rows = [
+        MeasuredRow(
+            method=s.family,
+            params=s.params,
+            spec=s.spec,
+            metrics=aggregate([r.counts() for r in done[s.key]], fits["fast"] if s.fast else fit),
+            outputs=tuple(r.output_sha for r in done[s.key]),
         )
+        for s in settings
+    ]
     results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids), fits)
     results["loop_profile"] = loop
     return results

@@ -4,25 +4,23 @@
 Each path has its own fitted unit costs t_draft, t_target (`acchead.inference.bench.run.path_fits`): on a
 GPU the eager path is bound by kernel launches, so its ratio t_draft/t_target is far from what the weights
 alone would give, and the fast path is there to close that gap. The goals (issue 11) compare wall-clock
-tokens/s measured side by side in this one run:
-- CPU: our autoregressive decoding ≥ 1.5× transformers `generate`, our best fixed K ≥ 1.5× assisted
-  generation (the bench's default is 1 thread);
-- GPU: our autoregressive decoding ≤ 0.8 ms/token, our best fixed K ≥ 2× assisted generation and faster
-  than our own autoregressive decoding.
+tokens/s measured side by side in this one run (thresholds: `goals:` in configs/bench.yaml):
+- CPU: our autoregressive decoding ≥ `cpu_ar_over_generate` × transformers `generate`, our best fixed K ≥
+  `cpu_k_over_assisted` × assisted generation (the bench's default is 1 thread);
+- GPU: our autoregressive decoding ≤ `gpu_ar_ms_per_token` ms/token, our best fixed K ≥
+  `gpu_k_over_assisted` × assisted generation and faster than our own autoregressive decoding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from acchead.inference.bench.config import fast_family
 from acchead.inference.bench.hf_assisted import GENERATE_METHOD
 from acchead.inference.bench.hf_assisted import METHOD as ASSISTED_METHOD
-
-CPU_AR_VS_GENERATE = 1.5
-CPU_K_VS_ASSISTED = 1.5
-GPU_AR_MS_PER_TOKEN = 0.8
-GPU_K_VS_ASSISTED = 2.0
+from acchead.inference.bench.rows import BenchRow
+from acchead.inference.bench.thresholds import GoalThresholds
 
 # Path -> (its autoregressive family, its fixed-K family).
 PATH_FAMILIES = {
@@ -34,17 +32,17 @@ PATH_FAMILIES = {
 Goal = tuple[str, bool | None, str]
 
 
-def _fastest(rows: list[dict], family: str) -> dict | None:
+def _fastest(rows: Sequence[BenchRow], family: str) -> BenchRow | None:
     """The row of `family` with the highest wall-clock tokens/s, or None."""
-    rs = [r for r in rows if r["method"] == family and r["wall_tokens_per_s"] > 0]
-    return max(rs, key=lambda r: r["wall_tokens_per_s"]) if rs else None
+    rs = [r for r in rows if r.method == family and r.wall_tokens_per_s > 0]
+    return max(rs, key=lambda r: r.wall_tokens_per_s) if rs else None
 
 
-def _ms(r: dict | None) -> float | None:
-    return None if r is None else 1e3 / r["wall_tokens_per_s"]
+def _ms(r: BenchRow | None) -> float | None:
+    return None if r is None else 1e3 / r.wall_tokens_per_s
 
 
-def speed_by_path(rows: list[dict], path_fits: dict[str, dict]) -> dict[str, dict[str, Any]]:
+def speed_by_path(rows: Sequence[BenchRow], path_fits: dict[str, dict]) -> dict[str, dict[str, Any]]:
     """Per path that ran: its fitted costs, its autoregressive ms/token and its fastest fixed-K row."""
     out: dict[str, dict[str, Any]] = {}
     for path, (ar_family, k_family) in PATH_FAMILIES.items():
@@ -55,29 +53,27 @@ def speed_by_path(rows: list[dict], path_fits: dict[str, dict]) -> dict[str, dic
             "fit": path_fits.get(path),
             "ar_ms_per_token": _ms(ar),
             "k_ms_per_token": _ms(k),
-            "k_setting": None if k is None else (k["spec"] or k["method"]),
-            "k_over_ar": (
-                None if ar is None or k is None else k["wall_tokens_per_s"] / ar["wall_tokens_per_s"]
-            ),
+            "k_setting": None if k is None else (k.spec or k.method),
+            "k_over_ar": None if ar is None or k is None else k.wall_tokens_per_s / ar.wall_tokens_per_s,
         }
     return out
 
 
-def _best_of(rows: list[dict], families: tuple[str, ...]) -> dict | None:
+def _best_of(rows: Sequence[BenchRow], families: tuple[str, ...]) -> BenchRow | None:
     found = [r for r in (_fastest(rows, f) for f in families) if r is not None]
-    return max(found, key=lambda r: r["wall_tokens_per_s"]) if found else None
+    return max(found, key=lambda r: r.wall_tokens_per_s) if found else None
 
 
-def _ratio_goal(goal: str, ours: dict | None, theirs: dict | None, need: float) -> Goal:
+def _ratio_goal(goal: str, ours: BenchRow | None, theirs: BenchRow | None, need: float) -> Goal:
     if ours is None or theirs is None:
         return goal, None, "not measured (needs both rows in this run)"
-    ratio = ours["wall_tokens_per_s"] / theirs["wall_tokens_per_s"]
-    detail = (f"{ratio:.2f}× ({ours['wall_tokens_per_s']:.1f} tok/s, {ours['method']} {ours['spec']}, vs "
-              f"{theirs['wall_tokens_per_s']:.1f}, {theirs['method']})")  # fmt: skip
+    ratio = ours.wall_tokens_per_s / theirs.wall_tokens_per_s
+    detail = (f"{ratio:.2f}× ({ours.wall_tokens_per_s:.1f} tok/s, {ours.method} {ours.spec}, vs "
+              f"{theirs.wall_tokens_per_s:.1f}, {theirs.method})")  # fmt: skip
     return goal, ratio >= need, detail
 
 
-def speed_goals(rows: list[dict], device: str) -> list[Goal]:
+def speed_goals(rows: Sequence[BenchRow], device: str, t: GoalThresholds) -> list[Goal]:
     """The wall-clock goals of the device type the bench ran on (see the module docstring)."""
     ours_ar = _best_of(rows, (PATH_FAMILIES["eager"][0], PATH_FAMILIES["fast"][0]))
     ours_k = _best_of(rows, (PATH_FAMILIES["eager"][1], PATH_FAMILIES["fast"][1]))
@@ -85,22 +81,23 @@ def speed_goals(rows: list[dict], device: str) -> list[Goal]:
     if str(device).startswith("cuda"):
         ms = _ms(_fastest(rows, PATH_FAMILIES["fast"][0]))
         ar_goal = (
-            f"GPU: our autoregressive decoding (fast path) ≤ {GPU_AR_MS_PER_TOKEN} ms/token",
-            None if ms is None else ms <= GPU_AR_MS_PER_TOKEN,
+            f"GPU: our autoregressive decoding (fast path) ≤ {t.gpu_ar_ms_per_token:g} ms/token",
+            None if ms is None else ms <= t.gpu_ar_ms_per_token,
             "not measured (needs --paths fast)" if ms is None else f"{ms:.3f} ms/token",
         )
-        vs_hf = f"GPU: our best fixed K ≥ {GPU_K_VS_ASSISTED:g}× HF assisted generation's tokens/s"
+        vs_hf = f"GPU: our best fixed K ≥ {t.gpu_k_over_assisted:g}× HF assisted generation's tokens/s"
         vs_ar = "GPU: our best fixed K faster than our autoregressive decoding"
         return [
             ar_goal,
-            _ratio_goal(vs_hf, ours_k, assisted, GPU_K_VS_ASSISTED),
+            _ratio_goal(vs_hf, ours_k, assisted, t.gpu_k_over_assisted),
             _ratio_goal(vs_ar, ours_k, ours_ar, 1.0),
         ]
-    vs_generate = f"CPU: our autoregressive decoding ≥ {CPU_AR_VS_GENERATE:g}× transformers generate (wall)"
-    vs_assisted = f"CPU: our best fixed K ≥ {CPU_K_VS_ASSISTED:g}× HF assisted generation (wall)"
+    need = t.cpu_ar_over_generate
+    vs_generate = f"CPU: our autoregressive decoding ≥ {need:g}× transformers generate (wall)"
+    vs_assisted = f"CPU: our best fixed K ≥ {t.cpu_k_over_assisted:g}× HF assisted generation (wall)"
     return [
-        _ratio_goal(vs_generate, ours_ar, generate, CPU_AR_VS_GENERATE),
-        _ratio_goal(vs_assisted, ours_k, assisted, CPU_K_VS_ASSISTED),
+        _ratio_goal(vs_generate, ours_ar, generate, t.cpu_ar_over_generate),
+        _ratio_goal(vs_assisted, ours_k, assisted, t.cpu_k_over_assisted),
     ]
 
 
