@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import OPS_AS_PICKED, make_tiny_llama, make_tiny_tokenizer
 
-from acchead.zoo import build, heldout
+from acchead.zoo import build, heldout, lm_training
 from acchead.zoo.arch import count_step_ops, llama_config, llama_params
 from acchead.zoo.pairs import DEFAULT_PAIR, PAIRS, LMSpec
 
@@ -23,7 +23,7 @@ def test_pair_v1_is_the_pair_shipped_before_issue_21():
     assert v1.distilled_draft == LMSpec("pycode-draft", 128, 2, 2, 768, 1e-3, 60_000_000, 45.0, 16)
     assert (v1.corpus, v1.tokenizer_corpus, v1.work_dir) == ("stdlib", "stdlib", Path("work/zoo"))
     tok = make_tiny_tokenizer()
-    assert sum(p.numel() for p in build.make_model(v1.target, tok, 512).parameters()) == llama_params(
+    assert sum(p.numel() for p in lm_training.make_model(v1.target, tok, 512).parameters()) == llama_params(
         v1.target.shape(), vocab_size=len(tok))
 
 
@@ -44,9 +44,9 @@ def test_pair_v2_meets_the_op_ratio_at_v1s_size():
 def test_budgets_batch_and_device():
     spec = LMSpec("m", 16, 1, 2, 32, 1e-3, 1_000, 10.0, batch_size=64)
     args = argparse.Namespace(budget_scale=0.5, minutes=None, batch_size=None)
-    assert build.budgets(spec, args) == (500, 300.0) and build.batch_size_for(spec, args) == 64
+    assert lm_training.budgets(spec, args) == (500, 300.0) and lm_training.batch_size_for(spec, args) == 64
     args = argparse.Namespace(budget_scale=0.5, minutes=120.0, batch_size=8)
-    assert build.budgets(spec, args) == (500, 7200.0) and build.batch_size_for(spec, args) == 8
+    assert lm_training.budgets(spec, args) == (500, 7200.0) and lm_training.batch_size_for(spec, args) == 8
     assert build.resolve_device("cpu") == "cpu" and build.resolve_device("auto") in ("cpu", "cuda")
 
 
