@@ -7,6 +7,7 @@ import json
 
 from test_bench import _argv, bench_inputs  # noqa: F401  (the fixture, shared with the bench's tests)
 
+from acchead.inference.bench.batched_bench import BatchedRow, batched_table
 from acchead.inference.bench.run import main
 
 
@@ -34,6 +35,20 @@ def test_bench_batch_sizes_add_a_row_per_b(bench_inputs, tmp_path):  # noqa: F81
     report = (out / "report.md").read_text()
     assert "## Batched decoding" in report and (out / "batched.md").read_text() in report
     assert len([line for line in report.splitlines() if line.startswith("| 3 |")]) == len(specs)
+
+
+def test_batched_rows_serialise_and_tabulate():
+    def row(spec: str, tok_s: float, greedy: bool, matches: bool | None) -> BatchedRow:
+        return BatchedRow(batch_size=4, method=spec.split(":")[0], spec=spec, verifier="token",
+                          batch_stop=None, rows=4, passes=2, tokens=64, target_calls=16, draft_calls=0,
+                          head_calls=0, batch_stops=0, wall_time=1.0, wall_tokens_per_s=tok_s, greedy=greedy,
+                          greedy_matches_ar=matches)  # fmt: skip
+
+    ar, k = row("autoregressive", 10.0, True, True), row("specdec:k=3", 25.0, True, True)
+    assert list(ar.to_dict())[-2:] == ["wall_tokens_per_s", "greedy_matches_ar"]
+    assert "greedy_matches_ar" not in row("specdec:k=3", 25.0, False, None).to_dict()  # sampling: not judged
+    table = batched_table([ar, k]).splitlines()
+    assert table[3] == "| 4 | specdec | `specdec:k=3` | 25.0 | 2.50 | 16 | 0 | 0 | 64 |"
 
 
 def test_decode_batch_size_prints_every_row(tiny_pair_dirs, capsys):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +28,51 @@ BATCHABLE = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy")
 PASSES = 2  # every batch runs twice per setting (the timings' spread; counts are the same each pass)
 
 
+@dataclass(frozen=True)
+class BatchedRow:
+    """One (B, setting) row of `results.json`'s "batched" list.
+
+    batch_size: B, prompts per forward; rows: prompts decoded (the prompts cycled to at least B);
+    passes: times every batch ran. Counts (tokens, target_calls, draft_calls, head_calls, batch_stops) are
+    one pass's sums over the batches; wall_time is a pass's summed wall time in seconds (mean over passes),
+    wall_tokens_per_s = tokens / wall_time. batch_stop: the batch stop rule (`batch-stop:c=0.5`) or None.
+    greedy_matches_ar: under greedy decoding, whether every output equals batched autoregressive
+    decoding's (None without an autoregressive row); absent from the JSON under sampling.
+    """
+
+    batch_size: int
+    method: str
+    spec: str
+    verifier: str
+    batch_stop: str | None
+    rows: int
+    passes: int
+    tokens: int
+    target_calls: int
+    draft_calls: int
+    head_calls: int
+    batch_stops: int
+    wall_time: float
+    wall_tokens_per_s: float
+    greedy: bool
+    greedy_matches_ar: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as results.json stores it (`greedy_matches_ar` only under greedy decoding)."""
+        data = asdict(self)
+        del data["greedy"]
+        if not self.greedy:
+            del data["greedy_matches_ar"]
+        return data
+
+
 def batchable(setting: Setting) -> bool:
     """Whether the batched decoder runs `setting`: its policy name is batchable, with the draft model."""
     name = setting.spec.split(":", 1)[0]
     return name in BATCHABLE and "+" not in setting.spec and not setting.fast
 
 
-def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list[dict[str, Any]]:
+def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list[BatchedRow]:
     """One result row per (B, batchable setting), in `sizes` order (see the module docstring).
 
     Within a B, the settings take turns batch by batch, in a seeded random order per batch and pass, and
@@ -46,7 +85,7 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
     if not sizes or min(sizes) < 1:
         raise AccheadError(f"--batch-size needs batch sizes >= 1, got {sizes}")
     chosen = [s for s in settings if batchable(s)]
-    rows: list[dict[str, Any]] = []
+    rows: list[BatchedRow] = []
     for size in sizes:
         index = [i % len(prompts) for i in range(max(size, len(prompts)))]
         chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
@@ -80,15 +119,14 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         ar = next((digests[s.key] for s in chosen if s.spec == "autoregressive"), None)
         for s in chosen:
             dec, t = decs[s.key], totals[s.key]
-            row: dict[str, Any] = {
-                "batch_size": size, "method": s.family, "spec": s.spec, "verifier": s.verifier,
-                "batch_stop": str(dec.batch_stop) if dec.batch_stop else None, "rows": len(index),
-                "passes": PASSES, **t, "wall_time": wall[s.key] / PASSES,
-                "wall_tokens_per_s": t["tokens"] * PASSES / wall[s.key] if wall[s.key] > 0 else 0.0,
-            }  # fmt: skip
-            if args.temperature == 0:
-                row["greedy_matches_ar"] = None if ar is None else digests[s.key] == ar
-            rows.append(row)
+            greedy = args.temperature == 0
+            rows.append(BatchedRow(
+                batch_size=size, method=s.family, spec=s.spec, verifier=s.verifier,
+                batch_stop=str(dec.batch_stop) if dec.batch_stop else None, rows=len(index), passes=PASSES,
+                **t, wall_time=wall[s.key] / PASSES,
+                wall_tokens_per_s=t["tokens"] * PASSES / wall[s.key] if wall[s.key] > 0 else 0.0,
+                greedy=greedy, greedy_matches_ar=None if ar is None or not greedy else digests[s.key] == ar,
+            ))  # fmt: skip
     return rows
 
 
@@ -96,24 +134,24 @@ def _digest(ids: list[int]) -> str:
     return hashlib.sha256(str(ids).encode()).hexdigest()[:16]
 
 
-def batched_table(rows: list[dict[str, Any]]) -> str:
+def batched_table(rows: list[BatchedRow]) -> str:
     """The rows as a markdown table, one line per (B, setting), with tokens/s relative to batched AR."""
     lines = [
         "| B | method | spec | wall tokens/s | × AR | target calls | draft calls | batch stops | tokens |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    ar = {r["batch_size"]: r["wall_tokens_per_s"] for r in rows if r["spec"] == "autoregressive"}
+    ar = {r.batch_size: r.wall_tokens_per_s for r in rows if r.spec == "autoregressive"}
     for r in rows:
-        base = ar.get(r["batch_size"])
-        rel = f"{r['wall_tokens_per_s'] / base:.2f}" if base else "-"
+        base = ar.get(r.batch_size)
+        rel = f"{r.wall_tokens_per_s / base:.2f}" if base else "-"
         lines.append(
-            f"| {r['batch_size']} | {r['method']} | `{r['spec']}` | {r['wall_tokens_per_s']:.1f} | {rel} | "
-            f"{r['target_calls']} | {r['draft_calls']} | {r['batch_stops']} | {r['tokens']} |"
+            f"| {r.batch_size} | {r.method} | `{r.spec}` | {r.wall_tokens_per_s:.1f} | {rel} | "
+            f"{r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.tokens} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def write_batched(rows: list[dict[str, Any]], out: Path) -> None:
+def write_batched(rows: list[BatchedRow], out: Path) -> None:
     """Append the batched table to OUT/report.md (written before, by `write_outputs`) and write it alone to
     OUT/batched.md; results.json holds the rows under "batched"."""
     from acchead.rundir import atomic_write_text

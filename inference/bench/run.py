@@ -50,6 +50,7 @@ from acchead.sampling import SamplingConfig
 # flags must not wait seconds for torch.
 if TYPE_CHECKING:
 
+    from acchead.inference.bench.batched_bench import BatchedRow
     from acchead.inference.bench.costmodel import CostFit
 
 
@@ -253,13 +254,15 @@ def run_bench(args: argparse.Namespace) -> dict:
             print(f"truncated {len(truncated)} prompt(s) to their last {truncated[0]['kept']} tokens")
         results = _run_and_report(args, bench, settings, out, fingerprint, draft, loaded, notes, sampling)
         results["truncated_prompts"] = truncated
+        batched: list[BatchedRow] = []
         if args.batch_size:  # issue 33: the batchable settings again, B prompts per forward
             from acchead.inference.bench.batched_bench import run_batched, write_batched
 
-            results["batched"] = run_batched(bench, settings, args.batch_size)
+            batched = run_batched(bench, settings, args.batch_size)
+            results["batched"] = [r.to_dict() for r in batched]
         write_outputs(results, out)
-        if args.batch_size:
-            write_batched(results["batched"], out)
+        if batched:
+            write_batched(batched, out)
         mark_complete(out, "bench", identity)
     return results
 
