@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from acchead.inference.bench.config import head_name
 from acchead.inference.bench.costmodel import Metrics, ratio_speedup
 
 
@@ -125,8 +126,6 @@ def price_rows(measured: Sequence[MeasuredRow], ratios: Sequence[float], greedy:
 
 def fmt_params(params: Mapping[str, Any]) -> str:
     """`k=4, h=0.8` for a markdown table cell ('|' in bandit arm lists escaped; a head path by its name)."""
-    from acchead.inference.bench.config import head_name
-
     text = ", ".join(
         f"{k}={v:g}" if isinstance(v, float) else f"{k}={head_name(v)}" if k == "head" else f"{k}={v}"
         for k, v in params.items()
