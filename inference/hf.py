@@ -12,7 +12,9 @@ the output is distributed as transformers' own sampling from the target (greedy:
 greedy output). Keyword arguments of our own: `draft` (the draft model), `stream_to` (a streamer),
 `head` (an `AcceptanceHead` or a head file; None on the demo pair: its shipped head for the requested S),
 `policy` (any spec of ours, default "specdecpp": the head's measured threshold), `verifier` ("token" or
-"block"), `seed` and `fast` (as for `SpeculativeDecoder`).
+"block"), `seed` and `fast` (as for `SpeculativeDecoder`). Repeated calls reuse one decoder per
+(target, draft, policy, head, verifier, fast), kept by `acchead.inference.hf_decoders.DECODERS` (the 8
+most recently used; `DECODERS.release(model)` lets a model go).
 The same loop ships as a directory for `custom_generate=custom_generate_dir(), trust_remote_code=True`,
 which takes `generate`'s own `assistant_model=`, `streamer=`, `stop_strings=` and `tokenizer=`.
 
@@ -74,16 +76,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
-from acchead.inference.decoder import GenerationResult, SpeculativeDecoder
+from acchead.inference.hf_decoders import decoder_for, pair_head_default
 from acchead.inference.policies import Autoregressive, StopPolicy, needs_head
-from acchead.pairs import shipped_head_for
+from acchead.inference.results import GenerationResult
 from acchead.sampling import SamplingConfig
 
-# Where a target keeps its decoders by (draft, policy, head, verifier, fast): repeated calls reuse one
-# (no rebuilt policy, no recompiled fast path). On the model object, so the two are freed together.
-_DECODERS = "_acchead_hf_decoders"
-# Where a target keeps a named pair's default head by (draft, S): `pair_head_default` looks it up once.
-_PAIR_HEADS = "_acchead_hf_pair_heads"
 # The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
 _WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 # The names generate gives the cache it prepares: `cache` from transformers 5.24, `past_key_values` before.
@@ -163,7 +160,7 @@ def generate(
     # generate's loop checks its criteria after each token, so it always makes at least one.
     max_new_tokens = max(1, max_length - prompt_len)
     if head is None and draft is not None and isinstance(policy, str) and needs_head(policy):
-        head = pair_head_default(model, draft, sampling)
+        head = pair_head_default(draft, sampling)
     decoder = decoder_for(model, draft, policy, head, verifier, fast)
     if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed; greedy draws nothing
         seed = 0 if sampling.greedy else int(torch.randint(0, 2**62, ()).item())
@@ -282,41 +279,6 @@ def split_criteria(criteria: StoppingCriteriaList | None) -> tuple[int | None, l
         else:
             others.append(c)
     return max_length, eos, others
-
-
-def decoder_for(
-    target: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    policy: str | StopPolicy,
-    head: AcceptanceHead | str | Path | None,
-    verifier: str,
-    fast: bool | None,
-) -> SpeculativeDecoder:
-    """The target's `SpeculativeDecoder` for these arguments, built on first use and kept on the target
-    (an adaptive policy's state carries over between calls, as with one decoder called repeatedly)."""
-    head_key = str(Path(head).expanduser().resolve()) if isinstance(head, str | Path) else head
-    key = (draft, policy, head_key, verifier, fast)
-    decoders = target.__dict__.setdefault(_DECODERS, {})
-    if key not in decoders:
-        decoders[key] = SpeculativeDecoder(target, draft, policy, head, verifier, fast)
-    return decoders[key]
-
-
-def pair_head_default(
-    target: PreTrainedModel, draft: PreTrainedModel, sampling: SamplingConfig
-) -> Path | None:
-    """The head `generate` uses when given none: a named pair's shipped head for S when `draft` is that
-    pair's draft (`acchead.pairs.shipped_head_for`), else None (the decoder then asks for `head=`).
-
-    Resolved here, at the integration's entry, because the decoder never picks a head. Looked up once per
-    (draft, S) and kept on the target beside its decoders: the draft check reads the draft's embedding,
-    which would otherwise cost every call a device read.
-    """
-    heads = target.__dict__.setdefault(_PAIR_HEADS, {})
-    key = (draft, sampling)
-    if key not in heads:
-        heads[key] = shipped_head_for(draft, sampling)
-    return heads[key]
 
 
 def _check_config(config: GenerationConfig) -> None:

@@ -27,7 +27,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
-from acchead.inference import hf
+from acchead.inference import hf, hf_decoders
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 PROMPT = "def f(x):"
@@ -309,8 +309,12 @@ def test_one_decoder_per_arguments(tiny_llama_pair, prompt):
     target, draft = tiny_llama_pair
     for policy in ("specdec:k=2", "specdec:k=2", "specdec:k=3"):
         _ours(target, draft, prompt, policy=policy, max_new_tokens=4)
-    decoders = target.__dict__["_acchead_hf_decoders"]
-    assert sorted(d.policy.spec for d in decoders.values()) == ["specdec:k=2", "specdec:k=3"]
+    try:
+        decoders = hf_decoders.DECODERS.decoders(target)  # owned there: nothing is stored on the model
+        assert sorted(d.policy.spec for d in decoders) == ["specdec:k=2", "specdec:k=3"]
+        assert not [k for k in vars(target) if "acchead" in k]
+    finally:
+        hf_decoders.DECODERS.release(target)
 
 
 def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatch):
@@ -355,19 +359,20 @@ def test_demo_pair_uses_its_shipped_head():
     out = target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=16,
                           do_sample=False, return_dict_in_generate=True)  # fmt: skip
     assert out.sequences.tolist() == ref.tolist() and out.head_calls > 0
-    (decoder,) = target.__dict__["_acchead_hf_decoders"].values()
+    (decoder,) = hf_decoders.DECODERS.decoders(target)
     assert decoder.head_meta.sampling_config.greedy and decoder.policy.h == decoder.head_meta.default_h
     target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=4, do_sample=True,
                     temperature=1.0, top_k=50)  # fmt: skip
     sampled = SamplingConfig(1.0, 50)
-    assert target.__dict__["_acchead_hf_pair_heads"] == {
-        (draft, SamplingConfig(0.0)): demo_pair.head_for(SamplingConfig(0.0)),
-        (draft, sampled): demo_pair.head_for(sampled),
+    assert hf_decoders.pair_heads(draft) == {
+        SamplingConfig(0.0): demo_pair.head_for(SamplingConfig(0.0)),
+        sampled: demo_pair.head_for(sampled),
     }
-    assert {d.head_meta.sampling_config for d in target.__dict__["_acchead_hf_decoders"].values()} == {
+    assert {d.head_meta.sampling_config for d in hf_decoders.DECODERS.decoders(target)} == {
         SamplingConfig(0.0),
         sampled,
     }
+    hf_decoders.DECODERS.release(target)
 
 
 def test_no_head_for_another_draft_is_one_line(tiny_llama_pair):
