@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from acchead.inference.batched import BatchedDecoder
     from acchead.inference.decoder import SpeculativeDecoder
     from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
-    from acchead.inference.policies import StopPolicy, parse_policy
+    from acchead.inference.policies import StopPolicy
+    from acchead.inference.policy_build import parse_policy
     from acchead.inference.results import GenerationResult
 
 __all__ = ["BanditPolicy", "BatchedDecoder", "DraftStep", "Drafter", "GenerationResult", "ModelDrafter",
@@ -36,7 +37,8 @@ def __getattr__(name: str) -> object:
     from acchead.inference.batched import BatchedDecoder
     from acchead.inference.decoder import SpeculativeDecoder
     from acchead.inference.drafters import Drafter, DraftStep, ModelDrafter
-    from acchead.inference.policies import StopPolicy, parse_policy
+    from acchead.inference.policies import StopPolicy
+    from acchead.inference.policy_build import parse_policy
     from acchead.inference.results import GenerationResult
 
     names = {

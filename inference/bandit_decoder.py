@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.bandit_spec import BanditSpec
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.device_path import DevicePath
 from acchead.inference.drafters import Drafter, ModelDrafter
@@ -22,7 +23,7 @@ from acchead.inference.drafters import Drafter, ModelDrafter
 def bandit_decoder(
     target: PreTrainedModel,
     draft: PreTrainedModel | None,
-    spec: str,
+    spec: str | BanditSpec,
     *,
     bigram: np.ndarray | None = None,
     head: AcceptanceHead | str | Path | None = None,
@@ -41,15 +42,20 @@ def bandit_decoder(
         fast, device_path: as for `SpeculativeDecoder` (the draft model's arms and the target; MaG and
             cascades are eager).
     """
-    from acchead.inference.bandit_policy import SwitchDrafter, parse_bandit
+    from acchead.inference.bandit_policy import SwitchDrafter
     from acchead.inference.cascade import make_drafter
+    from acchead.inference.policy_build import build_bandit
+    from acchead.inference.spec import as_policy_spec
 
+    bandit = as_policy_spec(spec)
+    if not isinstance(bandit, BanditSpec):
+        raise AccheadError(f"bandit_decoder needs a ucb: or exp3: spec, got {spec!r}")
     if head is not None and not isinstance(head, AcceptanceHead):
         from acchead.head_io import load_head
 
         head, _ = load_head(head, draft=draft)
-    policy = parse_bandit(spec, head=head, allow_drafters=True)
-    names = list(dict.fromkeys(policy.drafters))  # distinct drafter specs, first-seen order
+    arm_drafters = [a.drafter for a in bandit.arms]
+    names = list(dict.fromkeys(arm_drafters))  # distinct drafter specs, first-seen order
     vocab = target.config.vocab_size
     drafters: list[Drafter] = []
     for name in names:
@@ -63,13 +69,15 @@ def bandit_decoder(
             if bigram is None:
                 raise AccheadError(f"drafter {name!r} needs MaG's bigram table")
             drafters.append(make_drafter(name, draft=draft, bigram=bigram, vocab_size=vocab))
+    # The switch follows the bandit's arm of each round (`on_select`): the policy itself keeps no state.
+    switch = SwitchDrafter(drafters, [names.index(n) for n in arm_drafters])
+    policy = build_bandit(bandit, head, on_select=switch.select)
     for arm, name in zip(policy.arms, policy.drafters, strict=True):
         if (arm.needs_hidden or arm.needs_state) and name is not None:
             raise AccheadError(f"arm {name}@{arm.spec} needs hidden states; only the draft model gives them")
     if draft is not None:
         policy.to(draft.device)
         policy.attach_draft(draft)
-    switch = SwitchDrafter(drafters, [names.index(n) for n in policy.drafters], policy)
     return SpeculativeDecoder(
         target, switch, policy=policy, verifier=verifier, fast=fast, device_path=device_path
     )

@@ -53,8 +53,8 @@ from acchead.inference.policies import (
     FixedK,
     SpecDecPP,
     StopPolicy,
-    parse_policy,
 )
+from acchead.inference.policy_build import parse_policy
 from acchead.inference.ragged_cache import RaggedCache, right_aligned
 from acchead.inference.results import BatchResult, GenerationResult
 from acchead.inference.verification import VERIFIERS

@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.inference.policy_spec import SpecDecPPSpec
+from acchead.inference.spec import DecodingSpec
 from acchead.pairs import DEFAULT_PAIR, PAIR_NAMES, default_heads, resolve_pair
 from acchead.sampling import SamplingConfig
 
@@ -58,9 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         default="specdecpp",
-        help="stop policy: autoregressive | specdec:k=K | specdecpp[:h=H,max=M,free=0/1] "
-        "(no h: the head's recorded threshold) | "
-        "confidence:tau=T[,max=M] | oracle (greedy only)",
+        help="stop policy (acchead.inference.policy_spec): autoregressive | specdec:k=K | "
+        "specdecpp[:h=H,max=M,free=0/1] (no h: the head's recorded threshold) | confidence:tau=T[,max=M] | "
+        "entropy:tau=T[,max=M] | adaedl:lam=L[,gamma=G,adapt=0/1,max=M] | oracle (greedy only) | "
+        "ucb:arms=SPEC|SPEC|... | exp3:arms=...",
     )
     p.add_argument(
         "--verifier",
@@ -158,14 +162,16 @@ def format_stats(res: GenerationResult) -> str:
     )
 
 
-def _decode_batch(args: argparse.Namespace, target, draft, head_path, tok, ids, s: SamplingConfig) -> int:
+def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, tok, ids) -> int:
     """`--batch-size B`: the prompt as B rows of one batch (issue 33), each row's text, the batch's counts."""
     from acchead.inference.batched import BatchedDecoder
 
     if args.batch_size < 1:
         raise AccheadError(f"--batch-size must be >= 1, got {args.batch_size}")
-    dec = BatchedDecoder(target, draft, policy=args.policy, head=head_path, verifier=args.verifier,
-                         batch_stop=args.policy.startswith("specdecpp"))  # fmt: skip
+    s = spec.sampling
+    assert s is not None, "main resolves S before decoding"
+    dec = BatchedDecoder(target, draft, policy=spec.policy, head=spec.head, verifier=spec.verifier,
+                         batch_stop=isinstance(spec.policy, SpecDecPPSpec))  # fmt: skip
     res = dec.generate([ids] * args.batch_size, max_new_tokens=args.max_new_tokens,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed,
                        eos_token_id=tok.eos_token_id)  # fmt: skip
@@ -191,13 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_new_tokens < 1:
         raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompt = _read_prompt(args)
-    import acchead.inference.bandit_policy  # noqa: F401  (registers the ucb:/exp3: specs with parse_policy)
-    from acchead.inference.policies import needs_head, parse_policy
-
+    # A bad spec fails before any model is loaded.
+    path = None if args.fast is None else "fast" if args.fast else "eager"
+    spec = DecodingSpec.from_spec(args.policy, verifier=args.verifier, path=path)
     head_path = None
-    if not needs_head(args.policy):
-        # A bad spec or an oracle with sampling fails before any model is loaded.
-        policy = parse_policy(args.policy)
+    if not spec.needs_head:
+        # So does an oracle with sampling.
+        policy = spec.policy.build()
         if policy.greedy_only and args.temperature not in (None, 0.0):
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
     else:
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import TextStreamer
     from transformers.utils import logging as hf_logging
 
-    from acchead.inference.decoder import SpeculativeDecoder
+    from acchead.inference.decoder_factory import build_decoder
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 
     if args.device == "auto":
@@ -230,16 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     check_tokenizers_match(tok, load_tokenizer(args.draft))
     target = load_causal_lm(args.target, dtype=args.dtype, device=args.device)
     draft = load_causal_lm(args.draft, dtype=args.dtype, device=args.device)
-    decoder = SpeculativeDecoder(
-        target, draft, policy=args.policy, head=head_path, verifier=args.verifier, fast=args.fast
-    )
+    spec = replace(spec, head=None if head_path is None else str(head_path))
+    decoder = build_decoder(spec, target, draft)
     s = _sampling(args, decoder.head_meta.sampling_config if decoder.head_meta is not None else None)
+    spec = replace(spec, sampling=s)
     ids = tok(prompt, return_tensors="pt").input_ids[0]
     if ids.numel() == 0:
         raise AccheadError("the prompt encodes to no tokens")
     ids, truncated_from = _fit_prompt(ids, args.max_new_tokens, [target, draft], args.truncate_prompt)
     if args.batch_size is not None:
-        return _decode_batch(args, target, draft, head_path, tok, ids, s)
+        return _decode_batch(args, target, draft, spec, tok, ids)
     streamer = None if args.json else TextStreamer(tok, skip_prompt=False)
     res = decoder.generate(
         ids,

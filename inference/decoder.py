@@ -50,9 +50,12 @@ from acchead.inference.draft_round import draft_round
 from acchead.inference.drafters import Drafter, ModelDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.model_runner import make_runner
-from acchead.inference.policies import Autoregressive, StopPolicy, needs_head, parse_policy
+from acchead.inference.policies import Autoregressive, PolicyRun, StopPolicy
+from acchead.inference.policy_build import parse_policy
+from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.results import GenerationResult
 from acchead.inference.round_verifier import RoundVerifier
+from acchead.inference.spec import needs_head
 from acchead.inference.verification import VERIFIERS
 from acchead.models import CACHE_ARG, check_prompt
 from acchead.sampling import SamplingConfig
@@ -76,7 +79,7 @@ class SpeculativeDecoder:
         target: the target causal LM (eval mode).
         draft: the draft causal LM (wrapped in a `ModelDrafter` with its own KV cache), or any `Drafter`
             (e.g. MaG, a cascade), or None for `autoregressive`.
-        policy: a spec string (see `acchead.inference.policies`) or a `StopPolicy`.
+        policy: a spec string (`acchead.inference.policy_spec`), its typed `PolicySpec`, or a `StopPolicy`.
         head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
             draft=draft)` so that a head trained for another draft is refused. Required: the decoder
             never picks one (the commands resolve their default at the command line; the demo pair's
@@ -96,7 +99,7 @@ class SpeculativeDecoder:
         self,
         target: PreTrainedModel,
         draft: PreTrainedModel | Drafter | None = None,
-        policy: str | StopPolicy = "specdec:k=4",
+        policy: str | PolicySpec | StopPolicy = "specdec:k=4",
         head: AcceptanceHead | str | Path | None = None,
         verifier: str = "token",
         fast: bool | None = None,
@@ -130,19 +133,22 @@ class SpeculativeDecoder:
         self.drafter: Drafter | None = draft
         self.verifier = verifier
         self.head_meta = None
-        if not isinstance(policy, str | StopPolicy):
-            raise AccheadError(f"policy must be a spec string (e.g. 'specdec:k=4') or StopPolicy: {policy!r}")
-        if head is None and isinstance(policy, str) and needs_head(policy):
+        self.policy_run: PolicyRun | None = None  # the policy's state in the last (or current) decode
+        if not isinstance(policy, str | PolicySpec | StopPolicy):
+            raise AccheadError(
+                f"policy must be a spec string (e.g. 'specdec:k=4'), PolicySpec or StopPolicy: {policy!r}"
+            )
+        if head is None and not isinstance(policy, StopPolicy) and needs_head(policy):
             raise AccheadError(
                 f"policy {policy!r} needs an acceptance head: pass head=PATH (the demo pair's shipped head "
                 "for an S: acchead.demo_pair.head_for(S))"
             )
         self._set_policy(policy, head)
 
-    def _set_policy(self, policy: str | StopPolicy, head: AcceptanceHead | str | Path | None) -> None:
+    def _set_policy(
+        self, policy: str | PolicySpec | StopPolicy, head: AcceptanceHead | str | Path | None
+    ) -> None:
         head_module = self._resolve_head(head)
-        if not isinstance(policy, StopPolicy):
-            import acchead.inference.bandit_policy  # noqa: F401  (registers the ucb:/exp3: specs)
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
         if self.drafter is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
@@ -184,7 +190,7 @@ class SpeculativeDecoder:
             # target's token), so `max_length` is all either needs.
             self._verifier.warm_up(max_length, self.policy.max_cap, sampling)
             if self.drafter is not None:
-                self.drafter.warm_up(max_length, sampling, self.policy)
+                self.drafter.warm_up(max_length, sampling, self.policy.start_decode())
 
     # ------------------------------------------------------------------------------------------ generate
 
@@ -221,14 +227,15 @@ class SpeculativeDecoder:
             raise AccheadError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         # Out-of-vocabulary ids and prompt + max_new_tokens past the context: one line, not junk.
         check_prompt(prompt, max_new_tokens, [m for m in (self.target, self.draft_model) if m is not None])
-        policy = self.policy
-        if policy.greedy_only and not sampling.greedy:
-            raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
+        if self.policy.greedy_only and not sampling.greedy:
+            raise AccheadError(
+                f"policy {self.policy.spec!r} is a greedy-only hindsight bound; use temperature 0"
+            )
         self._warn_sampling_mismatch(sampling)
         eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
-        if policy.needs_reference:
-            policy.set_reference(self._reference(prompt, max_new_tokens, eos))
-        head_calls0 = getattr(policy, "head_calls", 0)
+        reference = self._reference(prompt, max_new_tokens, eos) if self.policy.needs_reference else None
+        # This decode's policy state (a bandit with carry=1 continues the last decode's statistics).
+        policy = self.policy_run = self.policy.start_decode(self.policy_run, reference)
         reads0 = host_reads.count
         t_dev = self._device
         clock = PhaseClock(t_dev) if profile else None
@@ -292,7 +299,7 @@ class SpeculativeDecoder:
         res.new_ids = torch.tensor(out, dtype=torch.long)
         res.target_calls = res.rounds
         res.draft_calls = self._draft_calls()
-        res.head_calls = getattr(policy, "head_calls", 0) - head_calls0
+        res.head_calls = policy.head_calls
         res.host_reads = host_reads.count - reads0
         if clock is not None:  # marks come in threes per round: start, end of drafting, end of verification
             ms = clock.elapsed_ms()

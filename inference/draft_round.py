@@ -12,15 +12,16 @@ from __future__ import annotations
 import torch
 
 from acchead.inference.drafters import Drafter, DraftStep
-from acchead.inference.policies import StopPolicy
+from acchead.inference.policies import PolicyRun
 
 
-def draft_round(drafter: Drafter, policy: StopPolicy, seq: torch.Tensor, n: int, cap: int) -> list[DraftStep]:
+def draft_round(drafter: Drafter, policy: PolicyRun, seq: torch.Tensor, n: int, cap: int) -> list[DraftStep]:
     """Draft up to `cap` candidates after seq[:n] and write them into seq[n:]; the policy stops the round.
 
     Args:
         drafter: proposes the candidates (its `begin` has run for this sequence).
-        policy: the stop rule; its `start_round` has already been called (it returned the cap).
+        policy: the decode's run of the stop policy (`StopPolicy.start_decode`); its `start_round` has
+            already been called (it returned the cap).
         seq: (≥ n + cap,) int64, the committed tokens in seq[:n]; seq[n : n + L] receives the candidates.
         n: the committed length.
         cap: the most candidates this round may draft (≥ 1).

@@ -33,7 +33,7 @@ from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_block_post, d
 from acchead.sampling import SamplingConfig
 
 if TYPE_CHECKING:  # policies import this module (DraftStep)
-    from acchead.inference.policies import StopPolicy
+    from acchead.inference.policies import PolicyRun
 
 
 class Drafter(ABC):
@@ -68,7 +68,7 @@ class Drafter(ABC):
         index: int,
         want_hidden: bool,
         want_state: bool = False,
-        judge: StopPolicy | None = None,
+        judge: PolicyRun | None = None,
     ) -> DraftStep:
         """Next candidate after `context` ((T,) int64: committed tokens + this round's candidates).
 
@@ -97,7 +97,7 @@ class Drafter(ABC):
         return steps
 
     def warm_up(  # noqa: B027  (an optional hook: most drafters have nothing to prepare)
-        self, max_length: int, sampling: SamplingConfig, policy: StopPolicy
+        self, max_length: int, sampling: SamplingConfig, policy: PolicyRun
     ) -> None:
         """Prepare the units a decode of up to `max_length` tokens under S and `policy` runs (the fast
         path compiles them here rather than inside a timed decode). Default: nothing to prepare."""
@@ -164,7 +164,7 @@ class ModelDrafter(Drafter):
         self._seed = seed
         self.draft_calls = 0
 
-    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: StopPolicy) -> None:
+    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun) -> None:
         """Prepare (fast path: compile) the draft's decode-time units for sequences up to `max_length`
         under S and a stop `policy`: 1 token per proposal, 2 after a round whose candidates were all
         accepted (the last candidate and the bonus token); unjudged and judged steps (the judged ones
@@ -203,7 +203,7 @@ class ModelDrafter(Drafter):
         tokens: torch.Tensor,
         want_hidden: bool,
         slot: tuple[int, int],
-        policy: StopPolicy | None,
+        policy: PolicyRun | None,
         judge_at: str,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Run one unit on `tokens` ((n,) after the cached prefix): the forward, the draw of the candidate
@@ -228,7 +228,7 @@ class ModelDrafter(Drafter):
         index: int,
         want_hidden: bool,
         want_state: bool = False,
-        judge: StopPolicy | None = None,
+        judge: PolicyRun | None = None,
     ) -> DraftStep:
         """As `Drafter.propose`; `judge`'s rule (when it judges at all: `judge_at`) runs inside the draft's
         units, and its flag comes back in `DraftStep.stop`."""
@@ -306,7 +306,7 @@ class RoundBufferDrafter(Drafter):
         index: int,
         want_hidden: bool,
         want_state: bool = False,
-        judge: StopPolicy | None = None,
+        judge: PolicyRun | None = None,
     ) -> DraftStep:
         """As `Drafter.propose`; no hidden states and no rule of its own (the policy judges the step)."""
         n = int(context.numel())

@@ -77,8 +77,10 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.hf_decoders import decoder_for, pair_head_default
-from acchead.inference.policies import Autoregressive, StopPolicy, needs_head
+from acchead.inference.policies import StopPolicy
+from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec
 from acchead.inference.results import GenerationResult
+from acchead.inference.spec import as_policy_spec
 from acchead.sampling import SamplingConfig
 
 # The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
@@ -121,7 +123,7 @@ def generate(
     draft: PreTrainedModel | None = None,
     stream_to: Any = None,
     head: AcceptanceHead | str | Path | None = None,
-    policy: str | StopPolicy = "specdecpp",
+    policy: str | PolicySpec | StopPolicy = "specdecpp",
     verifier: str = "token",
     seed: int | None = None,
     fast: bool | None = None,
@@ -159,7 +161,8 @@ def generate(
     max_length = generation_config.max_length if max_length is None else max_length
     # generate's loop checks its criteria after each token, so it always makes at least one.
     max_new_tokens = max(1, max_length - prompt_len)
-    if head is None and draft is not None and isinstance(policy, str) and needs_head(policy):
+    built = isinstance(policy, StopPolicy)  # a built policy already holds its head
+    if head is None and draft is not None and not built and _typed(policy).needs_head:
         head = pair_head_default(draft, sampling)
     decoder = decoder_for(model, draft, policy, head, verifier, fast)
     if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed; greedy draws nothing
@@ -315,14 +318,17 @@ def _check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None
         raise AccheadError(f"model inputs the speculative decoder cannot feed: {', '.join(extra)}")
 
 
-def _is_autoregressive(policy: str | StopPolicy) -> bool:
-    if isinstance(policy, StopPolicy):
-        return isinstance(policy, Autoregressive)
-    return policy.strip().partition(":")[0].strip().lower() == "autoregressive"
+def _typed(policy: str | PolicySpec | StopPolicy) -> PolicySpec:
+    """The policy's typed spec (a built policy's resolved one)."""
+    return policy.config if isinstance(policy, StopPolicy) else as_policy_spec(policy)
 
 
-def _spec(policy: str | StopPolicy) -> str:
-    return policy if isinstance(policy, str) else policy.spec
+def _is_autoregressive(policy: str | PolicySpec | StopPolicy) -> bool:
+    return isinstance(_typed(policy), AutoregressiveSpec)
+
+
+def _spec(policy: str | PolicySpec | StopPolicy) -> str:
+    return _typed(policy).to_spec()
 
 
 def _stop_check(criteria: list[Any], prompt: torch.Tensor, max_new_tokens: int):

@@ -1,37 +1,23 @@
 """Stop policies: after each drafted candidate, keep drafting or hand the round to the target.
 
-Policies are built from spec strings — the same strings every CLI takes:
+A policy is built from its typed spec (`acchead.inference.policy_spec`, the grammar every CLI takes) and
+does not change while decoding: what a decode changes (SpecDec++'s running log P̂, AdaEDL's λ, a bandit's
+statistics, the oracle's reference) lives in a `PolicyRun`, which the decoder creates per decode with
+`policy.start_decode(...)` and drives each round:
 
-    autoregressive                  no drafting; one target forward per token (the baseline)
-    specdec:k=4                     fixed K candidates per round (Leviathan/Chen SpecDec)
-    specdecpp:h=0.8,max=20,free=1   SpecDec++: stop once the head's P(some candidate rejected) > h;
-                                    `specdecpp` alone uses the threshold the head records (its default_h)
-    confidence:tau=0.4,max=20       stop after a candidate whose draft probability q(x) < tau (Hugging Face's
-                                    `assistant_confidence_threshold`; the low-confidence token is kept;
-                                    under greedy decoding q is one-hot, so softmax(draft logits) is read)
-    entropy:tau=1.0,max=20          stop after a candidate whose draft distribution has entropy H(q) > tau
-                                    nats (the high-entropy token is kept; greedy reads softmax(logits))
-    adaedl:gamma=0.2,lam=0.5,adapt=1,max=20
-                                    AdaEDL (Agrawal et al. 2024): stop after a candidate whose entropy
-                                    bound 1 - sqrt(gamma·H(q)) < lam; adapt=1 moves lam online from the
-                                    acceptance rate of finished rounds (paper's Algorithm 1), adapt=0 fixes it
-    oracle[:max=64]                 greedy only: hindsight bound (paper Lemma 2.1), stops right before
-                                    the first draft/target disagreement; a reference line, not a decoder
-
-How the decoder drives a policy each round (see `SpeculativeDecoder`):
-
-    cap = policy.start_round(position)         # candidate cap for this round (0 = autoregressive step)
+    run = policy.start_decode(previous, reference)   # per generate call (reference: the oracle's hindsight)
+    cap = run.start_round(position)                  # candidate cap for this round (0 = autoregressive step)
     for each candidate k = 1..min(cap, tokens left - 1):
-        step = drafter.propose(..., want_hidden=policy.needs_hidden and k < cap)
-        if k < cap and policy.should_stop(step): break   [then, if policy.free_token, one more candidate]
+        step = drafter.propose(..., want_hidden=run.needs_hidden and k < cap, judge=run)
+        if k < cap and run.should_stop(step): break   [then, if run.free_token, one more candidate]
     ... target verifies ...
-    policy.end_round(drafted, accepted)
+    run.end_round(drafted, accepted)
 
-`needs_hidden` and `free_token` are read after `start_round`, so a composite policy (a bandit choosing an
-arm per round) may change them per round. Decisions use only the drafted prefix and the draft's own
-state, never the target's distribution of the round being verified — that is what keeps every policy
-exact (BanditSpec Prop. 3.1); the oracle is the exception by design and is only run greedily, where the
-output is deterministic anyway.
+`needs_hidden` and `free_token` are read from the run after `start_round`, so a composite policy (a
+bandit choosing an arm per round) may change them per round. Decisions use only the drafted prefix and
+the draft's own state, never the target's distribution of the round being verified — that is what keeps
+every policy exact (BanditSpec Prop. 3.1); the oracle is the exception by design and is only run
+greedily, where the output is deterministic anyway.
 
 The SpecDec++ "free token": feeding candidate Y_k to the draft (needed for the head's e_k) also yields
 q_{k+1}; when the head says stop, `free=1` (default) still appends Y_{k+1} ~ q_{k+1} — it costs no draft
@@ -42,59 +28,83 @@ fixed-K SpecDec, which is the accounting the cost model (DESIGN §4) assumes.
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
 from acchead.inference.head_call import HeadCall, rows
 from acchead.inference.host_reads import read
+from acchead.inference.policy_spec import (
+    DEFAULT_MAX_DRAFT,
+    ORACLE_MAX_DRAFT,
+    AutoregressiveSpec,
+    ConfidenceSpec,
+    EntropySpec,
+    OracleSpec,
+    PolicySpec,
+    SpecDecPPSpec,
+    SpecDecSpec,
+)
 from acchead.inference.units import FEED, SAMPLE
 
-# Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
-# `num_assistant_tokens`.
-DEFAULT_MAX_DRAFT = 20
-ORACLE_MAX_DRAFT = 64
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class StopPolicy:
-    """Base class: the decoder's view of a stop rule. Subclasses override what they need.
+    """Base class: the decoder's view of a stop rule, fixed for the decoder's lifetime.
 
-    Attributes:
-        spec: canonical spec string (parse_policy(spec) rebuilds an equal policy).
+    Attributes (constants of a policy; a bandit's run answers them per round):
+        config: the resolved typed spec (every default filled in); `spec` is its string.
         needs_hidden: the drafter must return each candidate's hidden state (head policies).
         needs_state: the drafter must return the state that produced each candidate's q (lookahead heads).
         free_token: on an early stop, append one more candidate from the already-computed q.
         greedy_only: refuse to run with sampling (the oracle).
-        needs_reference: the decoder must give the policy hindsight via `set_reference` (the oracle).
+        needs_reference: the decoder must give `start_decode` the hindsight reference (the oracle).
+        fixed_length: every round drafts `max_cap` candidates (never judged): one draft unit.
+        judge_at: when the rule judges a candidate (`acchead.inference.units`): SAMPLE, right after drawing
+            it (it reads q, the logits, the state that produced q); FEED, after feeding it (candidate heads
+            read the hidden state after it); None: the rule never stops a round early.
     """
 
-    spec: str = ""
-    needs_hidden: bool = False
-    needs_state: bool = False
-    free_token: bool = False
-    greedy_only: bool = False
-    needs_reference: bool = False
-    fixed_length: bool = False  # every round drafts `max_cap` candidates (never judged): one draft unit
-
-    def start_round(self, position: int) -> int:
-        """A round begins with `position` tokens already generated; returns the candidate cap (>= 0)."""
-        raise NotImplementedError
-
-    # When the rule can judge a candidate (`acchead.inference.units`): SAMPLE, right after drawing it (it
-    # reads q, the logits, the state that produced q); FEED, after feeding it (candidate heads read the
-    # hidden state after it); None: the rule never stops a round early.
+    needs_hidden = False
+    needs_state = False
+    free_token = False
+    greedy_only = False
+    needs_reference = False
+    fixed_length = False
     judge_at: str | None = None
-    # The rule's running state on the device (e.g. SpecDec++'s log P̂), which `judge` threads through.
-    stats: torch.Tensor | None = None
 
-    def should_stop(self, step: DraftStep) -> bool:
+    def __init__(self, config: PolicySpec) -> None:
+        self.config = config
+        self._device = torch.device("cpu")  # the draft's: where a run's `stats` live
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec string (`parse_policy(spec)` rebuilds an equal policy)."""
+        return self.config.to_spec()
+
+    @property
+    def max_cap(self) -> int:
+        """The largest cap `start_round` can return (the fast path compiles a verification per count)."""
+        return self.config.max_cap
+
+    def start_decode(
+        self, previous: PolicyRun | None = None, reference: list[bool] | None = None
+    ) -> PolicyRun:
+        """A fresh run for one decode. `previous`: the run of the decoder's last decode (a bandit that
+        carries its statistics across prompts continues it); `reference`: the oracle's hindsight."""
+        return PolicyRun(self)
+
+    def start_round(self, run: PolicyRun, position: int) -> int:
+        """A round begins with `position` tokens already generated; returns the candidate cap (>= 0)."""
+        return self.max_cap
+
+    def should_stop(self, run: PolicyRun, step: DraftStep) -> bool:
         """After candidate `step.index` (not called for the candidate that reaches the cap). A rule that
         judges candidates computes its decision on the device with `judge` (the draft model's unit has
         usually done so already: `step.stop`) and reads the one flag back through
@@ -103,7 +113,7 @@ class StopPolicy:
             return False
         flag = step.stop
         if flag is None:
-            flag, self.stats = self.judge(step, self.stats)
+            flag, run.stats = self.judge(step, run.stats)
         return read(flag)
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -111,22 +121,11 @@ class StopPolicy:
         Python state changes), so the draft's compiled step traces it; constants are the policy's fields."""
         raise NotImplementedError
 
-    @property
-    def max_cap(self) -> int:
-        """The largest cap `start_round` can return (the fast path compiles a verification per count)."""
-        return getattr(self, "max_draft", DEFAULT_MAX_DRAFT)
-
-    def end_round(self, drafted: int, accepted: int) -> None:
-        """Feedback after verification (bandit selectors learn from it); default: nothing."""
-
-    def set_reference(self, agree: list[bool]) -> None:
-        """Hindsight for the oracle: agree[i] = the draft's greedy token at generated position i equals
-        the target's. Only called when `needs_reference`."""
-
-    _device = torch.device("cpu")  # the draft's: where `stats` lives
+    def end_round(self, run: PolicyRun, drafted: int, accepted: int) -> None:
+        """Feedback after verification (AdaEDL and the bandits learn from it); default: nothing."""
 
     def to(self, device: torch.device | str) -> StopPolicy:
-        """Move any parameters (the head) and the rule's state to the draft's device; returns self."""
+        """Move any parameters (the head, thresholds) to the draft's device; returns self."""
         self._device = torch.device(device)
         return self
 
@@ -137,17 +136,70 @@ class StopPolicy:
         return f"{type(self).__name__}({self.spec!r})"
 
 
-class Autoregressive(StopPolicy):
-    """No drafting: every round is one target forward that emits one token."""
+class PolicyRun:
+    """One decode's state of a stop policy, and the handle the decoder drives the rounds through.
 
-    spec = "autoregressive"
+    Attributes:
+        policy: the (unchanging) policy.
+        stats: the rule's running state on the draft's device (e.g. SpecDec++'s log P̂ of the round),
+            threaded through `judge` by the policy or by the drafter's unit that runs the rule.
+        head_calls: acceptance-head evaluations in this decode.
+    """
 
-    def start_round(self, position: int) -> int:
-        return 0
+    def __init__(self, policy: StopPolicy) -> None:
+        self.policy = policy
+        self.stats: torch.Tensor | None = None
+        self.head_calls = 0
+
+    @property
+    def spec(self) -> str:
+        return self.policy.spec
+
+    @property
+    def needs_hidden(self) -> bool:
+        return self.policy.needs_hidden
+
+    @property
+    def needs_state(self) -> bool:
+        return self.policy.needs_state
+
+    @property
+    def free_token(self) -> bool:
+        return self.policy.free_token
+
+    @property
+    def judge_at(self) -> str | None:
+        return self.policy.judge_at
+
+    @property
+    def fixed_length(self) -> bool:
+        return self.policy.fixed_length
 
     @property
     def max_cap(self) -> int:
-        return 0
+        return self.policy.max_cap
+
+    @property
+    def judge(self) -> Callable[[DraftStep, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]:
+        # The policy's own bound method, the same object for every run: a compiled draft step that traced
+        # it serves every decode (a method of the run would be a new object per decode).
+        return self.policy.judge
+
+    def start_round(self, position: int) -> int:
+        return self.policy.start_round(self, position)
+
+    def should_stop(self, step: DraftStep) -> bool:
+        return self.policy.should_stop(self, step)
+
+    def end_round(self, drafted: int, accepted: int) -> None:
+        self.policy.end_round(self, drafted, accepted)
+
+
+class Autoregressive(StopPolicy):
+    """No drafting: every round is one target forward that emits one token."""
+
+    def __init__(self) -> None:
+        super().__init__(AutoregressiveSpec())
 
 
 class FixedK(StopPolicy):
@@ -158,17 +210,8 @@ class FixedK(StopPolicy):
     fixed_length = True
 
     def __init__(self, k: int) -> None:
-        if k < 1:
-            raise AccheadError(f"specdec needs K >= 1, got k={k}")
+        super().__init__(SpecDecSpec(k=k))
         self.k = k
-        self.spec = f"specdec:k={k}"
-
-    def start_round(self, position: int) -> int:
-        return self.k
-
-    @property
-    def max_cap(self) -> int:
-        return self.k
 
 
 class SpecDecPP(StopPolicy):
@@ -189,30 +232,28 @@ class SpecDecPP(StopPolicy):
     """
 
     def __init__(self, head: AcceptanceHead, h: float, max_draft: int = DEFAULT_MAX_DRAFT, free: bool = True):
-        if not 0.0 < h < 1.0:
-            raise AccheadError(f"specdecpp needs 0 < h < 1, got h={h}")
-        if max_draft < 1:
-            raise AccheadError(f"specdecpp needs max >= 1, got max={max_draft}")
+        lookahead = head.kind == "lookahead"
+        # A lookahead head judges a candidate before it is fed: no free token, so its spec names none.
+        super().__init__(SpecDecPPSpec(h=h, max=max_draft, free=None if lookahead else free))
         self.head = head.eval()
         self.h = h
         self.max_draft = max_draft
-        self.lookahead = head.kind == "lookahead"
-        self.needs_hidden = not self.lookahead
-        self.needs_state = self.lookahead
-        self.free_token = free and not self.lookahead
-        self.judge_at = SAMPLE if self.lookahead else FEED
-        self.spec = f"specdecpp:h={h:g},max={max_draft}" + ("" if self.lookahead else f",free={int(free)}")
+        self.lookahead = lookahead
+        self.needs_hidden = not lookahead
+        self.needs_state = lookahead
+        self.free_token = free and not lookahead
+        self.judge_at = SAMPLE if lookahead else FEED
         # Stop once log P̂ < log(1 - h). A tensor, so that the compiled step reads it as an input: a float
         # would be a constant of the graph (one compilation per threshold of a sweep).
         self._log_keep = torch.tensor(math.log1p(-h), dtype=torch.float64)
-        self.head_calls = 0
         self.call = HeadCall(head)
         self._device = head.out.weight.device
 
     def to(self, device: torch.device | str) -> SpecDecPP:
         self.call.to(device)
         self._log_keep = self._log_keep.to(device)
-        return super().to(device)
+        super().to(device)
+        return self
 
     def attach_draft(self, model: torch.nn.Module) -> None:
         self.call.attach_draft(model)
@@ -221,14 +262,14 @@ class SpecDecPP(StopPolicy):
         """The lookahead head's input for a candidate: (input_size,), as `acchead.lookahead` builds it."""
         return self.call.input(step)
 
-    def start_round(self, position: int) -> int:
+    def start_round(self, run: PolicyRun, position: int) -> int:
         # log P̂ of the round, a tensor from the start so that every judged step is the same unit
-        self.stats = torch.zeros((), dtype=torch.float64, device=self._device)
+        run.stats = torch.zeros((), dtype=torch.float64, device=self._device)
         return self.max_draft
 
-    def should_stop(self, step: DraftStep) -> bool:
-        self.head_calls += 1
-        return super().should_stop(step)
+    def should_stop(self, run: PolicyRun, step: DraftStep) -> bool:
+        run.head_calls += 1
+        return super().should_stop(run, step)
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         log_p_hat = F.logsigmoid(self.call.logit(step).double())
@@ -248,24 +289,18 @@ class Confidence(StopPolicy):
     """Stop after a candidate the draft itself found unlikely: q(x) < tau (the low-confidence token is
     kept, as in Hugging Face's `assistant_confidence_threshold`)."""
 
+    judge_at = SAMPLE
+
     def __init__(self, tau: float, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
-        if not 0.0 <= tau <= 1.0:
-            raise AccheadError(f"confidence needs 0 <= tau <= 1, got tau={tau}")
-        if max_draft < 1:
-            raise AccheadError(f"confidence needs max >= 1, got max={max_draft}")
+        super().__init__(ConfidenceSpec(tau=tau, max=max_draft))
         self.tau = tau
         self._tau = threshold_input(tau)
         self.max_draft = max_draft
-        self.spec = f"confidence:tau={tau:g},max={max_draft}"
-
-    judge_at = SAMPLE
 
     def to(self, device: torch.device | str) -> Confidence:
         self._tau = self._tau.to(device)
-        return super().to(device)
-
-    def start_round(self, position: int) -> int:
-        return self.max_draft
+        super().to(device)
+        return self
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         dist = step.q if step.confidence is None else step.confidence
@@ -293,136 +328,34 @@ class Entropy(StopPolicy):
     candidate is kept, as `Confidence` keeps its low-confidence one). Reads only the draft, so exact.
 
     A 4096-token vocabulary has H ≤ ln 4096 ≈ 8.3 nats. Fixed-λ AdaEDL is this rule with
-    tau = (1 − λ)² / γ (see `AdaEDL`).
+    tau = (1 − λ)² / γ (`acchead.inference.adaedl`).
     """
-
-    def __init__(self, tau: float, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
-        if not (tau >= 0.0 and math.isfinite(tau)):
-            raise AccheadError(f"entropy needs a finite tau >= 0 (nats), got tau={tau}")
-        if max_draft < 1:
-            raise AccheadError(f"entropy needs max >= 1, got max={max_draft}")
-        self.tau = tau
-        self._tau = threshold_input(tau)
-        self.max_draft = max_draft
-        self.spec = f"entropy:tau={tau:g},max={max_draft}"
 
     judge_at = SAMPLE
 
+    def __init__(self, tau: float, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
+        super().__init__(EntropySpec(tau=tau, max=max_draft))
+        self.tau = tau
+        self._tau = threshold_input(tau)
+        self.max_draft = max_draft
+
     def to(self, device: torch.device | str) -> Entropy:
         self._tau = self._tau.to(device)
-        return super().to(device)
-
-    def start_round(self, position: int) -> int:
-        return self.max_draft
+        super().to(device)
+        return self
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = draft_entropy(step)
         return h > self._tau.to(h.dtype), stats
 
 
-class AdaEDL(StopPolicy):
-    """AdaEDL (Agrawal, Jeon, Lee 2024, arXiv 2410.18351): entropy-based early draft stopping.
+class OracleRun(PolicyRun):
+    """The oracle's decode: `agree[i]` = the draft's greedy token at generated position i equals the
+    target's (the hindsight reference the decoder computed before decoding)."""
 
-    Stop rule: 1 − sqrt(γ·H(q_k)) is the paper's approximate lower bound on the acceptance probability of
-    a candidate drawn from q_k (H in nats, `draft_entropy`); the round stops once it is < λ. With λ fixed
-    (`adapt=0`) that is exactly `Entropy` with tau = (1 − λ)² / γ for λ ≤ 1 (λ > 1: stop after every
-    candidate; λ ≤ 0: never stop early).
-
-    Online λ (`adapt=1`), after each verified round with n_drafted candidates of which n_acc were accepted
-    (the paper's Algorithm 1; β1 = 0.5, β2 = 0.9, ε = 0.01, target α = 0.9, γ = 0.2 are its §3.1 values):
-
-        AR  ← β1·AR + (1 − β1)·n_acc / n_drafted
-        λ'  = λ + ε   if AR < α           (acceptance too low: stop earlier)
-              λ − ε   elif n_acc ≠ L      (L = `max_draft`, the maximum draft length)
-              λ       otherwise
-        λ   ← β2·λ + (1 − β2)·λ'          (so λ moves by at most (1 − β2)·ε = 0.001 per round)
-
-    Provenance: the paper's PDF could not be read from this environment. The rule above is the one quoted
-    as "the paper's Algorithm 1" by two independent public implementations (one says it transcribed it
-    from the paper's LaTeX source), which agree on every term and constant; a third differs in the middle
-    branch (λ − ε only when AR > α and n_acc = L). The paper leaves λ₀ open (it sweeps λ), hence `lam`.
-
-    Choices the paper leaves open or that this decoder's round structure fixes:
-      * AR starts at the target α, and λ and AR are reset at the start of every prompt (`start_round(0)`,
-        as the bandit policies do), so a setting's result does not depend on prompt order or on resuming.
-      * The rule is tested after candidate k is drafted, on the q_k it was drawn from, and that candidate
-        is kept (like `Confidence`). The paper, as those implementations read it, tests the next position
-        before sampling from it, so the draft forward that produced q_k is spent there too but its token
-        is dropped; keeping it costs only one more position in the target's parallel forward, and
-        n_drafted counts it.
-      * The first candidate of a round is always drafted (the decoder consults the policy after each
-        candidate), so n_drafted ≥ 1 and Algorithm 1's n_acc / n_drafted is never 0/0; a round with no
-        candidate (the last token of a generation) leaves λ and AR unchanged.
-      * Greedy decoding reads H of the draft's raw softmax, as `Confidence` does.
-    Exactness: λ changes only in `end_round`, from finished rounds, so each stop decision depends on the
-    past and the draft alone (BanditSpec Prop. 3.1).
-    """
-
-    def __init__(
-        self,
-        lam: float,
-        gamma: float = 0.2,
-        adapt: bool = True,
-        max_draft: int = DEFAULT_MAX_DRAFT,
-        *,
-        target: float = 0.9,
-        eps: float = 0.01,
-        beta1: float = 0.5,
-        beta2: float = 0.9,
-    ) -> None:
-        if not 0.0 <= lam <= 1.0:
-            raise AccheadError(f"adaedl needs 0 <= lam <= 1, got lam={lam}")
-        if not (gamma > 0.0 and math.isfinite(gamma)):
-            raise AccheadError(f"adaedl needs a finite gamma > 0, got gamma={gamma}")
-        if max_draft < 1:
-            raise AccheadError(f"adaedl needs max >= 1, got max={max_draft}")
-        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0 and eps >= 0.0):
-            raise AccheadError(f"adaedl needs 0 <= beta1, beta2 < 1, eps >= 0; got {beta1}, {beta2}, {eps}")
-        self.lam0 = lam
-        self.gamma = gamma
-        self.adapt = adapt
-        self.max_draft = max_draft
-        self.target, self.eps, self.beta1, self.beta2 = target, eps, beta1, beta2
-        self.spec = f"adaedl:gamma={gamma:g},lam={lam:g},adapt={int(adapt)},max={max_draft}"
-        self.lam = lam
-        self.ar = target
-        self.reset()
-
-    def reset(self) -> None:
-        """Start of a prompt: λ back to λ₀ and the acceptance-rate average back to the target."""
-        self.lam = self.lam0
-        self.ar = self.target
-
-    def lower_bound(self, entropy: torch.Tensor | float) -> torch.Tensor:
-        """The paper's acceptance lower bound 1 − sqrt(γ·H) for a draft distribution of entropy H."""
-        return 1.0 - (self.gamma * torch.as_tensor(entropy).clamp_min(0.0)).sqrt()
-
-    judge_at = SAMPLE
-
-    def start_round(self, position: int) -> int:
-        if position == 0:
-            self.reset()
-        # λ moves between rounds on the host; the device rule reads it as a tensor (a float would be a
-        # constant of the compiled step: one recompile per value), filled by a kernel (no copy, no sync).
-        self.stats = torch.full((), self.lam, dtype=torch.float64, device=self._device)
-        return self.max_draft
-
-    def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        bound = self.lower_bound(draft_entropy(step))
-        lam = stats.to(device=bound.device, dtype=bound.dtype) if stats is not None else self.lam
-        return bound < lam, stats
-
-    def end_round(self, drafted: int, accepted: int) -> None:
-        if not self.adapt or drafted <= 0:
-            return
-        self.ar = self.beta1 * self.ar + (1.0 - self.beta1) * accepted / drafted
-        if self.ar < self.target:
-            lam_p = self.lam + self.eps
-        elif accepted != self.max_draft:
-            lam_p = self.lam - self.eps
-        else:
-            lam_p = self.lam
-        self.lam = self.beta2 * self.lam + (1.0 - self.beta2) * lam_p
+    def __init__(self, policy: Oracle, agree: list[bool]) -> None:
+        super().__init__(policy)
+        self.agree = agree
 
 
 class Oracle(StopPolicy):
@@ -438,146 +371,18 @@ class Oracle(StopPolicy):
     needs_reference = True
 
     def __init__(self, max_draft: int = ORACLE_MAX_DRAFT) -> None:
-        if max_draft < 1:
-            raise AccheadError(f"oracle needs max >= 1, got max={max_draft}")
+        # The default cap is left out of the spec: "oracle", not "oracle:max=64".
+        super().__init__(OracleSpec(max=None if max_draft == ORACLE_MAX_DRAFT else max_draft))
         self.max_draft = max_draft
-        self.spec = "oracle" if max_draft == ORACLE_MAX_DRAFT else f"oracle:max={max_draft}"
-        self._agree: list[bool] = []
 
-    def set_reference(self, agree: list[bool]) -> None:
-        self._agree = list(agree)
+    def start_decode(
+        self, previous: PolicyRun | None = None, reference: list[bool] | None = None
+    ) -> PolicyRun:
+        return OracleRun(self, list(reference or ()))
 
-    def start_round(self, position: int) -> int:
-        run = 0
-        while position + run < len(self._agree) and self._agree[position + run] and run < self.max_draft:
-            run += 1
-        return run
-
-
-# name -> (allowed keys, required keys)
-_KEYS: dict[str, tuple[set[str], set[str]]] = {
-    "autoregressive": (set(), set()),
-    "specdec": ({"k"}, {"k"}),
-    "specdecpp": ({"h", "max", "free"}, set()),  # no h: the head's recorded default_h
-    "confidence": ({"tau", "max"}, {"tau"}),
-    "entropy": ({"tau", "max"}, {"tau"}),
-    "adaedl": ({"gamma", "lam", "adapt", "max"}, {"lam"}),
-    "oracle": ({"max"}, set()),
-}
-
-
-def _parse_params(spec: str, name: str, body: str) -> dict[str, str]:
-    params: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in body.split(","))):
-        key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not key or not value:
-            raise AccheadError(f"cannot parse policy {spec!r}: expected key=value, got {item!r}")
-        if key in params:
-            raise AccheadError(f"cannot parse policy {spec!r}: {key!r} given twice")
-        params[key] = value
-    allowed, required = _KEYS[name]
-    unknown = set(params) - allowed
-    if unknown:
-        hint = ", ".join(sorted(allowed)) or "no parameters"
-        raise AccheadError(f"policy {name!r} takes {hint}; got {', '.join(sorted(unknown))}")
-    missing = required - set(params)
-    if missing:
-        raise AccheadError(f"policy {spec!r} needs {', '.join(sorted(missing))} (e.g. {_EXAMPLES[name]})")
-    return params
-
-
-_EXAMPLES = {
-    "autoregressive": "autoregressive",
-    "specdec": "specdec:k=4",
-    "specdecpp": "specdecpp:h=0.8,max=20",
-    "confidence": "confidence:tau=0.4",
-    "entropy": "entropy:tau=1.0",
-    "adaedl": "adaedl:lam=0.5",
-    "oracle": "oracle",
-}
-
-
-def _number(spec: str, key: str, value: str, kind: type) -> int | float:
-    try:
-        return kind(value)
-    except ValueError:
-        raise AccheadError(f"cannot parse policy {spec!r}: {key}={value!r} is not {kind.__name__}") from None
-
-
-def _flag(spec: str, key: str, value: str) -> bool:
-    if value.lower() in ("1", "true", "yes"):
-        return True
-    if value.lower() in ("0", "false", "no"):
-        return False
-    raise AccheadError(f"cannot parse policy {spec!r}: {key}={value!r} is not 0/1")
-
-
-def needs_head(spec: str) -> bool:
-    """True if the policy named by `spec` reads an acceptance head (without building it)."""
-    return spec.strip().partition(":")[0].strip().lower() == "specdecpp"
-
-
-# Parsers of composite specs by name: `ucb`/`exp3` (BanditSpec, in `acchead.inference.bandit_policy`). A
-# composite is built from the policies of this module, so its module imports this one and registers its
-# parser here; `parse_policy` imports that module on the first composite spec it meets (a module-level
-# import would close an import cycle, and the CLIs' `--help` must not wait for torch).
-_COMPOSITE_MODULES = {"ucb": "acchead.inference.bandit_policy", "exp3": "acchead.inference.bandit_policy"}
-COMPOSITE_PARSERS: dict[str, Callable[..., StopPolicy]] = {}
-
-
-def parse_policy(spec: str, *, head: AcceptanceHead | str | Path | None = None) -> StopPolicy:
-    """Build a fresh StopPolicy from its spec string (see the module docstring for the grammar).
-
-    Args:
-        spec: e.g. "specdec:k=4", "specdecpp:h=0.8,max=20"; `specdecpp` without `h` takes the head's
-            recorded threshold (`AcceptanceHead.default_h`).
-        head: the acceptance head for `specdecpp`: a module, or a path given to `acchead.load_head`
-            (without a draft check — `SpeculativeDecoder` does that check when it gets the path itself).
-
-    Raises:
-        AccheadError: unknown name or key, malformed number, specdecpp without a head, h outside (0, 1),
-            K < 1.
-    """
-    name, _, body = spec.strip().partition(":")
-    name = name.strip().lower()
-    if name in _COMPOSITE_MODULES and name not in COMPOSITE_PARSERS:
-        importlib.import_module(_COMPOSITE_MODULES[name])  # registers its parsers
-    if name in COMPOSITE_PARSERS:  # BanditSpec: a selector over policy arms, ucb:arms=specdec:k=2|...
-        return COMPOSITE_PARSERS[name](spec, head=head)
-    if name not in _KEYS:
-        names = ", ".join(_EXAMPLES.values())
-        raise AccheadError(f"cannot parse policy {spec!r}: unknown name {name!r}; one of {names}")
-    p = _parse_params(spec, name, body)
-    if name == "autoregressive":
-        return Autoregressive()
-    if name == "specdec":
-        return FixedK(int(_number(spec, "k", p["k"], int)))
-    if name == "confidence":
-        return Confidence(float(_number(spec, "tau", p["tau"], float)),
-                          int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int)))
-    if name == "entropy":
-        return Entropy(float(_number(spec, "tau", p["tau"], float)),
-                       int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int)))
-    if name == "adaedl":
-        return AdaEDL(
-            float(_number(spec, "lam", p["lam"], float)),
-            float(_number(spec, "gamma", p.get("gamma", "0.2"), float)),
-            _flag(spec, "adapt", p.get("adapt", "1")),
-            int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int)),
-        )
-    if name == "oracle":
-        return Oracle(int(_number(spec, "max", p.get("max", str(ORACLE_MAX_DRAFT)), int)))
-    # specdecpp
-    h = float(_number(spec, "h", p["h"], float)) if "h" in p else None
-    max_draft = int(_number(spec, "max", p.get("max", str(DEFAULT_MAX_DRAFT)), int))
-    free = _flag(spec, "free", p.get("free", "1"))
-    if h is not None and not 0.0 < h < 1.0:
-        raise AccheadError(f"specdecpp needs 0 < h < 1, got h={h}")
-    if head is None:
-        raise AccheadError(f"policy {spec!r} needs an acceptance head (give --head PATH or head=...)")
-    if not isinstance(head, AcceptanceHead):
-        from acchead.head_io import load_head
-
-        head, _ = load_head(head)
-    return SpecDecPP(head, head.default_h if h is None else h, max_draft, free)
+    def start_round(self, run: PolicyRun, position: int) -> int:
+        assert isinstance(run, OracleRun), "an oracle round needs the oracle's run"
+        agree, length = run.agree, 0
+        while position + length < len(agree) and agree[position + length] and length < self.max_draft:
+            length += 1
+        return length

@@ -15,7 +15,7 @@ from acchead.inference.bandit_decoder import bandit_decoder
 from acchead.inference.bandit_policy import BanditPolicy
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.mag import build_bigram_table
-from acchead.inference.policies import parse_policy
+from acchead.inference.policy_build import parse_policy
 
 L = 8  # longest speculation: rewards in [1, 9]
 
@@ -135,14 +135,14 @@ def _greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
 
 def test_parse_bandit_spec_round_trip_and_errors():
     p = parse_policy("ucb:arms=specdec:k=2|specdec:k=4|confidence:tau=0.4,max=8|autoregressive")
-    assert isinstance(p, BanditPolicy) and isinstance(p.selector, UCBSpec)
+    assert isinstance(p, BanditPolicy) and isinstance(p.start_decode().selector, UCBSpec)
     want = ["specdec:k=2", "specdec:k=4", "confidence:tau=0.4,max=8", "autoregressive"]
     assert [a.spec for a in p.arms] == want
     assert p.max_len == 8
     again = parse_policy(p.spec)
     assert again.spec == p.spec
     e = parse_policy("exp3:seed=3,reward=rate,carry=1,arms=specdec:k=1|specdec:k=3")
-    assert isinstance(e.selector, EXP3Spec) and e.selector.seed == 3 and e.carry
+    assert isinstance(e.start_decode().selector, EXP3Spec) and e.seed == 3 and e.carry
     for bad in ("ucb:specdec:k=2", "ucb:arms=", "ucb:seed=1,arms=specdec:k=2", "ucb:arms=oracle",
                 "ucb:arms=specdec:k=0", "exp3:seed=x,arms=specdec:k=2"):
         with pytest.raises(AccheadError):
@@ -150,7 +150,7 @@ def test_parse_bandit_spec_round_trip_and_errors():
 
 
 def test_end_round_feeds_accepted_plus_one():
-    p = parse_policy("ucb:arms=specdec:k=2|specdec:k=5")
+    p = parse_policy("ucb:arms=specdec:k=2|specdec:k=5").start_decode()  # the decode's bandit state
     assert p.start_round(0) == 2  # warm-up pulls arm 0 first
     p.end_round(drafted=2, accepted=1)
     assert p.start_round(3) == 5
@@ -169,13 +169,26 @@ def test_bandit_decoding_equals_target_greedy(tiny_llama_pair, kind):
     prompt = torch.tensor([5, 17, 40, 99, 3, 250, 7])
     res = dec.generate(prompt, max_new_tokens=30, temperature=0)
     assert res.new_ids.tolist() == _greedy(target, prompt, 30)
-    pulls = dec.policy.selector.pulls
-    assert pulls.sum() == res.rounds == len(dec.policy.history)
+    pulls = dec.policy_run.selector.pulls
+    assert pulls.sum() == res.rounds == len(dec.policy_run.history)
     if kind == "ucb":
         assert (pulls >= 1).all()  # warm-up: every arm once
     # Statistics reset per prompt (the paper's setting): a second call starts from scratch.
     res2 = dec.generate(prompt, max_new_tokens=30, temperature=0)
-    assert dec.policy.selector.pulls.sum() == res2.rounds
+    assert dec.policy_run.selector.pulls.sum() == res2.rounds
+
+
+def test_bandit_carry_continues_the_last_decodes_statistics(tiny_llama_pair):
+    """carry=1: a decode's run continues the previous decode's selector; the policy itself never changes."""
+    target, draft = tiny_llama_pair
+    dec = SpeculativeDecoder(target, draft, policy="ucb:carry=1,arms=specdec:k=1|specdec:k=3")
+    prompt = torch.tensor([5, 17, 40, 99])
+    first = dec.generate(prompt, max_new_tokens=12, temperature=0)
+    run = dec.policy_run
+    second = dec.generate(prompt, max_new_tokens=12, temperature=0)
+    assert dec.policy_run is not run and dec.policy_run.selector is run.selector
+    assert dec.policy_run.selector.pulls.sum() == first.rounds + second.rounds
+    assert len(dec.policy_run.history) == second.rounds
 
 
 def test_bandit_over_drafters_equals_target_greedy(tiny_llama_pair):
@@ -188,7 +201,7 @@ def test_bandit_over_drafters_equals_target_greedy(tiny_llama_pair):
     prompt = torch.tensor([5, 17, 40, 5, 17, 40, 5])
     res = dec.generate(prompt, max_new_tokens=30, temperature=0)
     assert res.new_ids.tolist() == _greedy(target, prompt, 30)
-    counts = dec.policy.pull_counts()
+    counts = dec.policy_run.pull_counts()
     assert list(counts) == ["specdec:k=2", "mag:block=6@specdec:k=6", "cascade:k=3.1/4@specdec:k=4"]
     assert all(n >= 1 for n in counts.values()) and sum(counts.values()) == res.rounds
     with pytest.raises(AccheadError):

@@ -256,7 +256,8 @@ def test_specdecpp_fast_head_path_equals_the_module():
     for f, stop in ((-800.0, True), (-3.0, True), (0.0, False), (2.5, False), (800.0, False)):
         pol = parse_policy("specdecpp:h=0.5", head=head)
         pol.call.logit = lambda step, f=f: torch.tensor(f)  # a head that outputs f
-        pol.start_round(0)
+        run = pol.start_decode()
+        run.start_round(0)
         step = DraftStep(token=0, q=torch.ones(2) / 2, hidden=torch.zeros(24), index=1)
-        assert pol.should_stop(step) is stop
-        assert bool(torch.isfinite(torch.as_tensor(pol.stats)))
+        assert run.should_stop(step) is stop
+        assert bool(torch.isfinite(torch.as_tensor(run.stats))) and run.head_calls == 1

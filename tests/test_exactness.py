@@ -26,9 +26,10 @@ import torch
 
 from acchead.head import AcceptanceHead
 from acchead.inference import SpeculativeDecoder, parse_policy
+from acchead.inference.adaedl import AdaEDL, AdaEDLRun
 from acchead.inference.draft_round import draft_round
 from acchead.inference.drafters import Drafter, DraftStep
-from acchead.inference.policies import AdaEDL, StopPolicy
+from acchead.inference.policies import PolicyRun, StopPolicy
 from acchead.inference.verification import (
     block_h,
     block_next_dist,
@@ -164,8 +165,9 @@ TauFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 NextFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
-def round_outcomes(world: World, policy: StopPolicy, gen: tuple[int, ...]):
-    """[(drafted tokens, probability, q (L, V))] of one round after `gen`, via the decoder's draft_round."""
+def round_outcomes(world: World, policy: PolicyRun, gen: tuple[int, ...]):
+    """[(drafted tokens, probability, q (L, V))] of one round after `gen`, via the decoder's draft_round;
+    `policy`: the decode's run of the policy (`StopPolicy.start_decode`)."""
     ctx = PROMPT + gen
     cap = min(policy.start_round(len(gen)), world.length - len(gen) - 1)
     if cap <= 0:
@@ -187,15 +189,14 @@ def decoded_dist(world: World, policy: StopPolicy, tau_fn: TauFn, next_fn: NextF
     """Exact distribution of the decoder's output: enumerate rounds, accept counts and next tokens.
 
     `feedback=True` also gives the policy each round's outcome, as the decoder does: every branch
-    (drafted block, accept count τ) continues with its own copy of the policy after
-    `end_round(len(drafted), τ)`, so a policy whose state adapts (AdaEDL's λ) is enumerated with the state
-    each history would give it.
+    (drafted block, accept count τ) continues with its own copy of the decode's policy state (its run)
+    after `end_round(len(drafted), τ)`, so a policy whose state adapts (AdaEDL's λ) is enumerated with the
+    state each history would give it.
     """
-    if policy.needs_reference:
-        policy.set_reference(world.agreement())
+    run = policy.start_decode(reference=world.agreement() if policy.needs_reference else None)
     out: dict[tuple[int, ...], float] = defaultdict(float)
 
-    def rec(gen: tuple[int, ...], prob: float, pol: StopPolicy) -> None:
+    def rec(gen: tuple[int, ...], prob: float, pol: PolicyRun) -> None:
         if len(gen) == world.length or (gen and gen[-1] in world.eos):
             out[gen] += prob
             return
@@ -217,7 +218,7 @@ def decoded_dist(world: World, policy: StopPolicy, tau_fn: TauFn, next_fn: NextF
                     cut = next((i for i, t in enumerate(new) if t in world.eos), None)
                     rec(gen + (new if cut is None else new[: cut + 1]), prob * p_draft * p_tau * px, after)
 
-    rec((), 1.0, policy)
+    rec((), 1.0, run)
     return out
 
 
@@ -286,9 +287,10 @@ class _RecordingAdaEDL(AdaEDL):
 
     seen: ClassVar[set[float]] = set()  # shared by the per-branch deep copies
 
-    def should_stop(self, step: DraftStep) -> bool:
-        type(self).seen.add(round(self.lam, 9))
-        return super().should_stop(step)
+    def should_stop(self, run: PolicyRun, step: DraftStep) -> bool:
+        assert isinstance(run, AdaEDLRun)
+        type(self).seen.add(round(run.lam, 9))
+        return super().should_stop(run, step)
 
 
 # Long enough for rounds with stop decisions (cap >= 2) after a first round with feedback.
@@ -367,7 +369,7 @@ def test_block_accepts_at_least_as_much_as_token():
     """E[τ] under block verification ≥ under token verification (Sun et al. 2024, Thm 2), drafts ~ q."""
     w = WORLDS["V3-len4"]
     e_block = e_token = 0.0
-    for drafted, p_draft, q in round_outcomes(w, parse_policy("specdec:k=3"), ()):
+    for drafted, p_draft, q in round_outcomes(w, parse_policy("specdec:k=3").start_decode(), ()):
         tokens = torch.tensor(drafted)
         p = torch.stack([w.p(PROMPT + drafted[:i]) for i in range(len(drafted) + 1)])
         ranks = torch.arange(len(drafted) + 1, dtype=torch.float64)

@@ -28,9 +28,9 @@ def test_head_overhead_is_timed_for_both_kinds(tiny_llama_pair, monkeypatch, kin
     seen = []
     should_stop = SpecDecPP.should_stop
 
-    def spy(self: SpecDecPP, step):  # the timed call, through the decoder's own code path
+    def spy(self: SpecDecPP, run, step):  # the timed call, through the decoder's own code path
         seen.append((step, self.lookahead_input(step) if self.lookahead else None))
-        return should_stop(self, step)
+        return should_stop(self, run, step)
 
     monkeypatch.setattr(SpecDecPP, "should_stop", spy)
     prompt = torch.tensor([[5, 17, 42, 8, 99, 3]])

@@ -69,9 +69,9 @@ def _judged_counter(policy: StopPolicy) -> list[int]:
     calls = [0]
     inner = policy.should_stop
 
-    def counted(step):
+    def counted(run, step):
         calls[0] += 1
-        return inner(step)
+        return inner(run, step)
 
     policy.should_stop = counted  # type: ignore[method-assign]
     return calls

@@ -28,7 +28,8 @@ from acchead.head_io import HeadMetadata, load_head, save_head
 from acchead.inference import head_call
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafters import ModelDrafter
-from acchead.inference.policies import SpecDecPP, parse_policy
+from acchead.inference.policies import SpecDecPP
+from acchead.inference.policy_build import parse_policy
 from acchead.lookahead import (
     LOGQ_FLOOR,
     TOPK_WIDTH,
@@ -226,7 +227,7 @@ def test_chi_square_lookahead(peaked_pair, verifier, cfg):
                            top_k=cfg.top_k, top_p=cfg.top_p, seed=s).new_ids.tolist())
         for s in range(n)
     )
-    assert dec.policy.head_calls > 0
+    assert dec.policy_run.head_calls > 0
     assert _chi_square_p_value(counts, _exact_sequences(target, prompt, 3, cfg), n) > 1e-3
 
 

@@ -9,8 +9,9 @@ import torch
 
 from acchead.errors import AccheadError
 from acchead.inference import SpeculativeDecoder, parse_policy
+from acchead.inference.adaedl import AdaEDL
 from acchead.inference.drafters import DraftStep
-from acchead.inference.policies import AdaEDL, Entropy, draft_entropy
+from acchead.inference.policies import Entropy, StopPolicy, draft_entropy
 
 
 def _step(q: list[float] | torch.Tensor, logits: torch.Tensor | None = None, index: int = 1) -> DraftStep:
@@ -89,12 +90,19 @@ def test_draft_entropy_reads_q_or_the_greedy_softmax():
     assert draft_entropy(_step([0.5, 0.5, 0.0, 0.0])) == pytest.approx(math.log(2))
 
 
+def _stops(policy: StopPolicy, step: DraftStep) -> bool:
+    """The policy's decision on `step` in the first round of a fresh decode."""
+    run = policy.start_decode()
+    run.start_round(0)
+    return run.should_stop(step)
+
+
 def test_entropy_rule_stops_after_an_uncertain_candidate():
     policy = Entropy(tau=1.0, max_draft=7)
-    assert policy.start_round(0) == 7
-    assert policy.should_stop(_with_entropy(1.01))
-    assert not policy.should_stop(_with_entropy(0.99))
-    assert not Entropy(tau=0.0).should_stop(_with_entropy(0.0))  # strict: H = tau keeps drafting
+    assert policy.start_decode().start_round(0) == 7
+    assert _stops(policy, _with_entropy(1.01))
+    assert not _stops(policy, _with_entropy(0.99))
+    assert not _stops(Entropy(tau=0.0), _with_entropy(0.0))  # strict: H = tau keeps drafting
 
 
 def test_adaedl_stop_rule_at_its_threshold():
@@ -102,9 +110,9 @@ def test_adaedl_stop_rule_at_its_threshold():
     policy = AdaEDL(lam=0.5, gamma=0.2, adapt=False)
     h_star = (1 - 0.5) ** 2 / 0.2  # 1.25 nats
     assert policy.lower_bound(h_star) == pytest.approx(0.5)
-    assert policy.should_stop(_with_entropy(h_star + 0.01))
-    assert not policy.should_stop(_with_entropy(h_star - 0.01))
-    assert AdaEDL(lam=0.0).should_stop(_with_entropy(5.0)) is False  # bound < 0 is never < λ = 0
+    assert _stops(policy, _with_entropy(h_star + 0.01))
+    assert not _stops(policy, _with_entropy(h_star - 0.01))
+    assert _stops(AdaEDL(lam=0.0), _with_entropy(5.0)) is False  # bound < 0 is never < λ = 0
 
 
 @pytest.mark.parametrize(("lam", "gamma"), [(0.1, 0.2), (0.5, 0.2), (0.7, 0.2), (0.3, 0.05)])
@@ -115,7 +123,7 @@ def test_fixed_lambda_adaedl_is_an_entropy_threshold(lam, gamma):
     for scale in (0.3, 1.0, 3.0, 10.0):
         for _ in range(50):
             step = _step(torch.softmax(scale * torch.randn(128, generator=g), 0))
-            assert ada.should_stop(step) == ent.should_stop(step)
+            assert _stops(ada, step) == _stops(ent, step)
 
 
 # ----------------------------------------------------------------------------------------- λ update
@@ -129,19 +137,19 @@ def _algorithm1(lam, ar, drafted, accepted, cap, b1=0.5, b2=0.9, eps=0.01, alpha
 
 
 def test_adaedl_lambda_update_by_hand():
-    policy = AdaEDL(lam=0.5, max_draft=4)
+    policy = AdaEDL(lam=0.5, max_draft=4).start_decode()  # λ and AR live in the decode's run
     assert (policy.lam, policy.ar) == (0.5, 0.9)  # AR starts at the target α
     policy.end_round(4, 1)  # AR = 0.5·0.9 + 0.5·0.25 = 0.575 < 0.9: λ up by (1 − β2)·ε
     assert policy.ar == pytest.approx(0.575) and policy.lam == pytest.approx(0.501)
 
-    policy = AdaEDL(lam=0.5, max_draft=4)
+    policy = AdaEDL(lam=0.5, max_draft=4).start_decode()
     policy.end_round(3, 3)  # AR = 0.95 ≥ 0.9 and n_acc = 3 ≠ L = 4: λ down
     assert policy.ar == pytest.approx(0.95) and policy.lam == pytest.approx(0.499)
     policy.end_round(4, 4)  # AR = 0.975, n_acc = L: λ unchanged
     assert policy.ar == pytest.approx(0.975) and policy.lam == pytest.approx(0.499)
 
     # A long random history matches the formula step for step.
-    policy, lam, ar = AdaEDL(lam=0.3, max_draft=6), 0.3, 0.9
+    policy, lam, ar = AdaEDL(lam=0.3, max_draft=6).start_decode(), 0.3, 0.9
     g = torch.Generator().manual_seed(1)
     for _ in range(200):
         drafted = int(torch.randint(1, 7, (1,), generator=g))
@@ -153,25 +161,26 @@ def test_adaedl_lambda_update_by_hand():
 
 
 def test_adaedl_state_moves_only_from_finished_rounds():
-    policy = AdaEDL(lam=0.5, max_draft=4)
+    policy = AdaEDL(lam=0.5, max_draft=4).start_decode()
     policy.start_round(0)
     policy.should_stop(_with_entropy(3.0))  # decisions never touch the state
     assert (policy.lam, policy.ar) == (0.5, 0.9)
     policy.end_round(0, 0)  # no candidate (last token of a generation): no information
     assert (policy.lam, policy.ar) == (0.5, 0.9)
-    fixed = AdaEDL(lam=0.5, adapt=False)
+    fixed = AdaEDL(lam=0.5, adapt=False).start_decode()
     fixed.end_round(4, 0)
     assert (fixed.lam, fixed.ar) == (0.5, 0.9)
 
 
-def test_adaedl_resets_at_each_prompt():
+def test_adaedl_state_is_per_decode():
     policy = AdaEDL(lam=0.5, max_draft=4)
-    policy.start_round(0)
-    policy.end_round(4, 0)
-    policy.start_round(5)  # a later round of the same prompt keeps the state
-    assert policy.lam > 0.5
-    policy.start_round(0)  # a new prompt starts from λ₀ and AR = α
-    assert (policy.lam, policy.ar) == (0.5, 0.9)
+    run = policy.start_decode()
+    run.start_round(0)
+    run.end_round(4, 0)
+    run.start_round(5)  # a later round of the same decode keeps the state
+    assert run.lam > 0.5
+    fresh = policy.start_decode()  # a new decode (prompt) starts from λ₀ and AR = α; the policy is unchanged
+    assert (fresh.lam, fresh.ar) == (0.5, 0.9) and policy.lam0 == 0.5
 
 
 def test_adaedl_adapts_inside_the_decoder(tiny_llama_pair):
@@ -181,20 +190,22 @@ def test_adaedl_adapts_inside_the_decoder(tiny_llama_pair):
     policy = AdaEDL(lam=0.5, max_draft=6, eps=0.5, beta2=0.0)  # exaggerated steps, visible in 24 tokens
     dec = SpeculativeDecoder(target, draft, policy=policy)
     res = dec.generate(prompt, max_new_tokens=24, temperature=0)
-    assert policy.lam != 0.5 and res.rounds > 1
+    assert dec.policy_run.lam != 0.5 and res.rounds > 1
     ref = SpeculativeDecoder(target, None, policy="autoregressive").generate(prompt, 24, temperature=0)
     assert res.new_ids.tolist() == ref.new_ids.tolist()
 
 
-def test_policies_module_alone_parses_bandit_specs():
-    # A fresh interpreter that imports only acchead.inference.policies: the composite specs load their
-    # module on first use (they used to need a name of the package `acchead.inference` touched first).
+def test_spec_module_alone_parses_bandit_specs_without_torch():
+    # A fresh interpreter that imports only acchead.inference.spec: the registry names the bandit specs
+    # explicitly (they used to register themselves when their module was imported), and parsing a spec
+    # loads no torch (the CLIs check a spec before they load anything).
     import subprocess
     import sys
 
-    code = ("from acchead.inference.policies import parse_policy\n"
-            "p = parse_policy('ucb:arms=specdec:k=2|specdec:k=4')\n"
-            "print(type(p).__name__)")
+    code = ("import sys\n"
+            "from acchead.inference.spec import parse_policy_spec\n"
+            "p = parse_policy_spec('ucb:arms=specdec:k=2|specdec:k=4')\n"
+            "print(type(p).__name__, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "BanditPolicy"
+    assert out.stdout.strip() == "UCBBanditSpec False"

@@ -75,7 +75,8 @@ def time_head_overhead(
     # The stop decision is ignored: every call does the full head + running-product update.
     policy = SpecDecPP(head, h=0.5).to(hidden.device)
     policy.attach_draft(draft)  # a head reading "token" needs the draft's output embedding
-    policy.start_round(0)
+    run = policy.start_decode()
+    run.start_round(0)
     if policy.lookahead:  # judged from the state that produced q, before the candidate is fed
         kept = logits if sampling.greedy else None  # the drafter keeps the logits only under greedy
         step = DraftStep(token=int(token), q=q, hidden=None, index=1, logits=kept, state=hidden)
@@ -89,7 +90,7 @@ def time_head_overhead(
         sync()
 
     def head_call() -> None:
-        policy.should_stop(step)
+        run.should_stop(step)
         sync()
 
     for fn in (draft_step, head_call):  # warm-up: allocator, kernels, lazy init

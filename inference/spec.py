@@ -1,0 +1,118 @@
+"""The one typed decoding configuration: drafter, stop policy (with its parameters), verifier, sampling, path,
+head; and the registry of every policy a spec can name.
+
+    spec = DecodingSpec.from_spec("specdecpp:h=0.7", head="head.safetensors", verifier="block")
+    spec = DecodingSpec.from_spec("mag+specdec:k=10")          # DRAFTER+POLICY: a model-free drafter
+    decoder = build_decoder(spec, target, draft)               # acchead.inference.decoder_factory
+
+The string form is `[DRAFTER+]POLICY`: POLICY as `acchead.inference.policy_spec` writes it, DRAFTER a
+`acchead.inference.cascade.make_drafter` spec (`mag`, `cascade:k=4.2/10`); the other fields are typed
+values beside it. `from_spec(s.to_spec(), ...) == s`. `acchead-decode` and the bench's settings decode
+from one. Pure data: this module imports no torch and no decoding module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from acchead.errors import AccheadError
+from acchead.inference.bandit_spec import BanditSpec, EXP3BanditSpec, UCBBanditSpec
+from acchead.inference.policy_spec import (
+    AdaEDLSpec,
+    AutoregressiveSpec,
+    ConfidenceSpec,
+    EntropySpec,
+    OracleSpec,
+    PolicySpec,
+    SpecDecPPSpec,
+    SpecDecSpec,
+)
+from acchead.sampling import SamplingConfig
+
+# The one registry: every policy a spec string can name, by name.
+_REGISTERED: tuple[type[PolicySpec], ...] = (
+    AutoregressiveSpec, SpecDecSpec, SpecDecPPSpec, ConfidenceSpec, EntropySpec, AdaEDLSpec, OracleSpec,
+    UCBBanditSpec, EXP3BanditSpec,
+)  # fmt: skip
+POLICY_SPECS: dict[str, type[PolicySpec]] = {cls.name: cls for cls in _REGISTERED}
+VERIFIERS = ("token", "block")
+PATHS = ("eager", "fast")
+DecodePath = Literal["eager", "fast"]
+
+
+def parse_policy_spec(text: str) -> PolicySpec:
+    """The typed spec of a policy string (`NAME[:key=value,...]`); AccheadError (one line) if malformed."""
+    name, _, body = text.strip().partition(":")
+    name = name.strip().lower()
+    kind = POLICY_SPECS.get(name)
+    if kind is None:
+        names = ", ".join(k.example for k in POLICY_SPECS.values())
+        raise AccheadError(f"cannot parse policy {text!r}: unknown name {name!r}; one of {names}")
+    return kind.parse_body(text, body, parse_policy_spec)
+
+
+def as_policy_spec(spec: str | PolicySpec) -> PolicySpec:
+    """`spec` as a typed value (parsed when a string)."""
+    return parse_policy_spec(spec) if isinstance(spec, str) else spec
+
+
+def needs_head(spec: str | PolicySpec) -> bool:
+    """True if the policy (or some bandit arm of it) reads an acceptance head; parses a string spec."""
+    return as_policy_spec(spec).needs_head
+
+
+@dataclass(frozen=True)
+class DecodingSpec:
+    """Everything that says how to decode, as one frozen value.
+
+    Attributes:
+        policy: the stop policy and its parameters.
+        drafter: a model-free or cascaded drafter's spec (`make_drafter`), or None for the draft model.
+        verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
+        sampling: S, or None where the caller supplies it per call (the bench, transformers' generate).
+        path: "eager", "fast" (static caches, compiled forwards), or None: the device's default.
+        head: the acceptance head file a `specdecpp` policy reads (None for other policies).
+    """
+
+    policy: PolicySpec
+    drafter: str | None = None
+    verifier: str = "token"
+    sampling: SamplingConfig | None = None
+    path: DecodePath | None = None
+    head: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.verifier not in VERIFIERS:
+            raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {self.verifier!r}")
+        if self.path is not None and self.path not in PATHS:
+            raise AccheadError(f"path must be one of {', '.join(PATHS)}, got {self.path!r}")
+        if self.drafter is not None and isinstance(self.policy, BanditSpec) and self.policy.has_drafters:
+            raise AccheadError("a bandit whose arms name drafters takes no DRAFTER+ of its own")
+
+    @classmethod
+    def from_spec(cls, text: str, **fields: Any) -> DecodingSpec:
+        """Parse `[DRAFTER+]POLICY`; `fields` sets the other attributes (verifier, sampling, path, head)."""
+        drafter, plus, policy = text.strip().partition("+")
+        if not plus:
+            drafter, policy = "", text
+        if plus and not drafter.strip():
+            raise AccheadError(f"cannot parse {text!r}: DRAFTER+POLICY needs a drafter before '+'")
+        return cls(parse_policy_spec(policy), drafter.strip() or None, **fields)
+
+    def to_spec(self) -> str:
+        """`[DRAFTER+]POLICY`: the policy's string, after its drafter's."""
+        policy = self.policy.to_spec()
+        return policy if self.drafter is None else f"{self.drafter}+{policy}"
+
+    def __str__(self) -> str:
+        return self.to_spec()
+
+    @property
+    def needs_head(self) -> bool:
+        return self.policy.needs_head
+
+    @property
+    def fast(self) -> bool | None:
+        """The `fast` argument of `SpeculativeDecoder`: None for the device's default."""
+        return None if self.path is None else self.path == "fast"
