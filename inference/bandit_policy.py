@@ -8,7 +8,7 @@ Spec strings (the CLIs' `--policy`; parsed by `acchead.inference.policy_spec.Ban
     ucb:carry=1,arms=...                                          keep statistics across prompts
     ucb:arms=specdec:k=3|mag@specdec:k=8|cascade:k=4.2/10@specdec:k=6
                                                                   arms with their own drafters (build
-                                                                  with `decoder.bandit_decoder`)
+                                                                  with `bandit_decoder`)
 
 `arms=` comes last (arm specs contain commas). Each round, the chosen arm's policy (and drafter) runs the
 round; the reward y = accepted + 1 goes back to the selector. Choices depend only on finished rounds, so
@@ -45,7 +45,7 @@ class BanditPolicy(StopPolicy):
     `start_round`, so arms with different needs mix freely.
 
     An arm may also name its own drafter (`mag@specdec:k=8`, `cascade:k=4.2/10@specdec:k=6`); such a
-    bandit needs `acchead.inference.decoder.bandit_decoder`, which gives the decoder a `SwitchDrafter` over
+    bandit needs `acchead.inference.bandit_decoder`, which gives the decoder a `SwitchDrafter` over
     the arms' drafters and passes its `select` as `on_select`.
 
     Args:
