@@ -74,9 +74,9 @@ class Drafter(ABC):
 
         `want_hidden` asks for the hidden state of the candidate (costs a neural drafter one forward now,
         which it would pay at the next proposal anyway). `want_state` asks for the state that produced the
-        candidate's q (free: it comes out of the forward that produced q). `judge`, the policy when this
-        candidate will be judged: a drafter may run its rule inside its own unit and return the flag in
-        `DraftStep.stop`; one that leaves `stop` None lets the policy judge the step itself.
+        candidate's q (free: it comes out of the forward that produced q). `judge`, the decode's policy run
+        when this candidate will be judged: a drafter may run its rule inside its own unit and return the
+        flag in `DraftStep.stop`; one that leaves `stop` None lets the run judge the step itself.
         """
 
     @abstractmethod
