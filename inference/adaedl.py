@@ -98,10 +98,9 @@ class AdaEDL(StopPolicy):
         return self.max_draft
 
     def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert stats is not None, "AdaEDL judges inside a round: `start_round` puts the round's λ in stats"
         bound = self.lower_bound(draft_entropy(step))
-        # stats: the round's λ (`start_round`); None only outside a round (a warm-up): λ₀
-        lam = stats.to(device=bound.device, dtype=bound.dtype) if stats is not None else self.lam0
-        return bound < lam, stats
+        return bound < stats.to(device=bound.device, dtype=bound.dtype), stats
 
     def end_round(self, run: PolicyRun, drafted: int, accepted: int) -> None:
         assert isinstance(run, AdaEDLRun), "an AdaEDL round needs AdaEDL's run"

@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     head_path = None
     if not spec.needs_head:
         # So does an oracle with sampling.
-        policy = spec.policy.build()
+        from acchead.inference.policy_build import parse_policy
+
+        policy = parse_policy(spec.policy)
         if policy.greedy_only and args.temperature not in (None, 0.0):
             raise AccheadError(f"policy {policy.spec!r} is a greedy-only hindsight bound; use temperature 0")
     else:

@@ -85,7 +85,7 @@ class StopPolicy:
 
     @property
     def spec(self) -> str:
-        """The canonical spec string (`parse_policy(spec)` rebuilds an equal policy)."""
+        """The canonical spec string (`policy_build.parse_policy(spec)` rebuilds an equal policy)."""
         return self.config.to_spec()
 
     @property

@@ -28,7 +28,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, get_type_hints
+from typing import ClassVar, get_args, get_type_hints
 
 from acchead.errors import AccheadError
 
@@ -79,7 +79,7 @@ def key_values(text: str, body: str) -> dict[str, str]:
 
 def _value_type(hint: object) -> type:
     """The scalar type of a field's annotation ("int | None" -> int)."""
-    args = getattr(hint, "__args__", None)
+    args = get_args(hint)
     if args:
         return next(a for a in args if a is not type(None))
     return hint  # type: ignore[return-value]

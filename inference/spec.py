@@ -113,6 +113,16 @@ class DecodingSpec:
         return self.policy.needs_head
 
     @property
+    def name(self) -> str:
+        """What the spec decodes with, in a word: its drafter's name ("mag", "cascade"), else its policy's."""
+        return self.policy.name if self.drafter is None else self.drafter.partition(":")[0].strip()
+
+    @property
+    def uses_drafters(self) -> bool:
+        """It names a drafter besides the draft model (`DRAFTER+`, or a bandit arm's `DRAFTER@`)."""
+        return self.drafter is not None or (isinstance(self.policy, BanditSpec) and self.policy.has_drafters)
+
+    @property
     def fast(self) -> bool | None:
         """The `fast` argument of `SpeculativeDecoder`: None for the device's default."""
         return None if self.path is None else self.path == "fast"

@@ -12,15 +12,11 @@ import torch
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
-from acchead.inference.bench.config import (
-    build_parser,
-    build_settings,
-    head_families,
-    resolve_args,
-    used_heads,
-)
+from acchead.inference.bench.config import build_parser, resolve_args
 from acchead.inference.bench.partials import run_key
 from acchead.inference.bench.run import main
+from acchead.inference.bench.settings import build_settings, head_families, used_heads
+from acchead.inference.policy_spec import SpecDecPPSpec
 from acchead.models import load_causal_lm, model_identity
 from acchead.sampling import SamplingConfig
 
@@ -412,7 +408,7 @@ def test_each_head_runs_the_h_grid_as_its_own_family(bench_inputs, tmp_path, tin
         families = ["specdecpp", "specdecpp-lookahead[greedy-r1]", "specdecpp-lookahead[greedy-r2]"]
         assert [s.family for s in settings] == [f for f in families for _ in range(2)] + ["exp3", "specdec"]
         assert [s.head for s in settings[:6]] == [str(p) for p in (cand, cand, r1, r1, r2, r2)]
-        assert all(s.needs_head and s.params["head"] == s.head for s in settings[:6])
+        assert all(s.decoding.needs_head and s.params["head"] == s.head for s in settings[:6])
         assert settings[1].params == {"h": 0.6, "max": 8, "head": str(cand)}
         assert settings[4].spec == settings[0].spec == "specdecpp:h=0.3,max=8"  # same spec, distinct keys:
         assert len({s.key for s in settings}) == len(settings)
@@ -420,7 +416,9 @@ def test_each_head_runs_the_h_grid_as_its_own_family(bench_inputs, tmp_path, tin
         assert settings[2].label == "specdecpp-lookahead[greedy-r1] specdecpp:h=0.3,max=8"
         # An extra spec using SpecDec++ decodes with the first head; one without it has no head.
         assert (settings[6].head, settings[6].params["head"]) == (str(cand), str(cand))
-        assert (settings[7].head, settings[7].needs_head) == (None, False)
+        assert (settings[7].head, settings[7].decoding.needs_head) == (None, False)
+        # Each setting decodes with a typed spec: nothing downstream parses its string.
+        assert settings[6].decoding.policy.arms[0].policy == SpecDecPPSpec(h=0.5, max=4)
         assert [f for f, _, _ in used_heads(args, settings)] == families
 
     # One head of each kind: the plain family names. Same directory names elsewhere: numbered.

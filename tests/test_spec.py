@@ -140,6 +140,9 @@ def test_bad_specs_are_one_line_errors(text, message):
 
 
 def test_decoding_spec_string_form_and_fields():
+    import acchead.inference as inference
+
+    assert inference.DecodingSpec is DecodingSpec and inference.build_decoder is build_decoder  # public API
     spec = DecodingSpec.from_spec("cascade:k=4.2/10+specdec:k=6", verifier="block", path="eager")
     assert spec.drafter == "cascade:k=4.2/10" and spec.policy == SpecDecSpec(k=6)
     assert spec.to_spec() == "cascade:k=4.2/10+specdec:k=6" and str(spec) == spec.to_spec()

@@ -19,12 +19,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acchead.errors import AccheadError
+from acchead.inference.policy_spec import (
+    AutoregressiveSpec,
+    ConfidenceSpec,
+    EntropySpec,
+    SpecDecPPSpec,
+    SpecDecSpec,
+)
 
 if TYPE_CHECKING:
-    from acchead.inference.bench.config import Setting
     from acchead.inference.bench.run import Bench
+    from acchead.inference.bench.settings import Setting
 
-BATCHABLE = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy")
+BATCHABLE = (AutoregressiveSpec, SpecDecSpec, SpecDecPPSpec, ConfidenceSpec, EntropySpec)
 PASSES = 2  # every batch runs twice per setting (the timings' spread; counts are the same each pass)
 
 
@@ -67,9 +74,11 @@ class BatchedRow:
 
 
 def batchable(setting: Setting) -> bool:
-    """Whether the batched decoder runs `setting`: its policy name is batchable, with the draft model."""
-    name = setting.spec.split(":", 1)[0]
-    return name in BATCHABLE and "+" not in setting.spec and not setting.fast
+    """Whether the batched decoder runs `setting`: a batchable policy, drafted by the draft model, eager."""
+    spec = setting.decoding
+    if spec is None or setting.fast:
+        return False
+    return isinstance(spec.policy, BATCHABLE) and spec.drafter is None
 
 
 def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list[BatchedRow]:
@@ -91,9 +100,9 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
         decs = {
             s.key: BatchedDecoder(
-                bench.target, None if s.spec == "autoregressive" else bench.draft, s.spec,
-                head=s.head if s.needs_head else None, verifier=s.verifier,
-                batch_stop=s.spec.startswith("specdecpp"),
+                bench.target, None if isinstance(s.decoding.policy, AutoregressiveSpec) else bench.draft,
+                s.decoding.policy, head=s.head, verifier=s.verifier,
+                batch_stop=isinstance(s.decoding.policy, SpecDecPPSpec),
             )
             for s in chosen
         }  # fmt: skip
@@ -116,7 +125,7 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
                         for k in keys:
                             totals[s.key][k] += getattr(res, k)
                         digests[s.key] += [_digest(r.new_ids.tolist()) for r in res.rows]
-        ar = next((digests[s.key] for s in chosen if s.spec == "autoregressive"), None)
+        ar = next((digests[s.key] for s in chosen if isinstance(s.decoding.policy, AutoregressiveSpec)), None)
         for s in chosen:
             dec, t = decs[s.key], totals[s.key]
             greedy = args.temperature == 0

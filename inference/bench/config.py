@@ -1,170 +1,23 @@
-"""Command line and config of `acchead-bench`, and the grid of (method, setting) pairs it expands to.
+"""Command line and config of `acchead-bench`; the grid of settings they expand to is
+`acchead.inference.bench.settings`.
 
 Every flag has its default in `configs/bench.yaml` (or the file given by `--config`); a flag on the command
 line overrides the file. `null` model paths mean the `--pair`'s models and shipped heads (`acchead.pairs`;
 the default pair is the demo pair), resolved here at the command line: the decoders never pick a head.
-
-`--head` takes several heads (comma-separated; a YAML list): each expands the `specdecpp` h-grid into its
-own method family, named after the head's kind (`HEAD_FAMILIES`), so one run compares a candidate and a
-lookahead head side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError
+from acchead.inference.bench.settings import FAMILIES, PATHS
+from acchead.inference.policy_spec import ADAEDL_GAMMA
 from acchead.pairs import PAIR_NAMES
 from acchead.sampling import SamplingConfig
-
-# Families whose per-prompt wall times enter the cost fit: the draft-model decoders that the model
-# T = t_draft·N_draft + t_target·N_target describes. The oracle peeks at the target's greedy continuation
-# and HF / extra drafters have other per-call costs, so they are measured but not fitted.
-FIT_FAMILIES = ("autoregressive", "specdec", "specdecpp", "specdecpp-lookahead", "confidence", "entropy",
-                "adaedl", "adaedl-adapt")  # fmt: skip
-# The method family of a SpecDec++ head's h-grid, by head kind (`AcceptanceHead.kind`); two heads that would
-# share a family get their name appended: "specdecpp-lookahead[greedy-r1]".
-HEAD_FAMILIES = {"candidate": "specdecpp", "lookahead": "specdecpp-lookahead"}
-FAMILIES = ("autoregressive", "specdec", "specdecpp", "confidence", "entropy", "adaedl", "adaedl-adapt",
-            "oracle", "hf-assisted", "hf-generate", "hf-custom", "extra")  # fmt: skip
-# The paths our decoders can run on (`SpeculativeDecoder(fast=...)`); a fast-path row's family is its eager
-# family with this suffix ("specdec@fast"), so every analysis of the eager rows is unchanged beside it.
-PATHS = ("eager", "fast")
-FAST_SUFFIX = "@fast"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One row of the bench: a method family with its parameters and the policy spec that realises it.
-
-    `spec` is the string `acchead.inference.policies.parse_policy` takes (empty for hf-assisted); `key` names
-    the setting's partial-result file. `head` is the acceptance-head file the setting decodes with (None for
-    settings without a head); SpecDec++ settings of several heads share specs, so their keys and labels
-    also name the family. `fast`: decoded on the fast path (family suffixed with `FAST_SUFFIX`).
-    """
-
-    family: str
-    spec: str
-    params: dict[str, Any] = field(default_factory=dict)
-    verifier: str = "token"
-    needs_head: bool = False
-    head: str | None = None
-    fast: bool = False
-
-    @property
-    def _named(self) -> str:
-        base = self.family.removesuffix(FAST_SUFFIX)
-        if self.head is not None and re.split(r"[:+]", self.spec, maxsplit=1)[0] != base:
-            name = f"{base} {self.spec}"
-        else:
-            name = self.spec or base
-        return f"{name} [fast]" if self.fast else name
-
-    @property
-    def key(self) -> str:
-        return re.sub(r"[^A-Za-z0-9.=-]+", "_", f"{self._named}-{self.verifier}")
-
-    @property
-    def label(self) -> str:
-        return self._named
-
-
-def base_family(family: str) -> str:
-    """A method family without its head suffix: "specdecpp-lookahead[greedy-r1]" -> "specdecpp-lookahead"."""
-    return family.split("[", 1)[0]
-
-
-def is_fitted(family: str) -> bool:
-    """True if the family's per-prompt wall times enter the (eager) cost fit (`FIT_FAMILIES`)."""
-    return base_family(family) in FIT_FAMILIES
-
-
-def is_fast(family: str) -> bool:
-    """True for a fast-path row's family ("specdec@fast")."""
-    return family.endswith(FAST_SUFFIX)
-
-
-def fast_family(family: str) -> str:
-    """The family of a setting's fast-path copy: "specdec" -> "specdec@fast"."""
-    return family + FAST_SUFFIX
-
-
-def is_specdecpp(family: str) -> bool:
-    """True for the h-grid family of a SpecDec++ head, of either kind."""
-    return base_family(family) in HEAD_FAMILIES.values()
-
-
-def head_kind_of(family: str) -> str | None:
-    """The head kind ("candidate", "lookahead") of a SpecDec++ family; None for other families."""
-    return next((k for k, f in HEAD_FAMILIES.items() if f == base_family(family)), None)
-
-
-def head_name(path: str | Path) -> str:
-    """A head's short name: its directory for ".../<name>/head.safetensors", else the file's stem."""
-    from acchead.head_io import HEAD_FILENAME
-
-    p = Path(path)
-    return p.parent.name if p.name == HEAD_FILENAME else p.stem
-
-
-def resolve_head_path(text: str | Path) -> Path:
-    """A `--head` entry as a file path: a directory means the `head.safetensors` inside it."""
-    from acchead.head_io import HEAD_FILENAME
-
-    p = Path(text).expanduser()
-    return p / HEAD_FILENAME if p.is_dir() else p
-
-
-def head_families(heads: Sequence[str | Path]) -> list[tuple[str, Path, str]]:
-    """(family, head file, kind) for each `--head` entry, in order; reads the metadata only, not weights.
-
-    A candidate head's family is "specdecpp", a lookahead head's "specdecpp-lookahead"; when two heads would
-    get the same family, each of them is suffixed with its `head_name` ("specdecpp-lookahead[greedy-r1]").
-    AccheadError for a missing or unreadable head file, or a head listed twice.
-    """
-    from acchead.head_io import read_head_metadata
-
-    entries: list[tuple[Path, str]] = []
-    for text in heads:
-        path = resolve_head_path(text)
-        if not path.is_file():
-            raise AccheadError(f"head file does not exist: {path}")
-        if any(path.resolve() == p.resolve() for p, _ in entries):
-            raise AccheadError(f"--head lists {path} twice")
-        kind = read_head_metadata(path).kind
-        if kind not in HEAD_FAMILIES:
-            raise AccheadError(f"{path}: unknown head kind {kind!r}; expected {' or '.join(HEAD_FAMILIES)}")
-        entries.append((path, kind))
-    counts: dict[str, int] = {}
-    for _, kind in entries:
-        counts[HEAD_FAMILIES[kind]] = counts.get(HEAD_FAMILIES[kind], 0) + 1
-    out: list[tuple[str, Path, str]] = []
-    used: set[str] = set()
-    for path, kind in entries:
-        family = HEAD_FAMILIES[kind]
-        if counts[family] > 1:
-            name, n = head_name(path), 1
-            family = f"{HEAD_FAMILIES[kind]}[{name}]"
-            while family in used:  # same directory names in different places
-                n += 1
-                family = f"{HEAD_FAMILIES[kind]}[{name}-{n}]"
-        used.add(family)
-        out.append((family, path, kind))
-    return out
-
-
-def used_heads(args: argparse.Namespace, settings: Sequence[Setting]) -> list[tuple[str, Path, str]]:
-    """`head_families(args.head)` restricted to the heads some setting decodes with (in `--head` order)."""
-    wanted = {s.head for s in settings if s.needs_head and s.head is not None}
-    if not wanted:
-        return []
-    return [(f, p, k) for f, p, k in head_families(args.head) if str(p) in wanted]
 
 
 def _float_list(text: str) -> list[float]:
@@ -255,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
       "sqrt(gamma * H(q)) < lambda), comma-separated")  # fmt: skip
     a("--adaedl-adapt-grid", type=_float_list, help="AdaEDL with the paper's online lambda: initial lambda "
       "values in [0, 1], comma-separated (method adaedl-adapt)")  # fmt: skip
-    a("--adaedl-gamma", type=float, help="AdaEDL's entropy factor gamma > 0 (the paper's 0.2)")
+    a("--adaedl-gamma", type=float, help=f"AdaEDL's entropy factor gamma > 0 (the paper's {ADAEDL_GAMMA:g})")
     a(
         "--extra-specs",
         type=_spec_list,
@@ -374,8 +227,8 @@ def _apply_demo_defaults(args: argparse.Namespace) -> None:
     args.fresh = bool(args.fresh)
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
-    defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0, "adaedl_gamma": 0.2,
-                "cost_ratios": []}  # fmt: skip
+    defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0,
+                "adaedl_gamma": ADAEDL_GAMMA, "cost_ratios": []}  # fmt: skip
     if args.paths is None:  # the fast path is the decoders' default on CUDA; on the CPU it is opt-in
         args.paths = ["eager", "fast"] if str(args.device or "cpu").startswith("cuda") else ["eager"]
     for k, default in defaults.items():
@@ -438,101 +291,3 @@ def _validate(args: argparse.Namespace) -> None:
         raise AccheadError(f"--cost-ratios needs finite ratios >= 0, got {args.cost_ratios}")
     if args.plot_ratio is not None and not 0 <= args.plot_ratio < math.inf:
         raise AccheadError(f"--plot-ratio must be a finite ratio >= 0, got {args.plot_ratio}")
-
-
-def needs_head(spec: str) -> bool:
-    """True if an extra spec (a policy, a bandit over arms, DRAFTER+POLICY) runs SpecDec++ somewhere."""
-    return "specdecpp" in spec
-
-
-def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[list[Setting], list[str]]:
-    """Expand the method list and grids into settings, in report order; returns (settings, notes).
-
-    Every head in `args.head` expands the h-grid into its own family (`head_families`); extra specs that
-    use SpecDec++ decode with the first head. Reads the heads' metadata (not their weights).
-    """
-    v = args.verifier
-    settings: list[Setting] = []
-    notes: list[str] = []
-    methods = args.methods
-    if "autoregressive" in methods:
-        settings.append(Setting("autoregressive", "autoregressive", {}, v))
-    if "specdec" in methods:
-        settings += [Setting("specdec", f"specdec:k={k}", {"k": k}, v) for k in args.k_grid]
-    extras = args.extra_specs if "extra" in methods else []
-    heads = head_families(args.head) if "specdecpp" in methods or any(needs_head(x) for x in extras) else []
-    if "specdecpp" in methods:
-        cap = args.specdecpp_max
-        for family, path, _ in heads:  # one family per head: its kind, suffixed if two would collide
-            params = [{"h": h, "max": cap, "head": str(path)} for h in args.h_grid]
-            settings += [
-                Setting(family, f"specdecpp:h={pr['h']:g},max={cap}", pr, v, True, str(path)) for pr in params
-            ]
-    if "specdecpp" in methods and not heads:
-        notes.append("no SpecDec++ rows: the pair ships no head trained under this S (pass --head)")
-    if "confidence" in methods:
-        settings += [Setting("confidence", f"confidence:tau={t:g}", {"tau": t}, v) for t in args.tau_grid]
-    if "entropy" in methods:
-        settings += [Setting("entropy", f"entropy:tau={t:g}", {"tau": t}, v) for t in args.entropy_tau_grid]
-    g = args.adaedl_gamma
-    for family, adapt, grid in (("adaedl", 0, args.adaedl_lam_grid),
-                                ("adaedl-adapt", 1, args.adaedl_adapt_grid)):  # fmt: skip
-        if family in methods:
-            settings += [
-                Setting(family, f"adaedl:gamma={g:g},lam={lam:g},adapt={adapt}", {"gamma": g, "lam": lam}, v)
-                for lam in grid
-            ]
-    if "oracle" in methods:
-        if sampling.greedy:
-            settings.append(Setting("oracle", "oracle", {}, v))
-        else:
-            notes.append(f"oracle skipped: it is defined for greedy decoding only (sampling is {sampling}).")
-    if "hf-assisted" in methods:
-        from acchead.inference.bench.hf_assisted import METHOD
-
-        settings.append(Setting(METHOD, "", {}, "token"))
-    if "hf-generate" in methods:
-        from acchead.inference.bench.hf_assisted import GENERATE_METHOD
-
-        settings.append(Setting(GENERATE_METHOD, "", {}, "token"))
-    if "hf-custom" in methods:
-        settings.append(hf_custom_setting(settings, v))
-    for spec in extras:  # a bandit arm or cascade using SpecDec++ decodes with the first head
-        family = re.split(r"[:+]", spec, maxsplit=1)[0]
-        head = str(heads[0][1]) if needs_head(spec) else None
-        params = {"spec": spec} | ({"head": head} if head else {})
-        settings.append(Setting(family, spec, params, v, head is not None, head))
-    if not settings:
-        raise AccheadError("nothing to run: --methods selects no setting")
-    return _on_paths(settings, args.paths), notes
-
-
-def hf_custom_setting(settings: Sequence[Setting], verifier: str) -> Setting:
-    """The `hf-custom` row: one of `settings` (its twin) decoded through transformers' `generate`
-    (`acchead.inference.bench.hf_custom`), so that the two rows' wall clocks give the wrapper's cost.
-
-    The twin is the first SpecDec++ head's h = 0.8 (else its first h), else fixed K = 3 (else the first K),
-    else autoregressive decoding (with `verifier`); its family is kept in the row's params as "twin".
-    """
-    from acchead.inference.bench.hf_custom import METHOD
-
-    twin = None
-    for keep, key, value in ((is_specdecpp, "h", 0.8), (lambda f: f == "specdec", "k", 3)):
-        group = [s for s in settings if keep(s.family)]
-        group = [s for s in group if s.family == group[0].family] if group else []  # the first head only
-        if group:
-            twin = next((s for s in group if s.params.get(key) == value), group[0])
-            break
-    if twin is None:
-        twin = Setting("autoregressive", "autoregressive", {}, verifier)
-    params = {"twin": twin.family, **twin.params}
-    return Setting(METHOD, twin.spec, params, twin.verifier, twin.needs_head, twin.head)
-
-
-def _on_paths(settings: list[Setting], paths: Sequence[str]) -> list[Setting]:
-    """The settings on the requested paths: the draft-model decoders (fitted families) once per path, the
-    rest (oracle, Hugging Face, extra drafters) once, eager."""
-    out = [s for s in settings if "eager" in paths or not is_fitted(s.family)]
-    if "fast" in paths:
-        out += [replace(s, family=fast_family(s.family), fast=True) for s in settings if is_fitted(s.family)]
-    return out

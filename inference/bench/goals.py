@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from acchead.inference.bench.config import is_specdecpp
 from acchead.inference.bench.head_timing import HeadOverhead
 from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
 from acchead.inference.bench.rows import BenchRow, who
+from acchead.inference.bench.settings import is_specdecpp
 from acchead.inference.bench.thresholds import GoalThresholds
 
 Goal = tuple[str, bool | None, str]

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from acchead.inference.bench.config import head_kind_of, head_name, is_specdecpp
 from acchead.inference.bench.goals import at_ratio, best_row, fitted
 from acchead.inference.bench.rows import BenchRow, fmt_params
+from acchead.inference.bench.settings import head_kind_of, head_name, is_specdecpp
 
 
 def compare_head_kinds(rows: Sequence[BenchRow], ratio_keys: list[str]) -> dict[str, Any] | None:

@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from acchead.inference.bench.config import head_kind_of, is_fast
 from acchead.inference.bench.costmodel import ratio_speedup
 from acchead.inference.bench.hf_assisted import GENERATE_METHOD
 from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
 from acchead.inference.bench.rows import BenchRow
+from acchead.inference.bench.settings import head_kind_of, is_fast
 from acchead.rundir import commit
 
 TRAINING_FREE = ("confidence", "entropy", "adaedl", "adaedl-adapt")

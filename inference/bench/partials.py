@@ -20,8 +20,8 @@ from acchead.rundir import atomic_write_json
 if TYPE_CHECKING:
     import torch
 
-    from acchead.inference.bench.config import Setting
     from acchead.inference.bench.costmodel import RunCounts
+    from acchead.inference.bench.settings import Setting
 
 
 @dataclass

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from acchead.inference.bench.config import FIT_FAMILIES
 from acchead.inference.bench.costmodel import CostFit
 from acchead.inference.bench.goals import best_by_family, evaluate_goals
 from acchead.inference.bench.head_kinds import compare_head_kinds, kind_lines, render_head_kinds
 from acchead.inference.bench.head_timing import HeadOverhead
 from acchead.inference.bench.pareto import plot_pareto
 from acchead.inference.bench.rows import BenchRow, MeasuredRow, fmt_params, price_rows, ratio_keys
+from acchead.inference.bench.settings import FIT_FAMILIES
 from acchead.inference.bench.speed_report import render_speed, speed_by_path, speed_goals
 from acchead.rundir import atomic_write_text
 from acchead.sampling import SamplingConfig

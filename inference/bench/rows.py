@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from acchead.inference.bench.config import head_name
 from acchead.inference.bench.costmodel import Metrics, ratio_speedup
+from acchead.inference.bench.settings import head_name
 
 
 @dataclass(frozen=True)

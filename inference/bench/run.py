@@ -23,15 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acchead.errors import AccheadError, cli_errors
-from acchead.inference.bench.config import (
-    FIT_FAMILIES,
-    Setting,
-    build_parser,
-    build_settings,
-    is_fitted,
-    resolve_args,
-    used_heads,
-)
+from acchead.inference.bench.config import build_parser, resolve_args
 from acchead.inference.bench.partials import (
     PromptRun,
     load_partial,
@@ -43,6 +35,7 @@ from acchead.inference.bench.partials import (
     save_partial,
 )
 from acchead.inference.bench.prompts import encode_prompts, load_prompts
+from acchead.inference.bench.settings import FIT_FAMILIES, Setting, build_settings, is_fitted, used_heads
 from acchead.rundir import locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 
@@ -67,23 +60,15 @@ class Bench:
         self.sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
 
     def decoder(self, setting: Setting):
-        """A fresh decoder for `setting` (fresh policy state: bandit statistics start from zero)."""
-        from acchead.inference.decoder import SpeculativeDecoder
+        """A fresh decoder for `setting`'s decoding spec. Its head is a path, not a loaded module: the
+        decoder then checks the head against the draft and warns when the head was trained under another
+        sampling configuration than the bench's. MaG's bigram table is built only for a spec that names a
+        drafter (MaG or a cascade, or a bandit arm's)."""
+        from acchead.inference.decoder_factory import build_decoder
 
-        # The setting's head path, not a loaded module: the decoder then checks the head against the draft
-        # and warns when the head was trained under another sampling configuration than the bench's.
-        head = setting.head if setting.needs_head else None
-        drafter, policy = self.draft, setting.spec  # bandits (ucb:/exp3:) are policy specs too
-        if "+" in setting.spec:  # DRAFTER+POLICY: MaG or a cascade instead of the draft model alone
-            from acchead.inference.cascade import make_drafter
-
-            drafter_spec, policy = setting.spec.split("+", 1)
-            drafter = make_drafter(
-                drafter_spec, draft=self.draft, bigram=self.bigram(), vocab_size=self.target.config.vocab_size
-            )
-        return SpeculativeDecoder(
-            self.target, drafter, policy=policy, head=head, verifier=setting.verifier, fast=setting.fast
-        )
+        assert setting.decoding is not None, f"{setting.family} is not decoded by our decoders"
+        bigram = self.bigram() if setting.decoding.uses_drafters else None
+        return build_decoder(setting.decoding, self.target, self.draft, bigram=bigram)
 
     def bigram(self):
         """MaG's bigram table over the demo corpus (the stdlib LM-train split of `acchead.demo_pair`) under
@@ -123,7 +108,7 @@ class Bench:
                 self.draft,
                 ids,
                 spec=setting.spec,
-                head=setting.head if setting.needs_head else None,
+                head=setting.head,
                 verifier=setting.verifier,
                 fast=setting.fast,
                 max_new_tokens=max_new_tokens,

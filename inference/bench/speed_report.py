@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from acchead.inference.bench.config import fast_family
 from acchead.inference.bench.hf_assisted import GENERATE_METHOD
 from acchead.inference.bench.hf_assisted import METHOD as ASSISTED_METHOD
 from acchead.inference.bench.rows import BenchRow
+from acchead.inference.bench.settings import fast_family
 from acchead.inference.bench.thresholds import GoalThresholds
 
 # Path -> (its autoregressive family, its fixed-K family).

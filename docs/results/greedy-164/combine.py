@@ -11,8 +11,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from acchead.inference.bench.config import FIT_FAMILIES
 from acchead.inference.bench.costmodel import fit_costs
+from acchead.inference.bench.settings import FIT_FAMILIES
 
 
 def family_of(key: str) -> str:
