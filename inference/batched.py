@@ -55,6 +55,7 @@ from acchead.inference.policies import (
     StopPolicy,
 )
 from acchead.inference.policy_build import parse_policy
+from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import RaggedCache, right_aligned
 from acchead.inference.results import BatchResult, GenerationResult
 from acchead.inference.verification import VERIFIERS
@@ -98,7 +99,7 @@ class BatchedDecoder:
         self,
         target: PreTrainedModel,
         draft: PreTrainedModel | None = None,
-        policy: str | StopPolicy = "specdec:k=4",
+        policy: str | PolicySpec | StopPolicy = "specdec:k=4",
         head: AcceptanceHead | str | Path | None = None,
         verifier: str = "token",
         batch_stop: bool | float | str | None = False,

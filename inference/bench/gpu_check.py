@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec, SpecDecSpec
+from acchead.inference.spec import parse_policy_spec
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout, when installed editable (tests/ beside it)
 DEFAULT_PROMPTS = {"toy": "humaneval", "smollm2": "mtbench"}
@@ -155,10 +157,11 @@ class PairRun:
         from acchead.inference.decoder import SpeculativeDecoder
 
         target, draft = self.models(dtype)
-        head = self.head if spec.startswith("specdecpp") else None
+        policy = parse_policy_spec(spec)
+        head = self.head if policy.needs_head else None
         fast, device_path = _PATHS[path]
-        drafter = None if spec == "autoregressive" else draft
-        return SpeculativeDecoder(target, drafter, spec, head=head, fast=fast, device_path=device_path)
+        drafter = None if isinstance(policy, AutoregressiveSpec) else draft
+        return SpeculativeDecoder(target, drafter, policy, head=head, fast=fast, device_path=device_path)
 
     def greedy(self, dec, prompt) -> tuple[list[int], float]:
         res = dec.generate(
@@ -222,8 +225,9 @@ def measure_speed(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
             "tokens_per_s": tokens / max(seconds, 1e-9),
         }
     ar = rows["autoregressive"]["tokens_per_s"]
-    fixed = {s: r["tokens_per_s"] for s, r in rows.items() if s.startswith("specdec:")}
-    adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if s.startswith("specdecpp:")}
+    kinds = {s: type(parse_policy_spec(s)) for s in rows}
+    fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
+    adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecPPSpec}
     best_k = max(fixed, key=fixed.get)
     best_pp = max(adaptive, key=adaptive.get)
     pp = adaptive[best_pp]
