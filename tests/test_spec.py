@@ -58,7 +58,7 @@ def test_every_registered_policy_is_covered():
 @pytest.mark.parametrize("text", SPECS)
 def test_round_trip(text):
     spec = parse_policy_spec(text)
-    assert spec.to_spec() == text  # the canonical form writes what was given, in field order
+    assert spec.to_spec() == text == str(spec)  # the canonical form writes what was given, in field order
     assert parse_policy_spec(spec.to_spec()) == spec
     assert dataclasses.is_dataclass(spec) and hash(spec) == hash(parse_policy_spec(text))  # frozen
     with pytest.raises(dataclasses.FrozenInstanceError):
