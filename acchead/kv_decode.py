@@ -32,6 +32,13 @@ from acchead.errors import AccheadError
 from acchead.models import CACHE_ARG, final_hidden
 
 
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Crop a transformers cache to its first `length` positions through the public `.crop()`."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)  # negative: the number of tokens to remove (transformers 5)
+
+
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """(B, T) attention mask -> (B, T) positions counting real tokens only (0 on left padding)."""
     return (mask.cumsum(-1) - 1).clamp(min=0)
@@ -106,9 +113,7 @@ class KVSequence:
 
     def crop(self, length: int) -> None:
         """Forget every column past the first `length` (`logits` is stale until the next feed)."""
-        extra = self.cache.get_seq_length() - length
-        if extra > 0:
-            self.cache.crop(-extra)  # negative: the number of tokens to remove (transformers 5)
+        crop_cache(self.cache, length)
         self.length = min(self.length, length)
         if self._mask is not None:
             self._mask = self._mask[:, : self.length]

@@ -28,15 +28,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.inference.drafters import RoundBufferDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.mag import MaGDrafter, MaxGram
-from acchead.inference.model_runner import crop_cache
 from acchead.inference.verification import token_next_dist, token_tau_probs
-from acchead.models import CACHE_ARG
+from acchead.kv_decode import KVSequence
 from acchead.sampling import SamplingConfig, probs_from_logits, sample
 
 Step = tuple[int, torch.Tensor]  # (token, q: (V,) its true law)
@@ -70,7 +69,7 @@ class _Reviewer:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache()
+        self.seq = KVSequence(self.model)
         self.tokens: list[int] = []  # what the cache holds
 
     def logits(self, context: list[int], proposals: list[int]) -> torch.Tensor:
@@ -82,17 +81,11 @@ class _Reviewer:
         keep = 0
         while keep < limit and self.tokens[keep] == full[keep]:
             keep += 1
-        crop_cache(self.cache, keep)
-        dev = self.model.device
-        out = self.model(
-            input_ids=torch.tensor(full[keep:], device=dev)[None],
-            **{CACHE_ARG: self.cache},
-            use_cache=True,
-            logits_to_keep=len(proposals) + 1,
-        )
+        self.seq.crop(keep)
+        logits, _ = self.seq.feed(torch.tensor(full[keep:])[None], keep=len(proposals) + 1)
         self.calls += 1
         self.tokens = full
-        return out.logits[0].float()
+        return logits[0].float()
 
 
 def _one_hot(token: int, width: int, device: torch.device) -> torch.Tensor:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
@@ -57,7 +57,8 @@ from acchead.inference.results import GenerationResult
 from acchead.inference.round_verifier import RoundVerifier
 from acchead.inference.spec import needs_head
 from acchead.inference.verification import VERIFIERS
-from acchead.models import CACHE_ARG, check_prompt
+from acchead.kv_decode import KVSequence, decode
+from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig
 
 
@@ -318,16 +319,10 @@ class SpeculativeDecoder:
         """
         if self.draft_model is None:
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
-        dev = self.target.device
-        cache = DynamicCache()
-        ids = prompt.to(dev)[None]
-        ref: list[int] = []
-        while len(ref) < max_new_tokens:
-            out = self.target(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
-            ref.append(read(out.logits[0, -1].argmax()))  # host-driven: one read per reference token
-            if ref[-1] in eos:
-                break
-            ids = torch.tensor([[ref[-1]]], device=dev)
+        seq = KVSequence(self.target)
+        seq.feed(prompt[None])
+        # Host-driven: one read per reference token (the loop's stop check), and one for the tokens.
+        ref: list[int] = read(decode(seq, max_new_tokens, eos_ids=eos, host_read=read)[0])
         full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]
         logits = self.draft_model(input_ids=full).logits[0, prompt.numel() - 1 : -1]
         return read(logits.argmax(-1) == torch.tensor(ref, device=logits.device))

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from acchead.inference.model_runner import crop_cache
+from acchead.kv_decode import crop_cache
 from acchead.models import CACHE_ARG, final_hidden
 
 

@@ -145,7 +145,7 @@ def draft_block_post(
     Returns:
         q (count, V) float32 and the candidates (count,) int64.
     """
-    from acchead.inference.model_runner import step_forward
+    from acchead.inference.static_runner import step_forward
 
     row = logits[-1]
     qs, tokens = [], []

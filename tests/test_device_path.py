@@ -19,7 +19,7 @@ from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama,
 
 import acchead.inference.device_path as device_path
 import acchead.inference.host_reads as host_reads
-import acchead.inference.model_runner as model_runner
+import acchead.inference.static_runner as static_runner
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.decoder import SpeculativeDecoder
@@ -121,7 +121,7 @@ def test_compiled_unit_on_the_device_path_copies_its_outputs(tiny_tokenizer, mon
     eager decoding's. Own models: a model's compiled runner serves one device path."""
     target = make_tiny_llama(len(tiny_tokenizer), hidden_size=64, num_layers=2, seed=1)
     modes, copies = [], []
-    compile_, copy_out = torch.compile, model_runner.copy_out
+    compile_, copy_out = torch.compile, static_runner.copy_out
 
     def compile_spy(fn, **kwargs):
         modes.append(kwargs.get("mode"))
@@ -133,7 +133,7 @@ def test_compiled_unit_on_the_device_path_copies_its_outputs(tiny_tokenizer, mon
         return copied
 
     monkeypatch.setattr(torch, "compile", compile_spy)
-    monkeypatch.setattr(model_runner, "copy_out", copy_spy)
+    monkeypatch.setattr(static_runner, "copy_out", copy_spy)
     dec = SpeculativeDecoder(target, None, policy="autoregressive", device_path=True)
     assert dec.fast and modes == ["reduce-overhead"]
     got = dec.generate(PROMPT, max_new_tokens=12, temperature=0)

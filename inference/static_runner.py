@@ -1,0 +1,310 @@
+"""The fast path of `acchead.inference.model_runner`: a preallocated `StaticCache` and compiled forwards.
+
+`StaticRunner` runs one causal LM (batch size 1) over a transformers `StaticCache` of fixed capacity,
+preallocated once, so rolling back is moving the write position (stale keys past it are masked by the
+causal mask and overwritten by the next write); and every unit (a forward of a given token count with
+the decoder's work on its output, `feed(..., post=...)`; `acchead.inference.units`) is compiled once
+with `torch.compile` (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph
+(`mode="reduce-overhead"`), on the CPU as Inductor's fused C++ kernels with the weights frozen into the
+graph (prepacked for MKL, which is what makes a one-token forward cheaper than eager's GEMV calls;
+docs/speed.md). The prompt (a new length every call) runs eager on the same cache.
+
+Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
+graph has fixed shapes. The decoders use few counts (1 and 2 for a draft; 1..cap + 1 for the target), so
+they are compiled lazily, each the first time it is needed. Dynamo's recompile limits (8 per frame, 256 in
+all) would make the later ones fall back to eager: they are raised only around the calls that compile,
+with `torch._dynamo.config.patch`, so the process's own settings are never changed.
+
+Only transformers' public cache API is used: the write position moves back through `StaticCache.crop`
+(transformers >= 5.4 keeps it per layer as a tensor updated in place, so a captured graph that reads it
+stays valid) and a grown cache is refilled through `StaticCache.update`; caches whose position cannot be
+rolled back are refused with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import weakref
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+
+from acchead.errors import AccheadError
+from acchead.inference.device_path import DevicePath
+from acchead.models import CACHE_ARG
+
+# Compiled graphs of `step_forward` per process: a unit per token count a decoder can ask for (cap <= 63),
+# per S, verifier and stop-rule variant, with room to spare; dynamo's limits are raised to this while a new
+# unit compiles (never lowered below the user's).
+_RECOMPILE_LIMIT = 2048
+
+
+def _skip_guards_stance() -> Callable | None:
+    """`torch.compiler.set_stance(skip_guard_eval_unsafe=True)` as a context factory; None (torch < 2.7)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None or "skip_guard_eval_unsafe" not in inspect.signature(set_stance).parameters:
+        return None
+    return functools.partial(set_stance, "default", skip_guard_eval_unsafe=True)
+
+
+_SKIP_GUARDS = _skip_guards_stance()
+
+# Static caches are sized in multiples of this many tokens: few distinct sizes (each compiles its own
+# graphs), yet little attention over empty slots (a captured step attends over the whole capacity).
+_CAPACITY_STEP = 128
+
+
+def step_forward(
+    model: PreTrainedModel,
+    cache: StaticCache,
+    input_ids: torch.Tensor,
+    keep: int,
+    want_hidden: bool,
+    post: Callable | None = None,
+    *post_args: Any,
+):
+    """One forward over `input_ids` ((1, n)) after the cache, and what the decoder does with its output:
+    the unit `torch.compile` captures.
+
+    Runs the decoder stack and the LM head separately (public `get_decoder` / `get_output_embeddings`),
+    because the hidden states `output_hidden_states` returns are collected by hooks that a captured graph
+    cannot hold. `StaticRunner` checks once that this equals the model's own forward.
+    Returns logits (keep, V) and the final hidden state (H,) of the last position (or None); with `post`,
+    `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (a draft step's
+    sampling and stop rule, a verification's acceptance and next token: `acchead.inference.units`).
+    """
+    hidden = model.get_decoder()(input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True).last_hidden_state
+    hidden = hidden[0, -keep:]  # (keep, H): after the final norm, what the LM head reads
+    logits = model.get_output_embeddings()(hidden)
+    last = hidden[-1] if want_hidden else None
+    return (logits, last) if post is None else post(logits, last, model, cache, *post_args)
+
+
+def _arg_key(arg: Any) -> Hashable:
+    """What tells two calls' extra arguments apart for the compiled-graph bookkeeping: a tensor's shape and
+    dtype (its values are graph inputs), any other argument itself (a constant the graph was traced with)."""
+    if isinstance(arg, torch.Tensor):
+        return ("tensor", tuple(arg.shape), arg.dtype)
+    try:
+        hash(arg)
+    except TypeError:
+        return ("id", id(arg))
+    return arg
+
+
+class StaticRunner:
+    """The fast path: a preallocated `StaticCache` and one compiled forward per (token count, outputs).
+
+    Create it through `make_runner`, which gives every decoder of a model the same one: compiled graphs
+    are bound to this runner's cache, so two compiled runners of one model must not coexist. The runner
+    refers to its model weakly (`model` is None once the model is freed): `make_runner`'s registry is
+    keyed by the model, and a strong reference from its value would keep the model alive forever.
+
+    Args:
+        model: the causal LM (eval mode). Its weights are frozen into the compiled graphs on the CPU:
+            changing them afterwards needs a new runner.
+        capacity: tokens the cache holds, rounded up to a multiple of `_CAPACITY_STEP`; `reset`
+            and `feed` grow it when a sequence needs more (the cached keys/values are copied), which
+            recompiles: `warm_up` with the longest sequence first keeps that out of timed decoding.
+        compile: False runs the static cache eagerly (no capture): the same cache logic, testable in
+            seconds; the decoders' fast path compiles.
+        device_path: compile the units as the CUDA default does (`acchead.inference.device_path`: graph
+            replay, weights not frozen, outputs copied out); None: on CUDA only.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        capacity: int = 256,
+        compile: bool = True,
+        device_path: bool | None = None,
+    ) -> None:
+        self._model = weakref.ref(model)
+        self.device: torch.device = model.device
+        self.path = DevicePath.resolve(self.device, device_path)
+        self.compile = compile
+        self.capacity = 0
+        self.length = 0
+        self.cache: StaticCache | None = None
+        self._compiled: Callable | None = None
+        self._alloc(capacity)
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The causal LM (held weakly: see the class docstring)."""
+        return self._model()
+
+    # ------------------------------------------------------------------------------------------- cache
+
+    def _alloc(self, capacity: int, keep: int = 0) -> None:
+        """A new cache of `capacity` (rounded up) tokens holding the first `keep` positions of the old one."""
+        capacity = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit:
+            capacity = min(capacity, int(limit))
+        old = self.cache
+        self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+        # Allocate the key/value tensors now, on the model's device and dtype, so that their addresses
+        # never change (a captured graph reads them in place); and check, once, that the decoder stack
+        # plus LM head that `step_forward` runs is the model's forward (no logit scaling or soft-capping after
+        # the head, which some architectures add).
+        with torch.inference_mode():
+            ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+            if old is None:
+                ref = self.model(input_ids=ids).logits
+                ours, _ = step_forward(self.model, self.cache, ids, 1, False)
+                if not torch.allclose(ours.float(), ref.float(), rtol=1e-3, atol=1e-3):
+                    raise AccheadError(
+                        f"{type(self.model).__name__}: its logits are not the LM head of the decoder's last "
+                        "hidden state, which the fast path computes; use fast=False"
+                    )
+            else:
+                step_forward(self.model, self.cache, ids, 1, False)
+            self._empty_new_cache(check=old is None)
+            if old is not None and keep:
+                # The first `keep` positions, written through the public `update` (it also advances the write
+                # position to `keep`).
+                for idx, layer in enumerate(old.layers):
+                    self.cache.update(layer.keys[:, :, :keep], layer.values[:, :, :keep], idx)
+        self.capacity = capacity
+        if self._compiled is None and self.compile:
+            self._compiled = self._make_compiled()
+        self.length = keep
+
+    def _empty_new_cache(self, check: bool) -> None:
+        """Move the new cache's write position back from 1 (the forward above) to 0 through the public
+        `crop`; with `check` (the first cache, built before any decode: reading the position back is a
+        device sync), refuse a cache that cannot: only a position kept as a tensor, updated in place, lets
+        a captured graph (which reads it) roll back (transformers >= 5.4)."""
+        try:
+            self.cache.crop(-1)
+            emptied = not check or int(self.cache.get_seq_length()) == 0
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
+            emptied = False
+        if not emptied:
+            import transformers
+
+            raise AccheadError(
+                f"the fast path needs transformers' StaticCache with per-layer write positions that roll "
+                f"back (transformers >= 5.4); installed: {transformers.__version__}. Use fast=False"
+            )
+
+    def _make_compiled(self) -> Callable:
+        """`step_forward` compiled for this runner's device, as a function of the same arguments.
+
+        Once a (token count, keep, want_hidden, capacity) has been compiled, later calls with it skip
+        dynamo's guard evaluation (0.5 ms of a 5.9 ms target step on the CPU, measured): the guards that
+        tell this runner's graphs apart (input shapes, the constants, the cache's size) are still
+        checked, the others (the model's parameters) cannot change between calls (`skip_guard_eval_unsafe`;
+        torch >= 2.7, else every guard runs).
+        """
+        import torch._dynamo
+        import torch._inductor.config as inductor_config
+
+        mode = self.path.compile_mode
+        compiled = torch.compile(step_forward, mode=mode, fullgraph=True, dynamic=False)
+        dynamo = torch._dynamo.config
+
+        def limits() -> contextlib.AbstractContextManager:
+            # Scoped to the call that compiles: the process's own dynamo settings are left as they are.
+            return dynamo.patch(
+                recompile_limit=max(dynamo.recompile_limit, _RECOMPILE_LIMIT),
+                accumulated_recompile_limit=max(dynamo.accumulated_recompile_limit, _RECOMPILE_LIMIT),
+            )
+
+        compiling = limits
+        if not self.path.on:
+            # Inductor reads these from its global config when it compiles (passing them in `options=`
+            # left the weights unfrozen), so they are set around the call that compiles a new shape:
+            # freezing folds the weights into the graph, prepacked for MKL (4.9 instead of 5.6 ms per
+            # target step, measured); the C++ wrapper drops the Python wrapper's per-kernel overhead
+            # (4.3-4.7 instead of 4.9 ms).
+            inductor = functools.partial(inductor_config.patch, freezing=True, cpp_wrapper=True)
+
+            @contextlib.contextmanager
+            def compiling():
+                with limits(), inductor():
+                    yield
+
+        seen: set[tuple] = set()
+
+        def run(model, cache, ids, keep, want_hidden, post, *post_args):
+            # Everything a graph was specialised on: a key seen before may skip the guards (below).
+            key = (ids.shape[1], keep, want_hidden, self.capacity, post, *map(_arg_key, post_args))
+            if key in seen:
+                with _SKIP_GUARDS() if _SKIP_GUARDS is not None else contextlib.nullcontext():
+                    return compiled(model, cache, ids, keep, want_hidden, post, *post_args)
+            with compiling():
+                out = compiled(model, cache, ids, keep, want_hidden, post, *post_args)
+            seen.add(key)
+            return out
+
+        return run
+
+    def _reserve(self, capacity: int, keep: int) -> None:
+        """Room for `capacity` tokens, keeping the first `keep`; one line past the model's context (a
+        write past the cache's end would otherwise fail inside a compiled kernel)."""
+        if capacity <= self.capacity:
+            return
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and capacity > limit:
+            raise AccheadError(f"a sequence of {capacity} tokens exceeds the model's context ({limit})")
+        self._alloc(capacity, keep)
+
+    def reset(self, capacity: int) -> None:
+        self._reserve(capacity, 0)
+        self.rollback(0)
+
+    def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
+        """Compile the forward of every token count in `counts` now (with `keep` = count if `keep_all`,
+        else 1), once per value in `hidden`; the sequence is reset afterwards."""
+        counts = list(counts)
+        dummy = torch.zeros(max(counts, default=1), dtype=torch.long)
+        for want_hidden in hidden:
+            self.reset(self.capacity)
+            self.feed(dummy[:1], 1, want_hidden)  # a decode step, not a prefill: length 0 -> 1
+            for n in counts:
+                self.rollback(1)
+                self.feed(dummy[:n], n if keep_all else 1, want_hidden)
+        self.reset(self.capacity)
+
+    # ----------------------------------------------------------------------------------------- forwards
+
+    def feed(
+        self,
+        tokens: torch.Tensor,
+        keep: int = 1,
+        want_hidden: bool = False,
+        post: Callable | None = None,
+        post_args: tuple = (),
+        post_feeds: int = 0,
+    ) -> Any:
+        n = tokens.numel()
+        self._reserve(self.length + n + post_feeds, self.length)
+        ids = tokens.to(self.device)[None]
+        # The prompt (a new length every call) runs eager; decode-time counts replay their graph.
+        prefill = self.length == 0 and n > 1
+        fn = step_forward if self._compiled is None or prefill else self._compiled
+        out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args)
+        self.length += n + post_feeds
+        if self._compiled is None or prefill or not self.path.copy_outputs:
+            return out
+        return copy_out(out)
+
+    def rollback(self, length: int) -> None:
+        if length < self.length:
+            # Inference mode: the write positions may be inference tensors, which only it may update in
+            # place (transformers 5.17 moves them to the cache's device in its lazy init, i.e. inside the
+            # inference-mode forward of `_alloc`, when the model is on CUDA; seen on an H100).
+            with torch.inference_mode():
+                self.cache.crop(length - self.length)  # public: moves every layer's position back in place
+            self.length = length
+
+
+def copy_out(out: tuple) -> tuple:
+    """A graph replay's outputs as tensors of their own: the next replay overwrites its output buffers."""
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in out)
