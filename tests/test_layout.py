@@ -8,6 +8,8 @@ module (those inside functions too: a lazy import hides a cycle, it does not rem
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +260,56 @@ def test_console_script_help_and_bad_flags_import_nothing_heavy(script):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip().splitlines()[-1] == "[0, 2] []", f"{script}: {out.stdout[-300:]}"
+
+
+# One concept per module (issue 34): a source module past this many lines is split, not grown.
+MAX_MODULE_LINES = 400
+
+
+def test_no_source_module_is_over_400_lines():
+    long = {
+        str(p.relative_to(REPO)): n
+        for p in MODULES.values()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concept): {long}"
+
+
+def readme_layout(text: str) -> dict[str, list[str]]:
+    """The README's layout block as {folder: the `*.py` names (globs allowed) its lines name}.
+
+    A line whose first word ends in `/` opens a folder; its indentation (two spaces a level) says which
+    folder holds it. Every `name.py` on a line belongs to the innermost folder open at that line."""
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    names: dict[str, list[str]] = {}
+    stack: list[tuple[int, str]] = []  # (indent, folder path)
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent, first = len(line) - len(line.lstrip()), line.split()[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if first.endswith("/"):
+            folder = "/".join([*(f for _, f in stack[-1:]), first.rstrip("/")])
+            stack.append((indent, folder))
+            names.setdefault(folder, [])
+            # a folder's own line may name modules too (`configs/ ... (__init__.py: ...)`)
+        if stack:
+            names[stack[-1][1]].extend(re.findall(r"[\w*]+\.py\b", line))
+    return names
+
+
+def test_readme_layout_parser_nests_folders():
+    text = "## Layout\n```\npkg/  the package\n  a.py  x\n  sub/  inner\n    b.py, c_*.py  y\n  d.py\n```\n"
+    assert readme_layout(text) == {"pkg": ["a.py", "d.py"], "pkg/sub": ["b.py", "c_*.py"]}
+
+
+def test_readme_layout_names_every_module():
+    """The README's tree has a line (or a name on a line) for every module, under its own folder."""
+    tree = readme_layout((REPO / "README.md").read_text())
+    missing = []
+    for path in MODULES.values():
+        folder = str(path.parent.relative_to(REPO))
+        if not any(fnmatch.fnmatch(path.name, pattern) for pattern in tree.get(folder, [])):
+            missing.append(str(path.relative_to(REPO)))
+    assert not missing, f"README.md's layout does not name: {missing}"
