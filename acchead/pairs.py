@@ -53,14 +53,24 @@ def resolve_pair(name: str | None, target: str | None = None, draft: str | None 
             from acchead.assets import TARGET_DIR_NAME, asset_path
 
             target = str(asset_path(TARGET_DIR_NAME))  # names `acchead-assets` when missing
-        if draft is None:
-            if not (SMOLLM2_DRAFT_DIR / "config.json").is_file():
-                raise AccheadError(
-                    "no distilled SmolLM2 draft is shipped yet (docs/real-pair.md): pass --draft DIR, e.g. "
-                    "the draft/ that `acchead-distill train` writes"
-                )
-            draft = str(SMOLLM2_DRAFT_DIR)
-        return PairPaths(name, str(target), str(draft))
+        return PairPaths(name, str(target), draft or pair_draft(name))
+    raise AccheadError(f"unknown pair {name!r}; choose one of {', '.join(PAIR_NAMES)}")
+
+
+def pair_draft(name: str) -> str:
+    """The draft directory of the pair `name` alone (what `acchead-train --pair` needs: no target); a missing
+    one is one AccheadError line saying where drafts come from."""
+    if name == "toy":
+        from acchead import demo_pair
+
+        return str(demo_pair.DRAFT_DIR)
+    if name == "smollm2":
+        if not (SMOLLM2_DRAFT_DIR / "config.json").is_file():
+            raise AccheadError(
+                "no distilled SmolLM2 draft is shipped yet (docs/real-pair.md): pass --draft DIR, e.g. "
+                "the draft/ that `acchead-distill train` writes"
+            )
+        return str(SMOLLM2_DRAFT_DIR)
     raise AccheadError(f"unknown pair {name!r}; choose one of {', '.join(PAIR_NAMES)}")
 
 

@@ -105,6 +105,24 @@ def test_on_the_fly_without_a_draft_is_a_one_line_error(gen_data):  # noqa: F811
         train_head(_settings(gen_data, features="on-the-fly"))
 
 
+@pytest.mark.parametrize("features", ["on-the-fly", "cached"])
+def test_pair_draft_is_checked_against_the_data_like_draft(gen_data, features):  # noqa: F811
+    """`--pair toy` stands for `--draft <the toy pair's draft>`: this data's draft is another, so it is
+    refused in one line naming the flag, on the fly and against a feature cache alike."""
+    from acchead.errors import AccheadError
+
+    with pytest.raises(AccheadError, match="--pair toy has hidden size 128, the data.s draft"):
+        train_head(_settings(gen_data, features=features, pair="toy"))
+
+
+def test_train_parser_takes_a_pair():
+    from acchead.train.cli import build_parser
+
+    assert build_parser().parse_args(["--data", "d", "--pair", "smollm2"]).pair == "smollm2"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--data", "d", "--pair", "nope"])
+
+
 class _StopAfterFirstEpoch(Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         trainer.should_stop = True

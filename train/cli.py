@@ -24,6 +24,7 @@ import yaml
 from acchead.configs import config_path
 from acchead.errors import AccheadError, cli_errors
 from acchead.layered_config import resolve_layers
+from acchead.pairs import PAIR_NAMES
 from acchead.rundir import (
     DirLock,
     atomic_write_text,
@@ -83,6 +84,11 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         "--draft",
         help="draft model dir for on the fly (default: a named pair's draft if it is the data's); "
         "with a cache it is checked against the cache's draft",
+    )
+    p.add_argument(
+        "--pair",
+        choices=PAIR_NAMES,
+        help="a named pair whose draft stands for --draft (checked against the data's draft like --draft)",
     )
     p.add_argument("--draft-dtype", help="dtype of the frozen draft on the fly (default float32)")
     p.add_argument(

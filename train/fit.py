@@ -60,21 +60,23 @@ def quiet_lightning() -> None:
 def resolve_draft(settings: TrainSettings, data: GenData) -> FrozenDraft | None:
     """The frozen draft for on-the-fly features (checked against the data), or None with cached ones.
 
-    gen_config.json records the draft's identity, not its path: on the fly the draft is `--draft`, or the
-    draft of a named pair (`acchead.pairs.shipped_drafts`) when that is the data's draft. With cached
-    features a given `--draft` is only checked: a cache built by another draft is refused.
+    gen_config.json records the draft's identity, not its path: on the fly the draft is `--draft`, the
+    draft of `--pair`, or else the named pairs' draft (`acchead.pairs.shipped_drafts`) that is the data's.
+    With cached features a given `--draft` / `--pair` is only checked: a cache of another draft is refused.
     """
-    if data.mode == "cached":
-        if settings.draft:
-            cache_draft = data.config["features"].get("draft", data.draft)
-            check_draft(cache_draft, FrozenDraft.load(settings.draft).identity, "--draft")
-        return None
-    if settings.draft:
-        draft = FrozenDraft.load(settings.draft, dtype=settings.draft_dtype)
-        check_draft(data.draft, draft.identity, "--draft")
-        return draft
-    from acchead.pairs import shipped_drafts
+    from acchead.pairs import pair_draft, shipped_drafts
 
+    given = settings.draft or (pair_draft(settings.pair) if settings.pair else None)
+    flag = "--draft" if settings.draft else f"--pair {settings.pair}"
+    if data.mode == "cached":
+        if given:
+            cache_draft = data.config["features"].get("draft", data.draft)
+            check_draft(cache_draft, FrozenDraft.load(given).identity, flag)
+        return None
+    if given:
+        draft = FrozenDraft.load(given, dtype=settings.draft_dtype)
+        check_draft(data.draft, draft.identity, flag)
+        return draft
     for path in shipped_drafts():  # the named pairs' drafts: the data records which one it was made with
         shape = json.loads((path / "config.json").read_text())
         if shape.get("hidden_size") != data.draft.get("hidden_size"):

@@ -39,6 +39,7 @@ class TrainSettings:
     batch_sequences: int = 32
     features: str = "auto"
     draft: str | None = None
+    pair: str | None = None
     draft_dtype: str = "float32"
     val_fraction: float = 0.1
     seed: int = 0
