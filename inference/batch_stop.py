@@ -39,26 +39,42 @@ from dataclasses import dataclass
 import torch
 
 from acchead.errors import AccheadError
+from acchead.inference.batch_cost import BatchCosts
 from acchead.inference.policies import Confidence, Entropy, StopPolicy
 
 
 @dataclass(frozen=True)
 class BatchStop:
-    """The batch rule with cost ratio `c` = t_draft / t_target (a fitted or declared ratio at the batch size).
+    """The batch rule with a cost ratio c(B) = the price of a batch draft step in rows' AR tokens.
 
-    `BatchStop.from_h(h)` uses c = 1 − h, the ratio for which the paper's single-sequence threshold h is
-    optimal (Δ = 0), so that at B = 1 the batch rule adds nothing to the rows' own rule.
+    Exactly one of: `c`, a declared ratio in (0, 1) for every B (`BatchStop.from_h(h)`: c = 1 − h, the
+    ratio for which the paper's single-sequence threshold h is optimal, Δ = 0, so that at B = 1 the batch
+    rule adds nothing to the rows' own rule); `costs`, ratios measured per batch size
+    (`acchead.inference.batch_cost`); or `measure=True`, measure them at the batch sizes the decoder meets
+    (`BatchedDecoder` fills `costs`).
     """
 
-    c: float
+    c: float | None = None
+    costs: BatchCosts | None = None
+    measure: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.c < 1.0:
+        if (self.c is None) == (self.costs is None and not self.measure):
+            raise AccheadError("the batch stop rule takes a declared c or measured costs, one of the two")
+        if self.c is not None and not 0.0 < self.c < 1.0:
             raise AccheadError(f"the batch stop rule needs a cost ratio 0 < c < 1, got c={self.c}")
 
     @classmethod
     def from_h(cls, h: float) -> BatchStop:
         return cls(1.0 - h)
+
+    def ratio(self, batch: int) -> float:
+        """c(B) at `batch` rows: the declared c, or the measured costs interpolated at B."""
+        if self.c is not None:
+            return self.c
+        if self.costs is None:
+            raise AccheadError("the batch stop rule's costs are not measured yet (BatchedDecoder.calibrate)")
+        return self.costs.c_at(batch)
 
     def gain(self, log_p_hat: torch.Tensor, drafting: torch.Tensor) -> float:
         """Expected accepted tokens one more batch draft step is worth: Σ_{b drafting} P̂_b.
@@ -68,31 +84,38 @@ class BatchStop:
         return float(torch.where(drafting, log_p_hat.double().exp(), 0.0).sum())
 
     def should_stop(self, log_p_hat: torch.Tensor, drafting: torch.Tensor, batch: int) -> bool:
-        """Stop the whole batch's drafting: Σ_{b drafting} P̂_b ≤ c · B (`batch` = B, the rows decoding,
+        """Stop the whole batch's drafting: Σ_{b drafting} P̂_b ≤ c(B) · B (`batch` = B, the rows decoding,
         drafting or waiting)."""
-        return self.gain(log_p_hat, drafting) <= self.c * batch
+        return self.gain(log_p_hat, drafting) <= self.ratio(batch) * batch
 
     @property
-    def h(self) -> float:
-        """The single-sequence threshold this rule equals at B = 1."""
-        return 1.0 - self.c
+    def h(self) -> float | None:
+        """The single-sequence threshold a declared c equals at B = 1 (None for measured costs)."""
+        return None if self.c is None else 1.0 - self.c
 
     def __str__(self) -> str:
-        return f"batch-stop:c={self.c:g}"
+        if self.c is not None:
+            return f"batch-stop:c={self.c:g}"
+        return f"batch-stop:measured({self.costs if self.costs is not None else 'pending'})"
 
 
 def parse_batch_stop(value: str | float | bool | None, h: float | None) -> BatchStop | None:
-    """`None`/False/"off": no batch rule; True/"on": c = 1 − h (the policy's threshold); a number: c."""
+    """`None`/False/"off": no batch rule; True/"on": c = 1 − h (the policy's threshold); "measured": c(B)
+    measured by the decoder at its batch sizes; a number: c."""
     if value is None or value is False or (isinstance(value, str) and value.lower() in ("off", "0", "no")):
         return None
-    if value is True or (isinstance(value, str) and value.lower() in ("on", "1", "yes")):
+    if value is True or (isinstance(value, str) and value.lower() in ("on", "1", "yes", "measured")):
         if h is None:
             raise AccheadError("the batch stop rule reads the heads' P̂: it needs a specdecpp policy")
+        if isinstance(value, str) and value.lower() == "measured":
+            return BatchStop(measure=True)
         return BatchStop.from_h(h)
     try:
         c = float(value)
     except ValueError:
-        raise AccheadError(f"batch stop must be on, off or a cost ratio c in (0, 1), got {value!r}") from None
+        raise AccheadError(
+            f"batch stop must be on, off, measured or a cost ratio c in (0, 1), got {value!r}"
+        ) from None
     if not math.isfinite(c):
         raise AccheadError(f"batch stop ratio must be finite, got {value!r}")
     return BatchStop(c)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +44,7 @@ from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
 from acchead.inference.device_random import DRAFT, NEXT, TAU, key_hash, sample_token
 from acchead.inference.policies import (
@@ -92,7 +93,8 @@ class BatchedDecoder:
         head: for specdecpp: an `AcceptanceHead` or a head file (loaded with the draft check).
         verifier: "token" or "block".
         batch_stop: the batch-level stop rule (specdecpp only): False (rows stop on their own only), True
-            (cost ratio c = 1 − h, which adds nothing at B = 1), or a float c = t_draft / t_target.
+            (cost ratio c = 1 − h, which adds nothing at B = 1), a float c, "measured" (c(B) timed on
+            this machine at the batch sizes `generate` meets: `calibrate`), or a `BatchStop`.
     """
 
     def __init__(
@@ -102,7 +104,7 @@ class BatchedDecoder:
         policy: str | PolicySpec | StopPolicy = "specdec:k=4",
         head: AcceptanceHead | str | Path | None = None,
         verifier: str = "token",
-        batch_stop: bool | float | str | None = False,
+        batch_stop: bool | float | str | BatchStop | None = False,
     ) -> None:
         if verifier not in VERIFIERS:
             raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
@@ -124,7 +126,11 @@ class BatchedDecoder:
         self.t_cache = RaggedCache(target)
         self.d_cache = RaggedCache(draft) if draft is not None else None
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
-        self.batch_stop: BatchStop | None = parse_batch_stop(batch_stop, pp.h if pp else None)
+        if not isinstance(batch_stop, BatchStop):
+            batch_stop = parse_batch_stop(batch_stop, pp.h if pp else None)
+        elif pp is None:
+            raise AccheadError("the batch stop rule reads the heads' P̂: it needs a specdecpp policy")
+        self.batch_stop: BatchStop | None = batch_stop
         self._head = pp.head if pp else None
         self._out_emb = None
         if pp is not None and draft is not None:
@@ -176,6 +182,9 @@ class BatchedDecoder:
             check_prompt(ids, max_new[b], models)
             rows.append(_Row(ids.tolist(), ids.numel(), max_new[b], seeds[b], checks[b]))
         eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+        rule = self.batch_stop
+        if rule is not None and rule.measure and (rule.costs is None or batch > rule.costs.costs[-1].batch):
+            self.calibrate(batch)  # once per larger batch; not part of the decode's wall time
         out = BatchResult(rows=[r.res for r in rows])
         start = time.perf_counter()
         self.t_cache.reset(batch)
@@ -203,6 +212,20 @@ class BatchedDecoder:
             r.res.target_calls = r.res.rounds
         out.wall_time = time.perf_counter() - start
         return out
+
+    def calibrate(self, batch: int) -> BatchCosts:
+        """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows (`acchead.inference.batch_cost`),
+        keeping the sizes measured before; `generate` calls it when a batch is larger than any measured."""
+        rule = self.batch_stop
+        if rule is None or not rule.measure or self.draft is None:
+            raise AccheadError("calibrate needs a draft and batch_stop='measured'")
+        have = {c.batch: c for c in rule.costs.costs} if rule.costs is not None else {}
+        sizes = [b for b in calibration_sizes(batch) if b not in have]
+        if sizes:
+            new = measure_batch_costs(self.target, self.draft, sizes).costs
+            self.batch_stop = replace(rule, costs=BatchCosts((*have.values(), *new)))
+        assert self.batch_stop is not None and self.batch_stop.costs is not None
+        return self.batch_stop.costs
 
     # ------------------------------------------------------------------------------------------- drafting
 

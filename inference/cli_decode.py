@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=None, help="decode B rows of the prompt at once (row b: seed + b; "
         "acchead.inference.batched, eager, no streaming); prints each row's text and the batch's counts",
     )
+    p.add_argument(
+        "--batch-stop", default="on", help="with --batch-size and a specdecpp policy: the batch stop rule, "
+        "on (c = 1 - h), measured (c(B) timed on this machine first), off, or a cost ratio c (default on)",
+    )
     return p
 
 
@@ -170,8 +174,9 @@ def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, t
         raise AccheadError(f"--batch-size must be >= 1, got {args.batch_size}")
     s = spec.sampling
     assert s is not None, "main resolves S before decoding"
+    rule = args.batch_stop if isinstance(spec.policy, SpecDecPPSpec) else False
     dec = BatchedDecoder(target, draft, policy=spec.policy, head=spec.head, verifier=spec.verifier,
-                         batch_stop=isinstance(spec.policy, SpecDecPPSpec))  # fmt: skip
+                         batch_stop=rule)  # fmt: skip
     res = dec.generate([ids] * args.batch_size, max_new_tokens=args.max_new_tokens,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed,
                        eos_token_id=tok.eos_token_id)  # fmt: skip

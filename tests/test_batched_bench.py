@@ -37,6 +37,24 @@ def test_bench_batch_sizes_add_a_row_per_b(bench_inputs, tmp_path):  # noqa: F81
     assert len([line for line in report.splitlines() if line.startswith("| 3 |")]) == len(specs)
 
 
+def test_bench_batch_stop_rules_add_a_specdecpp_row_each(bench_inputs, tmp_path):  # noqa: F811
+    """`--batch-stop on,measured`: each batched specdecpp setting runs once per rule (the measured one with
+    its c(B) table in the row), the other settings once; every greedy row still equals batched AR's."""
+    out = tmp_path / "bench"
+    argv = _argv(bench_inputs, out, "--methods", "autoregressive,specdecpp", "--temperature", "0",
+                 "--batch-size", "2", "--batch-stop", "on,measured")  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads((out / "results.json").read_text())["batched"]
+    pp = [r for r in rows if r["spec"].startswith("specdecpp")]
+    assert len([r for r in rows if r["spec"] == "autoregressive"]) == 1 and len(pp) % 2 == 0
+    assert {r["batch_stop"].split("(")[0] for r in pp} == {"batch-stop:c=0.5", "batch-stop:measured"}
+    assert all(
+        "B1:c=" in r["batch_stop"] and "B2:c=" in r["batch_stop"] for r in pp if "measured" in r["batch_stop"]
+    )
+    assert all(r["greedy_matches_ar"] for r in rows)
+    assert main([*argv[:-1], "nope"]) == 2  # a bad rule: one line, before any model loads
+
+
 def test_batched_rows_serialise_and_tabulate():
     def row(spec: str, tok_s: float, greedy: bool, matches: bool | None) -> BatchedRow:
         return BatchedRow(batch_size=4, method=spec.split(":")[0], spec=spec, verifier="token",
@@ -51,7 +69,7 @@ def test_batched_rows_serialise_and_tabulate():
     assert table[3] == "| 4 | specdec | `specdec:k=3` | 25.0 | 2.50 | 16 | 0 | 0 | 64 |"
 
 
-def test_decode_batch_size_prints_every_row(tiny_pair_dirs, capsys):
+def test_decode_batch_size_prints_every_row(tiny_pair_dirs, bench_inputs, capsys):  # noqa: F811
     """`acchead-decode --batch-size 3`: three rows of the prompt; greedy rows are the same text, and the same
     as the single-prompt decode's."""
     from acchead.inference.cli_decode import main as decode_main
@@ -68,5 +86,12 @@ def test_decode_batch_size_prints_every_row(tiny_pair_dirs, capsys):
     assert decode_main([*base[:-1], "--batch-size", "2", "--temperature", "1.0"]) == 0
     out = capsys.readouterr().out
     assert "--- row 1 (seed 1)" in out and "B = 2" in out and "draft calls" in out
+    pp = [*base[: base.index("--policy")], "--policy", "specdecpp:h=0.5", "--temperature", "0", "--json"]
+    head = ["--head", str(bench_inputs["head"])]
+    assert decode_main([*pp, *head, "--batch-size", "2", "--batch-stop", "measured"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (
+        stats["batch_stop"].startswith("batch-stop:measured(B1:c=") and stats["texts"][0] == stats["texts"][1]
+    )
     assert decode_main([*base, "--batch-size", "0"]) == 2
     assert "--batch-size must be >= 1" in capsys.readouterr().err

@@ -1,9 +1,9 @@
 """`acchead-bench --batch-size 1,4,16,64`: the bench's batchable settings decoded B prompts at a time.
 
 For each B and each setting the batched decoder runs (`acchead.inference.batched`: autoregressive, fixed K,
-SpecDec++ with the batch stop rule at c = 1 − h, confidence, entropy; eager path, the models' draft), the
-prompts are decoded in batches of B (cycled to B rows when there are fewer prompts; row i keeps the
-single-prompt bench's seed, `--seed` + its prompt index), and one row is reported per (B, setting):
+SpecDec++ with each batch stop rule of `--batch-stop`, confidence, entropy; eager path, the models' draft),
+the prompts are decoded in batches of B (cycled to B rows when there are fewer prompts; row i keeps the
+single-prompt bench's seed, `--seed` + its prompt index), and one row is reported per (B, setting, rule):
 wall-clock tokens/s (`wall_tokens_per_s`, all batches' tokens over their summed wall time, averaged over
 PASSES passes) and the batched forward counts.
 Under greedy decoding every row's output is also compared with batched autoregressive decoding's
@@ -82,7 +82,9 @@ def batchable(setting: Setting) -> bool:
 
 
 def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list[BatchedRow]:
-    """One result row per (B, batchable setting), in `sizes` order (see the module docstring).
+    """One result row per (B, batchable setting, batch rule), in `sizes` order (see the module docstring):
+    a specdecpp setting once per rule of `--batch-stop` (a measured rule's c(B) is timed before the
+    batches of that B, `BatchedDecoder.calibrate`), every other setting once.
 
     Within a B, the settings take turns batch by batch, in a seeded random order per batch and pass, and
     every batch runs PASSES times: a slow drift of the machine's load (other jobs) then spreads over the
@@ -94,49 +96,63 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
     if not sizes or min(sizes) < 1:
         raise AccheadError(f"--batch-size needs batch sizes >= 1, got {sizes}")
     chosen = [s for s in settings if batchable(s)]
+    # a run per (setting, batch rule): the specdecpp settings once per rule of --batch-stop, the others once
+    runs = [
+        (s, rule) for s in chosen
+        for rule in (args.batch_stop if isinstance(s.decoding.policy, SpecDecPPSpec) else [None])
+    ]  # fmt: skip
     rows: list[BatchedRow] = []
     for size in sizes:
         index = [i % len(prompts) for i in range(max(size, len(prompts)))]
         chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
-        decs = {
-            s.key: BatchedDecoder(
+        decs = {}
+        for s, rule in runs:
+            dec = BatchedDecoder(
                 bench.target, None if isinstance(s.decoding.policy, AutoregressiveSpec) else bench.draft,
-                s.decoding.policy, head=s.head, verifier=s.verifier,
-                batch_stop=isinstance(s.decoding.policy, SpecDecPPSpec),
-            )
-            for s in chosen
-        }  # fmt: skip
+                s.decoding.policy, head=s.head, verifier=s.verifier, batch_stop=rule or False,
+            )  # fmt: skip
+            if dec.batch_stop is not None and dec.batch_stop.measure:
+                dec.calibrate(size)  # c(B) at 1, 4, ..., B before any timed batch
+            decs[_key(s, rule)] = dec
         keys = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
-        totals = {s.key: dict.fromkeys(keys, 0) for s in chosen}
+        totals = {k: dict.fromkeys(keys, 0) for k in decs}
         wall = dict.fromkeys(decs, 0.0)
-        digests: dict[str, list[str]] = {s.key: [] for s in chosen}
+        digests: dict[str, list[str]] = {k: [] for k in decs}
         for p in range(PASSES):
             for c, chunk in enumerate(chunks):
-                order = list(chosen)
+                order = list(runs)
                 random.Random(args.seed * 100_003 + size * 1_009 + p * 101 + c).shuffle(order)
-                for s in order:
-                    res = decs[s.key].generate(
+                for s, rule in order:
+                    key = _key(s, rule)
+                    res = decs[key].generate(
                         [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=[args.seed + i for i in chunk], eos_token_id=bench.eos,
                     )  # fmt: skip
-                    wall[s.key] += res.wall_time
+                    wall[key] += res.wall_time
                     if p == 0:  # counts and outputs are the same every pass
                         for k in keys:
-                            totals[s.key][k] += getattr(res, k)
-                        digests[s.key] += [_digest(r.new_ids.tolist()) for r in res.rows]
-        ar = next((digests[s.key] for s in chosen if isinstance(s.decoding.policy, AutoregressiveSpec)), None)
-        for s in chosen:
-            dec, t = decs[s.key], totals[s.key]
+                            totals[key][k] += getattr(res, k)
+                        digests[key] += [_digest(r.new_ids.tolist()) for r in res.rows]
+        ar = next(
+            (digests[_key(s, r)] for s, r in runs if isinstance(s.decoding.policy, AutoregressiveSpec)), None
+        )
+        for s, rule in runs:
+            key = _key(s, rule)
+            dec, t = decs[key], totals[key]
             greedy = args.temperature == 0
             rows.append(BatchedRow(
                 batch_size=size, method=s.family, spec=s.spec, verifier=s.verifier,
                 batch_stop=str(dec.batch_stop) if dec.batch_stop else None, rows=len(index), passes=PASSES,
-                **t, wall_time=wall[s.key] / PASSES,
-                wall_tokens_per_s=t["tokens"] * PASSES / wall[s.key] if wall[s.key] > 0 else 0.0,
-                greedy=greedy, greedy_matches_ar=None if ar is None or not greedy else digests[s.key] == ar,
+                **t, wall_time=wall[key] / PASSES,
+                wall_tokens_per_s=t["tokens"] * PASSES / wall[key] if wall[key] > 0 else 0.0,
+                greedy=greedy, greedy_matches_ar=None if ar is None or not greedy else digests[key] == ar,
             ))  # fmt: skip
     return rows
+
+
+def _key(setting: Setting, rule: str | None) -> str:
+    return f"{setting.key}|{rule}"
 
 
 def _digest(ids: list[int]) -> str:

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
     a("--batch-size", type=_int_list, help="also decode the autoregressive, specdec and specdecpp settings B "
       "prompts at a time for each B, e.g. 1,4,16,64 (acchead.inference.batched; report: a row per B)")
+    a("--batch-stop", type=_str_list, help="with --batch-size: the batch stop rules of the batched specdecpp "
+      "rows, comma-separated, a row each: on (c = 1 - h), measured (c(B) timed on this machine), off, or a "
+      "ratio c (default on)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
     a(
         "--loop-profile-prompts",
@@ -190,7 +193,8 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 _LISTS = {"methods": _str_list, "paths": _str_list, "k_grid": _int_list, "h_grid": _float_list,
           "tau_grid": _float_list, "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list,
           "adaedl_adapt_grid": _float_list,
-          "cost_ratios": _float_list, "extra_specs": _spec_list, "head": _str_list}  # fmt: skip
+          "cost_ratios": _float_list, "extra_specs": _spec_list, "head": _str_list,
+          "batch_stop": _str_list}  # fmt: skip
 _INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls",
          "loop_profile_prompts"}  # fmt: skip
 _FLOATS = {"temperature", "top_p", "adaedl_gamma", "plot_ratio"}
@@ -228,7 +232,7 @@ def _apply_demo_defaults(args: argparse.Namespace) -> None:
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
     defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0,
-                "adaedl_gamma": ADAEDL_GAMMA, "cost_ratios": []}  # fmt: skip
+                "adaedl_gamma": ADAEDL_GAMMA, "cost_ratios": [], "batch_stop": ["on"]}  # fmt: skip
     if args.paths is None:  # the fast path is the decoders' default on CUDA; on the CPU it is opt-in
         args.paths = ["eager", "fast"] if str(args.device or "cpu").startswith("cuda") else ["eager"]
     for k, default in defaults.items():
@@ -289,5 +293,10 @@ def _validate(args: argparse.Namespace) -> None:
         raise AccheadError(f"--adaedl-gamma must be > 0, got {args.adaedl_gamma}")
     if any(not 0 <= c < math.inf for c in args.cost_ratios):
         raise AccheadError(f"--cost-ratios needs finite ratios >= 0, got {args.cost_ratios}")
+    if args.batch_stop:
+        from acchead.inference.batch_stop import parse_batch_stop
+
+        for rule in args.batch_stop:
+            parse_batch_stop(rule, 0.5)  # a bad rule is one line before any model loads
     if args.plot_ratio is not None and not 0 <= args.plot_ratio < math.inf:
         raise AccheadError(f"--plot-ratio must be a finite ratio >= 0, got {args.plot_ratio}")

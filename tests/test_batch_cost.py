@@ -1,0 +1,121 @@
+"""The batch rule's measured cost ratio c(B) (`acchead.inference.batch_cost`, docs/batched.md): its
+arithmetic and interpolation by hand, its measurement on tiny models, and a batched decoder that measures
+it before decoding (greedy rows still equal the rows' own rule's, which is exact)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_batched import PROMPTS, _decoder
+from test_exactness import _peaked_llama, _perturbed
+
+from acchead.errors import AccheadError
+from acchead.inference.batch_cost import BatchCost, BatchCosts, calibration_sizes, measure_batch_costs
+from acchead.inference.batch_stop import BatchStop, parse_batch_stop
+from acchead.step_cost import forward_seconds
+
+
+def _cost(batch: int, draft: float, target: float, widen: float) -> BatchCost:
+    return BatchCost(batch=batch, draft_s=draft, target_s=target, widen_s=widen, width=3)
+
+
+def test_c_is_a_draft_step_and_a_widening_over_a_target_step():
+    assert math.isclose(_cost(4, 0.002, 0.010, 0.003).c, 0.5)  # (2 + 3) / 10 ms
+
+
+def test_c_at_interpolates_in_log_batch_and_clamps():
+    costs = BatchCosts((_cost(16, 0.4, 1.0, 0.4), _cost(1, 0.2, 1.0, 0.0)))  # any order: sorted by B
+    assert [c.batch for c in costs.costs] == [1, 16]
+    assert math.isclose(costs.c_at(1), 0.2) and math.isclose(costs.c_at(16), 0.8)
+    assert math.isclose(costs.c_at(4), 0.5)  # log 4 is halfway from log 1 to log 16
+    assert math.isclose(costs.c_at(64), 0.8)  # beyond the largest measured size: its c
+    assert str(costs) == "B1:c=0.2,B16:c=0.8"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        (),
+        (_cost(2, 1, 1, 0), _cost(2, 1, 1, 0)),
+        (_cost(0, 1, 1, 0),),
+        (_cost(1, 0.0, 1, 0),),
+        (_cost(1, 1, 1, -1),),
+    ],
+)
+def test_batch_costs_refuse_bad_tables(bad):
+    with pytest.raises(AccheadError):
+        BatchCosts(bad)
+
+
+def test_calibration_sizes():
+    assert calibration_sizes(1) == [1]
+    assert calibration_sizes(4) == [1, 4]
+    assert calibration_sizes(10) == [1, 4, 10]
+    assert calibration_sizes(64) == [1, 4, 16, 64]
+
+
+def test_measured_rule_uses_c_at_the_batch_size():
+    """Continue iff Σ P̂ > c(B)·B, with c(B) read at the rows decoding now."""
+    rule = BatchStop(costs=BatchCosts((_cost(1, 0.2, 1.0, 0.0), _cost(16, 0.4, 1.0, 0.4))))
+    log = torch.log(torch.tensor([0.9, 0.9, 0.9, 0.9], dtype=torch.float64))
+    drafting = torch.ones(4, dtype=torch.bool)
+    assert math.isclose(rule.ratio(4), 0.5)
+    assert not rule.should_stop(log, drafting, 4)  # 3.6 > 0.5 · 4
+    assert rule.should_stop(log, drafting, 16)  # 3.6 ≤ 0.8 · 16
+    assert rule.h is None and str(rule) == "batch-stop:measured(B1:c=0.2,B16:c=0.8)"
+
+
+def test_batch_stop_takes_one_source_of_c():
+    for bad in ({}, {"c": 0.2, "measure": True}, {"c": 0.2, "costs": BatchCosts((_cost(1, 1, 1, 0),))}):
+        with pytest.raises(AccheadError, match="one of the two"):
+            BatchStop(**bad)
+    with pytest.raises(AccheadError, match="not measured yet"):
+        BatchStop(measure=True).ratio(4)
+    assert parse_batch_stop("measured", 0.8) == BatchStop(measure=True)
+    with pytest.raises(AccheadError, match="specdecpp"):
+        parse_batch_stop("measured", None)
+
+
+def test_forward_seconds_times_each_width_on_the_same_context():
+    model = _peaked_llama(12, seed=3)
+    times = forward_seconds(model, context=5, calls=3, widths=(1, 3, 4), batch=2)
+    assert sorted(times) == [1, 3, 4] and all(len(v) == 3 and min(v) > 0 for v in times.values())
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = _peaked_llama(12, seed=3)
+    return target, _perturbed(target, 0.5, seed=4)
+
+
+def test_measure_batch_costs_on_tiny_models(pair):
+    costs = measure_batch_costs(*pair, [1, 3], context=4, width=2, calls=2)
+    assert [c.batch for c in costs.costs] == [1, 3]
+    assert all(c.draft_s > 0 and c.target_s > 0 and c.widen_s >= 0 and c.c > 0 for c in costs.costs)
+
+
+def test_decoder_measures_c_at_the_sizes_it_meets(pair):
+    """`batch_stop="measured"`: the first batch of 4 measures B = 1 and 4, a batch of 2 measures nothing
+    more, one of 6 adds B = 6; greedy rows equal those of the rows' own rule (every stop rule is exact)."""
+    plain = _decoder(pair, "specdecpp:h=0.5,max=6", "candidate").generate(PROMPTS, 12, temperature=0)
+    dec = _decoder(pair, "specdecpp:h=0.5,max=6", "candidate", batch_stop="measured")
+    assert str(dec.batch_stop) == "batch-stop:measured(pending)"
+    res = dec.generate(PROMPTS, 12, temperature=0)
+    assert [c.batch for c in dec.batch_stop.costs.costs] == [1, 4]
+    assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in plain.rows]
+    dec.generate(PROMPTS[:2], 4, temperature=0)
+    assert [c.batch for c in dec.batch_stop.costs.costs] == [1, 4]
+    dec.generate([*PROMPTS, [5], [6, 7]], 4, temperature=0)
+    assert [c.batch for c in dec.batch_stop.costs.costs] == [1, 4, 6]
+
+
+def test_a_measured_table_is_passed_back_as_a_batch_stop(pair):
+    """For repeatable runs: the table one decoder measured, given to another, is used as it is."""
+    table = BatchStop(costs=BatchCosts((_cost(1, 0.2, 1.0, 0.0), _cost(4, 0.9, 1.0, 0.5))))
+    dec = _decoder(pair, "specdecpp:h=0.5,max=6", "candidate", batch_stop=table)
+    res = dec.generate(PROMPTS, 12, temperature=0)
+    assert dec.batch_stop is table and res.batch_stops > 0  # c(4) = 1.4: the batch stops after one candidate
+    with pytest.raises(AccheadError, match="specdecpp"):
+        _decoder(pair, "specdec:k=2", None, batch_stop=table)
