@@ -33,40 +33,26 @@ def step_multiply_adds(config) -> int:
 
 
 @torch.inference_mode()
-def forward_seconds(
-    model, context: int, calls: int, widths: tuple[int, ...] = (1,), batch: int = 1, seed: int = 0
-) -> dict[int, list[float]]:
-    """Wall seconds of KV-cached forwards of `w` new tokens per row for each w in `widths`, on `batch` rows
-    after a `context`-token prefill: `calls` rounds, the widths taking turns within a round (a busy
-    machine slows them alike), the cache cropped back after each forward so every one sees the same
-    context; synchronised on CUDA. Returns {w: [seconds per call]}."""
+def step_seconds(model, context: int, calls: int, seed: int = 0) -> list[float]:
+    """Wall seconds of `calls` one-token KV-cached forwards after a `context`-token prefill (the cache is
+    cropped back after each, so every call sees the same context), synchronised on CUDA."""
     from transformers import DynamicCache
-
-    from acchead.kv_decode import crop_cache
 
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(1, model.config.vocab_size, (batch, context + max(widths)), generator=g).to(device)
+    x = torch.randint(1, model.config.vocab_size, (1, context), generator=g).to(device)
     cache = DynamicCache()
-    model(input_ids=x[:, :context], **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
-    times: dict[int, list[float]] = {w: [] for w in widths}
+    model(input_ids=x, **{CACHE_ARG: cache}, use_cache=True)
+    token, times = x[:, -1:], []
     for _ in range(calls):
-        for w in widths:
-            sync()
-            t = time.perf_counter()
-            model(
-                input_ids=x[:, context : context + w], **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=w
-            )
-            sync()
-            times[w].append(time.perf_counter() - t)
-            crop_cache(cache, context)  # remove the tokens just added
+        sync()
+        t = time.perf_counter()
+        model(input_ids=token, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
+        sync()
+        times.append(time.perf_counter() - t)
+        cache.crop(-1)  # a negative count: remove the token just added
     return times
-
-
-def step_seconds(model, context: int, calls: int, seed: int = 0) -> list[float]:
-    """Wall seconds of `calls` one-token KV-cached forwards of one row after a `context`-token prefill."""
-    return forward_seconds(model, context, calls, seed=seed)[1]
 
 
 def decode_step_ms(model, context: int = 256, calls: int = 100) -> float:

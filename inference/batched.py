@@ -214,15 +214,19 @@ class BatchedDecoder:
         return out
 
     def calibrate(self, batch: int) -> BatchCosts:
-        """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows (`acchead.inference.batch_cost`),
-        keeping the sizes measured before; `generate` calls it when a batch is larger than any measured."""
+        """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows by timing this target and draft's
+        autoregressive, K = 1 and K = 2 rounds (`acchead.inference.batch_cost`), keeping the sizes measured
+        before; `generate` calls it when a batch is larger than any measured."""
         rule = self.batch_stop
         if rule is None or not rule.measure or self.draft is None:
             raise AccheadError("calibrate needs a draft and batch_stop='measured'")
         have = {c.batch: c for c in rule.costs.costs} if rule.costs is not None else {}
         sizes = [b for b in calibration_sizes(batch) if b not in have]
         if sizes:
-            new = measure_batch_costs(self.target, self.draft, sizes).costs
+            timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec)
+                      for name, k, spec in (("ar", None, "autoregressive"), ("k1", 1, "specdec:k=1"),
+                                            ("k2", 2, "specdec:k=2"))}  # fmt: skip
+            new = measure_batch_costs(timers, self._vocab, sizes).costs
             self.batch_stop = replace(rule, costs=BatchCosts((*have.values(), *new)))
         assert self.batch_stop is not None and self.batch_stop.costs is not None
         return self.batch_stop.costs

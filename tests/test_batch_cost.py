@@ -14,19 +14,19 @@ from test_exactness import _peaked_llama, _perturbed
 from acchead.errors import AccheadError
 from acchead.inference.batch_cost import BatchCost, BatchCosts, calibration_sizes, measure_batch_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
-from acchead.step_cost import forward_seconds
+from acchead.inference.batched import BatchedDecoder
 
 
-def _cost(batch: int, draft: float, target: float, widen: float) -> BatchCost:
-    return BatchCost(batch=batch, draft_s=draft, target_s=target, widen_s=widen, width=3)
+def _cost(batch: int, step: float, round_: float) -> BatchCost:
+    return BatchCost(batch=batch, step_s=step, round_s=round_)
 
 
-def test_c_is_a_draft_step_and_a_widening_over_a_target_step():
-    assert math.isclose(_cost(4, 0.002, 0.010, 0.003).c, 0.5)  # (2 + 3) / 10 ms
+def test_c_is_one_more_candidate_over_an_autoregressive_round():
+    assert math.isclose(_cost(4, 0.005, 0.010).c, 0.5)  # 5 ms / 10 ms
 
 
 def test_c_at_interpolates_in_log_batch_and_clamps():
-    costs = BatchCosts((_cost(16, 0.4, 1.0, 0.4), _cost(1, 0.2, 1.0, 0.0)))  # any order: sorted by B
+    costs = BatchCosts((_cost(16, 0.8, 1.0), _cost(1, 0.2, 1.0)))  # any order: sorted by B
     assert [c.batch for c in costs.costs] == [1, 16]
     assert math.isclose(costs.c_at(1), 0.2) and math.isclose(costs.c_at(16), 0.8)
     assert math.isclose(costs.c_at(4), 0.5)  # log 4 is halfway from log 1 to log 16
@@ -38,10 +38,10 @@ def test_c_at_interpolates_in_log_batch_and_clamps():
     "bad",
     [
         (),
-        (_cost(2, 1, 1, 0), _cost(2, 1, 1, 0)),
-        (_cost(0, 1, 1, 0),),
-        (_cost(1, 0.0, 1, 0),),
-        (_cost(1, 1, 1, -1),),
+        (_cost(2, 1, 1), _cost(2, 1, 1)),
+        (_cost(0, 1, 1),),
+        (_cost(1, 1, 0.0),),
+        (_cost(1, -0.1, 1),),
     ],
 )
 def test_batch_costs_refuse_bad_tables(bad):
@@ -58,7 +58,7 @@ def test_calibration_sizes():
 
 def test_measured_rule_uses_c_at_the_batch_size():
     """Continue iff Σ P̂ > c(B)·B, with c(B) read at the rows decoding now."""
-    rule = BatchStop(costs=BatchCosts((_cost(1, 0.2, 1.0, 0.0), _cost(16, 0.4, 1.0, 0.4))))
+    rule = BatchStop(costs=BatchCosts((_cost(1, 0.2, 1.0), _cost(16, 0.8, 1.0))))
     log = torch.log(torch.tensor([0.9, 0.9, 0.9, 0.9], dtype=torch.float64))
     drafting = torch.ones(4, dtype=torch.bool)
     assert math.isclose(rule.ratio(4), 0.5)
@@ -68,7 +68,7 @@ def test_measured_rule_uses_c_at_the_batch_size():
 
 
 def test_batch_stop_takes_one_source_of_c():
-    for bad in ({}, {"c": 0.2, "measure": True}, {"c": 0.2, "costs": BatchCosts((_cost(1, 1, 1, 0),))}):
+    for bad in ({}, {"c": 0.2, "measure": True}, {"c": 0.2, "costs": BatchCosts((_cost(1, 1, 1),))}):
         with pytest.raises(AccheadError, match="one of the two"):
             BatchStop(**bad)
     with pytest.raises(AccheadError, match="not measured yet"):
@@ -78,22 +78,25 @@ def test_batch_stop_takes_one_source_of_c():
         parse_batch_stop("measured", None)
 
 
-def test_forward_seconds_times_each_width_on_the_same_context():
-    model = _peaked_llama(12, seed=3)
-    times = forward_seconds(model, context=5, calls=3, widths=(1, 3, 4), batch=2)
-    assert sorted(times) == [1, 3, 4] and all(len(v) == 3 and min(v) > 0 for v in times.values())
-
-
 @pytest.fixture(scope="module")
 def pair():
     target = _peaked_llama(12, seed=3)
     return target, _perturbed(target, 0.5, seed=4)
 
 
-def test_measure_batch_costs_on_tiny_models(pair):
-    costs = measure_batch_costs(*pair, [1, 3], context=4, width=2, calls=2)
+def test_measure_batch_costs_times_the_decoders_rounds(pair):
+    """c(B) from rounds of the batched decoder: K = 2 minus K = 1 over an autoregressive round, per size."""
+    target, draft = pair
+    timers = {
+        "ar": BatchedDecoder(target, None, "autoregressive"),
+        "k1": BatchedDecoder(target, draft, "specdec:k=1"),
+        "k2": BatchedDecoder(target, draft, "specdec:k=2"),
+    }
+    costs = measure_batch_costs(timers, 12, [1, 3], rounds=3, repeats=1)
     assert [c.batch for c in costs.costs] == [1, 3]
-    assert all(c.draft_s > 0 and c.target_s > 0 and c.widen_s >= 0 and c.c > 0 for c in costs.costs)
+    assert all(c.round_s > 0 and c.step_s >= 0 for c in costs.costs)
+    with pytest.raises(AccheadError, match="ar, k1 and k2"):
+        measure_batch_costs({"ar": timers["ar"]}, 12, [1])
 
 
 def test_decoder_measures_c_at_the_sizes_it_meets(pair):
@@ -113,7 +116,7 @@ def test_decoder_measures_c_at_the_sizes_it_meets(pair):
 
 def test_a_measured_table_is_passed_back_as_a_batch_stop(pair):
     """For repeatable runs: the table one decoder measured, given to another, is used as it is."""
-    table = BatchStop(costs=BatchCosts((_cost(1, 0.2, 1.0, 0.0), _cost(4, 0.9, 1.0, 0.5))))
+    table = BatchStop(costs=BatchCosts((_cost(1, 0.2, 1.0), _cost(4, 1.4, 1.0))))
     dec = _decoder(pair, "specdecpp:h=0.5,max=6", "candidate", batch_stop=table)
     res = dec.generate(PROMPTS, 12, temperature=0)
     assert dec.batch_stop is table and res.batch_stops > 0  # c(4) = 1.4: the batch stops after one candidate

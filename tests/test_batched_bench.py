@@ -4,6 +4,7 @@ the report; `acchead-decode` decodes B rows of its prompt."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from test_bench import _argv, bench_inputs  # noqa: F401  (the fixture, shared with the bench's tests)
 
@@ -66,7 +67,11 @@ def test_batched_rows_serialise_and_tabulate():
     assert list(ar.to_dict())[-2:] == ["wall_tokens_per_s", "greedy_matches_ar"]
     assert "greedy_matches_ar" not in row("specdec:k=3", 25.0, False, None).to_dict()  # sampling: not judged
     table = batched_table([ar, k]).splitlines()
-    assert table[3] == "| 4 | specdec | `specdec:k=3` | 25.0 | 2.50 | 16 | 0 | 0 | 64 |"
+    assert table[3] == "| 4 | specdec | `specdec:k=3` | - | 25.0 | 2.50 | 16 | 0 | 0 | 64 |"
+    measured = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:measured(B1:c=0.1,B4:c=0.52)")
+    declared = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:c=0.2")
+    cells = [line.split(" | ")[3] for line in batched_table([measured, declared]).splitlines()[2:]]
+    assert cells == ["measured, c=0.52", "c=0.2"]
 
 
 def test_decode_batch_size_prints_every_row(tiny_pair_dirs, bench_inputs, capsys):  # noqa: F811

@@ -160,20 +160,34 @@ def _digest(ids: list[int]) -> str:
 
 
 def batched_table(rows: list[BatchedRow]) -> str:
-    """The rows as a markdown table, one line per (B, setting), with tokens/s relative to batched AR."""
+    """The rows as a markdown table, one line per (B, setting, batch rule), with tokens/s relative to batched
+    AR; the rule column shows a measured rule's c at the row's B (results.json keeps its whole table)."""
     lines = [
-        "| B | method | spec | wall tokens/s | × AR | target calls | draft calls | batch stops | tokens |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| B | method | spec | batch rule | wall tokens/s | × AR | target calls | draft calls "
+        "| batch stops | tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ar = {r.batch_size: r.wall_tokens_per_s for r in rows if r.spec == "autoregressive"}
     for r in rows:
         base = ar.get(r.batch_size)
         rel = f"{r.wall_tokens_per_s / base:.2f}" if base else "-"
         lines.append(
-            f"| {r.batch_size} | {r.method} | `{r.spec}` | {r.wall_tokens_per_s:.1f} | {rel} | "
-            f"{r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.tokens} |"
+            f"| {r.batch_size} | {r.method} | `{r.spec}` | {_rule_cell(r)} | {r.wall_tokens_per_s:.1f} "
+            f"| {rel} | {r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.tokens} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _rule_cell(row: BatchedRow) -> str:
+    """`c=0.2` for a declared rule, `measured, c=0.41` (c at the row's B) for a measured one, `-` for none."""
+    rule = row.batch_stop
+    if rule is None:
+        return "-"
+    if "measured(" not in rule:
+        return rule.removeprefix("batch-stop:")
+    table = dict(item.split(":c=") for item in rule.split("(", 1)[1].rstrip(")").split(","))
+    c = table.get(f"B{row.batch_size}")
+    return f"measured, c={c}" if c is not None else "measured"
 
 
 def write_batched(rows: list[BatchedRow], out: Path) -> None:
