@@ -15,11 +15,15 @@ c(B) is the price of one more candidate for the whole batch in units of a row's 
 - t_round(B): an autoregressive round of B rows (one target forward), whose B tokens set the worth of an
   accepted token, t_round(B) / B.
 
-`measure_batch_costs` times whole rounds of the batched decoder on random prompts: t_step is a round of
-fixed K = 2 minus a round of K = 1 (one more draft forward, one more verified position), t_round an
-autoregressive round; the three decoders take turns, and medians of the repeats are kept. Timing bare
-forwards instead (an earlier version) read c ≈ 0.05 for the demo pair at B = 1, where the decoder's draft
-step costs 1.5x its bare forward (docs/speed.md): the Python around a tiny model's step is part of its price.
+`measure_batch_costs` times the rounds of the batched decoder on random prompts (`BatchResult.round_times`):
+t_step is the slope of a round's seconds over its draft forwards, fitted through the rounds of fixed K = 1
+and K = 3 (a round drafting one candidate more costs a draft forward and a verified position more), t_round
+an autoregressive round; the three decoders take turns, each decode's first round (the prefill) is left
+out, and per draft count the fastest round is kept (a busy machine only ever slows a round down). Two
+earlier versions did worse on a box shared with a training run: bare forwards read c ≈ 0.05 for the demo
+pair at B = 1, where the decoder's draft step costs 1.5x its bare forward (docs/speed.md: the Python around
+a tiny model's step is part of its price); medians of whole decodes (K = 2 minus K = 1, prefill and capped
+last rounds included) read c from 0 to 1.06 at B = 1.
 `BatchCosts.c_at(B)` interpolates between the measured sizes in log B (clamped at the ends), since rows
 that finish leave the batch and B shrinks as it decodes. A measured c is a timing, so two runs may stop
 rounds differently: each output stays an exact sample of the target (the rule reads only the past), but
@@ -30,7 +34,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,7 +47,7 @@ class BatchCost:
     """Median seconds, at `batch` rows, of one more candidate per round and of an autoregressive round."""
 
     batch: int
-    step_s: float  # a fixed-K round of K = 2 minus one of K = 1 (>= 0)
+    step_s: float  # a round's seconds per draft forward more (fitted over rounds of K = 1 and 3), >= 0
     round_s: float  # an autoregressive round (one target forward of one token per row)
 
     @property
@@ -94,33 +97,44 @@ def calibration_sizes(batch: int) -> list[int]:
 
 
 class RoundTimer(Protocol):
-    """What `measure_batch_costs` needs of a batched decoder (`BatchedDecoder.generate` and its result)."""
+    """What `measure_batch_costs` needs of a batched decoder: `BatchedDecoder.generate`, whose result has
+    `round_times` and `round_draft_calls`."""
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> Any: ...
 
 
 def measure_batch_costs(
-    decoders: dict[str, RoundTimer], vocab_size: int, sizes: list[int], rounds: int = 8, repeats: int = 2,
+    decoders: dict[str, RoundTimer], vocab_size: int, sizes: list[int], rounds: int = 12, repeats: int = 3,
     prompt_len: int = 4, seed: int = 0,
 ) -> BatchCosts:  # fmt: skip
-    """Time the rounds of `decoders` -- "ar", "k1" and "k2": batched decoders of one target and draft with
-    the policies autoregressive, specdec:k=1 and specdec:k=2 -- at each batch size in `sizes`: greedy decodes
+    """Time the rounds of `decoders` -- "ar", "k1" and "k3": batched decoders of one target and draft with
+    the policies autoregressive, specdec:k=1 and specdec:k=3 -- at each batch size in `sizes`: greedy decodes
     of `rounds` tokens per row from random `prompt_len`-token prompts (ids below `vocab_size`), the three
-    taking turns, one warm-up turn and `repeats` timed ones; per decode its wall time over its rounds."""
-    if rounds < 1 or repeats < 1 or prompt_len < 1:
-        raise AccheadError(f"need rounds, repeats and prompt_len >= 1, got {rounds}, {repeats}, {prompt_len}")
-    if set(decoders) != {"ar", "k1", "k2"}:
-        raise AccheadError(f"measure_batch_costs times decoders ar, k1 and k2, got {sorted(decoders)}")
+    taking turns, one warm-up turn and `repeats` timed ones (see the module docstring for the fit)."""
+    if rounds < 2 or repeats < 1 or prompt_len < 1:
+        raise AccheadError(
+            f"need rounds >= 2, repeats and prompt_len >= 1, got {rounds}, {repeats}, {prompt_len}"
+        )
+    if set(decoders) != {"ar", "k1", "k3"}:
+        raise AccheadError(f"measure_batch_costs times decoders ar, k1 and k3, got {sorted(decoders)}")
     g = torch.Generator().manual_seed(seed)
     costs = []
     for b in sizes:
         prompts = torch.randint(1, vocab_size, (b, prompt_len), generator=g).tolist()
-        per_round: dict[str, list[float]] = {k: [] for k in decoders}
+        by_drafts: dict[int, list[float]] = {}  # draft forwards in a round -> its seconds
         for turn in range(repeats + 1):
-            for name, dec in decoders.items():
+            for dec in decoders.values():
                 res = dec.generate(prompts, max_new_tokens=rounds, temperature=0.0)
                 if turn:  # the first turn warms up (allocations, first-call dispatch)
-                    per_round[name].append(res.wall_time / res.target_calls)
-        med = {k: statistics.median(v) for k, v in per_round.items()}
-        costs.append(BatchCost(batch=b, step_s=max(med["k2"] - med["k1"], 0.0), round_s=med["ar"]))
+                    for d, t in list(zip(res.round_draft_calls, res.round_times, strict=True))[1:]:
+                        by_drafts.setdefault(d, []).append(t)
+        fastest = {d: min(ts) for d, ts in by_drafts.items()}
+        if 0 not in fastest or len(fastest) < 3:
+            raise AccheadError(
+                f"B = {b}: rounds of too few lengths to fit ({sorted(fastest)} draft forwards)"
+            )
+        xs = [d for d in fastest if d > 0]
+        mean_x, mean_y = sum(xs) / len(xs), sum(fastest[d] for d in xs) / len(xs)
+        slope = sum((d - mean_x) * (fastest[d] - mean_y) for d in xs) / sum((d - mean_x) ** 2 for d in xs)
+        costs.append(BatchCost(batch=b, step_s=max(slope, 0.0), round_s=fastest[0]))
     return BatchCosts(tuple(costs))

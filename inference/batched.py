@@ -193,13 +193,16 @@ class BatchedDecoder:
         active = rows
         while active:
             caps = [min(self.cap, r.max_new - r.generated - 1) for r in active]
-            calls0 = out.draft_calls
+            calls0, round_start = out.draft_calls, time.perf_counter()
             if max(caps) > 0:
                 cands, qs = self._draft(active, caps, sampling, out)
             else:
                 cands, qs = [[] for _ in active], [None] * len(active)
             self._verify_round(active, cands, qs, sampling, eos, out.draft_calls - calls0)
             out.target_calls += 1
+            # the round ended on a host read (its tokens), so on a GPU too this clock has waited for it
+            out.round_times.append(time.perf_counter() - round_start)
+            out.round_draft_calls.append(out.draft_calls - calls0)
             keep = [i for i, r in enumerate(active) if not r.done]
             if len(keep) < len(active):
                 idx = torch.tensor(keep, dtype=torch.long)
@@ -215,7 +218,7 @@ class BatchedDecoder:
 
     def calibrate(self, batch: int) -> BatchCosts:
         """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows by timing this target and draft's
-        autoregressive, K = 1 and K = 2 rounds (`acchead.inference.batch_cost`), keeping the sizes measured
+        autoregressive, K = 1 and K = 3 rounds (`acchead.inference.batch_cost`), keeping the sizes measured
         before; `generate` calls it when a batch is larger than any measured."""
         rule = self.batch_stop
         if rule is None or not rule.measure or self.draft is None:
@@ -225,7 +228,7 @@ class BatchedDecoder:
         if sizes:
             timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec)
                       for name, k, spec in (("ar", None, "autoregressive"), ("k1", 1, "specdec:k=1"),
-                                            ("k2", 2, "specdec:k=2"))}  # fmt: skip
+                                            ("k3", 3, "specdec:k=3"))}  # fmt: skip
             new = measure_batch_costs(timers, self._vocab, sizes).costs
             self.batch_stop = replace(rule, costs=BatchCosts((*have.values(), *new)))
         assert self.batch_stop is not None and self.batch_stop.costs is not None

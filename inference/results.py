@@ -78,6 +78,9 @@ class BatchResult:
         head_calls: head evaluations (rows × judged steps).
         batch_stops: rounds the batch rule ended (0 without it).
         wall_time: seconds in `generate`.
+        round_times / round_draft_calls: per round, its wall seconds (its drafting, verification and
+            bookkeeping; the first round holds the prompts' prefill) and its batched draft forwards
+            (`acchead.inference.batch_cost` fits a draft step's price from them).
     """
 
     rows: list[GenerationResult]
@@ -86,6 +89,8 @@ class BatchResult:
     head_calls: int = 0
     batch_stops: int = 0
     wall_time: float = 0.0
+    round_times: list[float] = field(default_factory=list)
+    round_draft_calls: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:

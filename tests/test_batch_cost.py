@@ -84,18 +84,25 @@ def pair():
     return target, _perturbed(target, 0.5, seed=4)
 
 
+def test_a_batch_result_times_each_round(pair):
+    res = _decoder(pair, "specdec:k=3", None).generate(PROMPTS, 12, temperature=0)
+    assert len(res.round_times) == len(res.round_draft_calls) == res.target_calls
+    assert sum(res.round_draft_calls) == res.draft_calls and min(res.round_times) > 0
+    assert sum(res.round_times) <= res.wall_time
+
+
 def test_measure_batch_costs_times_the_decoders_rounds(pair):
-    """c(B) from rounds of the batched decoder: K = 2 minus K = 1 over an autoregressive round, per size."""
+    """c(B) from rounds of the batched decoder: (K = 3 minus K = 1) / 2 over an autoregressive round."""
     target, draft = pair
     timers = {
         "ar": BatchedDecoder(target, None, "autoregressive"),
         "k1": BatchedDecoder(target, draft, "specdec:k=1"),
-        "k2": BatchedDecoder(target, draft, "specdec:k=2"),
+        "k3": BatchedDecoder(target, draft, "specdec:k=3"),
     }
-    costs = measure_batch_costs(timers, 12, [1, 3], rounds=3, repeats=1)
+    costs = measure_batch_costs(timers, 12, [1, 3], rounds=8, repeats=1)
     assert [c.batch for c in costs.costs] == [1, 3]
     assert all(c.round_s > 0 and c.step_s >= 0 for c in costs.costs)
-    with pytest.raises(AccheadError, match="ar, k1 and k2"):
+    with pytest.raises(AccheadError, match="ar, k1 and k3"):
         measure_batch_costs({"ar": timers["ar"]}, 12, [1])
 
 
