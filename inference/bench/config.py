@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
       "prompts at a time for each B, e.g. 1,4,16,64 (acchead.inference.batched; report: a row per B)")
     a("--batch-stop", type=_str_list, help="with --batch-size: the batch stop rules of the batched specdecpp "
       "rows, comma-separated, a row each: on (c = 1 - h), measured (c(B) timed on this machine), off, or a "
-      "ratio c (default on)")
+      "ratio c (default measured: it beat on at every B >= 4 in docs/batched.md)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
     a(
         "--loop-profile-prompts",
@@ -232,7 +232,7 @@ def _apply_demo_defaults(args: argparse.Namespace) -> None:
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
     defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0,
-                "adaedl_gamma": ADAEDL_GAMMA, "cost_ratios": [], "batch_stop": ["on"]}  # fmt: skip
+                "adaedl_gamma": ADAEDL_GAMMA, "cost_ratios": [], "batch_stop": ["measured"]}  # fmt: skip
     if args.paths is None:  # the fast path is the decoders' default on CUDA; on the CPU it is opt-in
         args.paths = ["eager", "fast"] if str(args.device or "cpu").startswith("cuda") else ["eager"]
     for k, default in defaults.items():
