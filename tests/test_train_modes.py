@@ -111,7 +111,7 @@ def test_pair_draft_is_checked_against_the_data_like_draft(gen_data, features): 
     refused in one line naming the flag, on the fly and against a feature cache alike."""
     from acchead.errors import AccheadError
 
-    with pytest.raises(AccheadError, match="--pair toy has hidden size 128, the data.s draft"):
+    with pytest.raises(AccheadError, match=r"--pair toy has hidden size 128, the data.s draft"):
         train_head(_settings(gen_data, features=features, pair="toy"))
 
 
