@@ -49,7 +49,8 @@ REAL_GEN_PROMPTS ?= 128
 REAL_BENCH_PROMPTS ?= 8
 REAL_NEW_TOKENS ?= 64
 REAL_BENCH ?= --pair smollm2 --num-prompts $(REAL_BENCH_PROMPTS) --max-new-tokens $(REAL_NEW_TOKENS) \
-	--methods autoregressive,specdec,specdecpp,oracle --k-grid 1,2,3,4,6 --h-grid 0.3,0.5,0.7,0.9 --cost-ratios 0.15,0.1 \
+	--config configs/bench-smollm2.yaml \
+	--methods autoregressive,specdec,specdecpp,oracle --k-grid 1,2,3,4,6 --h-grid 0.3,0.5,0.7,0.9 \
 	--loop-profile-prompts 0 \
 	--head $(REAL_DIR)/head/head.safetensors
 # Toy demo sizes: prompts labelled by gen-data, HumanEval prompts and tokens per prompt in the bench.

@@ -351,6 +351,17 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
             resolve_args(build_parser().parse_args(["--config", str(user)]))
 
 
+def test_the_real_pair_config_judges_issue_31_goals():
+    """configs/bench-smollm2.yaml (what `make demo` passes): the goals priced at c = 0.15, the issue's."""
+    from acchead.configs import config_path
+
+    args = resolve_args(build_parser().parse_args(["--config", str(config_path("bench-smollm2"))]))
+    assert args.cost_ratios == [0.15, 0.1] and args.goals.ratio == 0.15
+    assert (args.goals.greedy_over_specdec, args.goals.greedy_oracle_gap) == (1.15, 0.40)
+    assert args.goals.sampling_over_specdec == 1.07 and args.goals.head_overhead_max == 0.03  # the rest shipped
+    assert args.k_grid == [1, 2, 3, 4, 5, 6, 8, 10, 12, 14]  # keys it leaves out keep configs/bench.yaml's
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
