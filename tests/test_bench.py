@@ -358,7 +358,7 @@ def test_the_real_pair_config_judges_issue_31_goals():
     args = resolve_args(build_parser().parse_args(["--config", str(config_path("bench-smollm2"))]))
     assert args.cost_ratios == [0.15, 0.1] and args.goals.ratio == 0.15
     assert (args.goals.greedy_over_specdec, args.goals.greedy_oracle_gap) == (1.15, 0.40)
-    assert args.goals.sampling_over_specdec == 1.07 and args.goals.head_overhead_max == 0.03  # the rest shipped
+    assert args.goals.sampling_over_specdec == 1.07 and args.goals.head_overhead_max == 0.03  # rest: shipped
     assert args.k_grid == [1, 2, 3, 4, 5, 6, 8, 10, 12, 14]  # keys it leaves out keep configs/bench.yaml's
 
 
