@@ -44,7 +44,8 @@ from acchead.errors import AccheadError
 
 @dataclass(frozen=True)
 class BatchCost:
-    """Median seconds, at `batch` rows, of one more candidate per round and of an autoregressive round."""
+    """Seconds, at `batch` rows, of one more candidate per round and of an autoregressive round (fastest
+    rounds, `measure_batch_costs`)."""
 
     batch: int
     step_s: float  # a round's seconds per draft forward more (fitted over rounds of K = 1 and 3), >= 0

@@ -221,8 +221,8 @@ class BatchedDecoder:
         autoregressive, K = 1 and K = 3 rounds (`acchead.inference.batch_cost`), keeping the sizes measured
         before; `generate` calls it when a batch is larger than any measured."""
         rule = self.batch_stop
-        if rule is None or not rule.measure or self.draft is None:
-            raise AccheadError("calibrate needs a draft and batch_stop='measured'")
+        if rule is None or not rule.measure:  # a measured rule implies specdecpp, hence a draft
+            raise AccheadError("calibrate needs batch_stop='measured'")
         have = {c.batch: c for c in rule.costs.costs} if rule.costs is not None else {}
         sizes = [b for b in calibration_sizes(batch) if b not in have]
         if sizes:

@@ -83,8 +83,8 @@ def batchable(setting: Setting) -> bool:
 
 def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list[BatchedRow]:
     """One result row per (B, batchable setting, batch rule), in `sizes` order (see the module docstring):
-    a specdecpp setting once per rule of `--batch-stop` (a measured rule's c(B) is timed before the
-    batches of that B, `BatchedDecoder.calibrate`), every other setting once.
+    a specdecpp setting once per rule of `--batch-stop` (a measured rule times its c(B) in its first
+    `generate`, outside the wall time: `BatchedDecoder.calibrate`), every other setting once.
 
     Within a B, the settings take turns batch by batch, in a seeded random order per batch and pass, and
     every batch runs PASSES times: a slow drift of the machine's load (other jobs) then spreads over the
@@ -111,8 +111,6 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
                 bench.target, None if isinstance(s.decoding.policy, AutoregressiveSpec) else bench.draft,
                 s.decoding.policy, head=s.head, verifier=s.verifier, batch_stop=rule or False,
             )  # fmt: skip
-            if dec.batch_stop is not None and dec.batch_stop.measure:
-                dec.calibrate(size)  # c(B) at 1, 4, ..., B before any timed batch
             decs[_key(s, rule)] = dec
         keys = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
         totals = {k: dict.fromkeys(keys, 0) for k in decs}
