@@ -174,7 +174,8 @@ class ModelDrafter(Drafter):
         policy.start_round(0)  # the rule's starting stats
         judge = policy if policy.judge_at is not None else None
         dummy = torch.zeros(2, dtype=torch.long, device=self.device)
-        self.runner.feed(dummy[:1])  # a decode step, not a prefill: length 0 -> 1
+        self.runner.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
+        self.runner.rollback(1)
         sample_units = {(False, None), (policy.needs_state, judge if policy.judge_at == SAMPLE else None)}
         for count in (1, 2):
             for want_state, rule in sample_units:

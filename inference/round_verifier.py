@@ -81,8 +81,9 @@ class RoundVerifier:
         of up to `max_length` tokens; leaves the cache empty."""
         runner = self.runner
         runner.reset(max_length)
-        dummy = torch.zeros(max_cap + 1, dtype=torch.long, device=self.device)
-        runner.feed(dummy[:1])  # a decode step, not a prefill: length 0 -> 1
+        dummy = torch.zeros(max(max_cap + 1, 2), dtype=torch.long, device=self.device)
+        runner.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
+        runner.rollback(1)
         keys = [self.key(0, purpose, 0) for purpose in (TAU, NEXT)]
         for num in range(max_cap + 1):
             runner.rollback(1)

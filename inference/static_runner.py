@@ -4,16 +4,19 @@
 preallocated once, so rolling back is moving the write position (stale keys past it are masked by the
 causal mask and overwritten by the next write); and every unit (a forward of a given token count with
 the decoder's work on its output, `feed(..., post=...)`; `acchead.inference.units`) is compiled once
-with `torch.compile` (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph
+with `torch.compile` (`fullgraph`, automatic dynamic shapes) and replayed: on CUDA as a CUDA graph
 (`mode="reduce-overhead"`), on the CPU as Inductor's fused C++ kernels with the weights frozen into the
 graph (prepacked for MKL, which is what makes a one-token forward cheaper than eager's GEMV calls;
 docs/speed.md). The prompt (a new length every call) runs eager on the same cache.
 
-Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
-graph has fixed shapes. The decoders use few counts (1 and 2 for a draft; 1..cap + 1 for the target), so
-they are compiled lazily, each the first time it is needed. Dynamo's recompile limits (8 per frame, 256 in
-all) would make the later ones fall back to eager: they are raised only around the calls that compile,
-with `torch._dynamo.config.patch`, so the process's own settings are never changed.
+Token counts: a round verifies L + 1 tokens, L chosen online. A unit's first count compiles a graph of
+static shapes (the one-token step, the hot one), its second a graph symbolic in the count that serves
+every later one (dynamo's automatic dynamic shapes), so a verification of any L costs two compilations,
+not cap + 1; on CUDA each count still records its own CUDA graph on first use. Units are compiled lazily,
+each the first time it is needed (or in `warm_up`). Dynamo's recompile limits (8 per frame, 256 in all)
+would make later units (other S, verifiers, stop rules, cache sizes) fall back to eager: they are raised
+only around the calls that compile, with `torch._dynamo.config.patch`, so the process's own settings are
+never changed.
 
 Only transformers' public cache API is used: the write position moves back through `StaticCache.crop`
 (transformers >= 5.4 keeps it per layer as a tensor updated in place, so a captured graph that reads it
@@ -26,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
+import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
@@ -36,6 +41,8 @@ from transformers import PreTrainedModel, StaticCache
 from acchead.errors import AccheadError
 from acchead.inference.device_path import DevicePath
 from acchead.models import CACHE_ARG
+
+log = logging.getLogger(__name__)
 
 # Compiled graphs of `step_forward` per process: a unit per token count a decoder can ask for (cap <= 63),
 # per S, verifier and stop-rule variant, with room to spare; dynamo's limits are raised to this while a new
@@ -97,7 +104,8 @@ def _arg_key(arg: Any) -> Hashable:
 
 
 class StaticRunner:
-    """The fast path: a preallocated `StaticCache` and one compiled forward per (token count, outputs).
+    """The fast path: a preallocated `StaticCache` and compiled forwards (per unit: a one-token graph and
+    one symbolic in the token count).
 
     Create it through `make_runner`, which gives every decoder of a model the same one: compiled graphs
     are bound to this runner's cache, so two compiled runners of one model must not coexist. The runner
@@ -206,7 +214,13 @@ class StaticRunner:
         import torch._inductor.config as inductor_config
 
         mode = self.path.compile_mode
-        compiled = torch.compile(step_forward, mode=mode, fullgraph=True, dynamic=False)
+        # dynamic=None (automatic dynamic shapes): the first token count compiles a static graph (the
+        # one-token step, the hot one), the second a graph symbolic in the count that serves every later
+        # count (and `keep`, and the candidates' shapes in `post_args`). Static shapes compiled one graph
+        # per count, 1..cap + 1 for a verification: 1323 s against 322 s of warm-up for SpecDec++ on the
+        # demo pair, tokens/s within noise (docs/speed.md). On CUDA the replay is still a CUDA graph per
+        # count (recorded on first use, not recompiled).
+        compiled = torch.compile(step_forward, mode=mode, fullgraph=True, dynamic=None)
         dynamo = torch._dynamo.config
 
         def limits() -> contextlib.AbstractContextManager:
@@ -238,9 +252,12 @@ class StaticRunner:
             if key in seen:
                 with _SKIP_GUARDS() if _SKIP_GUARDS is not None else contextlib.nullcontext():
                     return compiled(model, cache, ids, keep, want_hidden, post, *post_args)
+            start = time.perf_counter()
             with compiling():
                 out = compiled(model, cache, ids, keep, want_hidden, post, *post_args)
             seen.add(key)
+            seconds = time.perf_counter() - start
+            log.debug("%s: unit %s ready in %.1f s", type(model).__name__, key[:4], seconds)
             return out
 
         return run
@@ -263,10 +280,10 @@ class StaticRunner:
         """Compile the forward of every token count in `counts` now (with `keep` = count if `keep_all`,
         else 1), once per value in `hidden`; the sequence is reset afterwards."""
         counts = list(counts)
-        dummy = torch.zeros(max(counts, default=1), dtype=torch.long)
+        dummy = torch.zeros(max([*counts, 2]), dtype=torch.long)
         for want_hidden in hidden:
             self.reset(self.capacity)
-            self.feed(dummy[:1], 1, want_hidden)  # a decode step, not a prefill: length 0 -> 1
+            self.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
             for n in counts:
                 self.rollback(1)
                 self.feed(dummy[:n], n if keep_all else 1, want_hidden)
