@@ -29,7 +29,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.errors import AccheadError
-from acchead.models import CACHE_ARG, final_hidden
+from acchead.lm_forward import lm_forward
+from acchead.models import CACHE_ARG
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -98,18 +99,15 @@ class KVSequence:
             positions = self._real[:, None] + torch.arange(n, device=self.device)
             self._real = self._real + n
             kwargs = {"attention_mask": self._mask, "position_ids": positions}
-        out = self.model(
-            input_ids=ids.to(self.device),
-            **kwargs,
-            **{CACHE_ARG: self.cache},
+        # The decoder stack and the head over the kept positions (`acchead.lm_forward`: the model's forward,
+        # with the CPU's fast form of a few-row LM head).
+        logits, hidden = lm_forward(
+            self.model, ids.to(self.device), keep, want_hidden, **kwargs, **{CACHE_ARG: self.cache},
             use_cache=True,
-            output_hidden_states=want_hidden,
-            logits_to_keep=keep,
         )
         self.length += n
-        logits = out.logits[:, -keep:]
         self.logits = logits[:, -1]
-        return logits, final_hidden(out)[:, -1] if want_hidden else None
+        return logits, hidden[:, -1] if want_hidden else None
 
     def crop(self, length: int) -> None:
         """Forget every column past the first `length` (`logits` is stale until the next feed)."""

@@ -37,7 +37,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.kv_decode import crop_cache
-from acchead.models import CACHE_ARG, final_hidden
+from acchead.lm_forward import lm_forward
+from acchead.models import CACHE_ARG
 
 
 class RaggedCache:
@@ -90,14 +91,13 @@ class RaggedCache:
         # Without holes (B = 1 always: its rejected tail is cropped) the causal mask alone is exact, and the
         # model skips building a (B, 1, W, T) mask from the 2-D one.
         attention = None if bool(mask.all()) else mask.long()
-        out = self.model(
-            input_ids=tokens.to(self.device), attention_mask=attention, position_ids=pos,
-            **{CACHE_ARG: self.cache}, use_cache=True, logits_to_keep=keep, output_hidden_states=want_hidden,
+        logits, hidden = lm_forward(
+            self.model, tokens.to(self.device), keep, want_hidden, attention_mask=attention, position_ids=pos,
+            **{CACHE_ARG: self.cache}, use_cache=True,
         )  # fmt: skip
         self.mask = mask
         self.length = self.length + counts
-        hidden = final_hidden(out)[:, -keep:] if want_hidden else None
-        return out.logits[:, -keep:], hidden
+        return logits, hidden
 
     def rollback(self, length: torch.Tensor) -> None:
         """Keep the first `length[b]` tokens of each row ((B,) int64, at most the row's length)."""

@@ -4,19 +4,16 @@
 preallocated once, so rolling back is moving the write position (stale keys past it are masked by the
 causal mask and overwritten by the next write); and every unit (a forward of a given token count with
 the decoder's work on its output, `feed(..., post=...)`; `acchead.inference.units`) is compiled once
-with `torch.compile` (`fullgraph`, automatic dynamic shapes) and replayed: on CUDA as a CUDA graph
+with `torch.compile` (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph
 (`mode="reduce-overhead"`), on the CPU as Inductor's fused C++ kernels with the weights frozen into the
 graph (prepacked for MKL, which is what makes a one-token forward cheaper than eager's GEMV calls;
 docs/speed.md). The prompt (a new length every call) runs eager on the same cache.
 
-Token counts: a round verifies L + 1 tokens, L chosen online. A unit's first count compiles a graph of
-static shapes (the one-token step, the hot one), its second a graph symbolic in the count that serves
-every later one (dynamo's automatic dynamic shapes), so a verification of any L costs two compilations,
-not cap + 1; on CUDA each count still records its own CUDA graph on first use. Units are compiled lazily,
-each the first time it is needed (or in `warm_up`). Dynamo's recompile limits (8 per frame, 256 in all)
-would make later units (other S, verifiers, stop rules, cache sizes) fall back to eager: they are raised
-only around the calls that compile, with `torch._dynamo.config.patch`, so the process's own settings are
-never changed.
+Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
+graph has fixed shapes. The decoders use few counts (1 and 2 for a draft; 1..cap + 1 for the target), so
+they are compiled lazily, each the first time it is needed. Dynamo's recompile limits (8 per frame, 256 in
+all) would make the later ones fall back to eager: they are raised only around the calls that compile,
+with `torch._dynamo.config.patch`, so the process's own settings are never changed.
 
 Only transformers' public cache API is used: the write position moves back through `StaticCache.crop`
 (transformers >= 5.4 keeps it per layer as a tensor updated in place, so a captured graph that reads it
@@ -104,8 +101,7 @@ def _arg_key(arg: Any) -> Hashable:
 
 
 class StaticRunner:
-    """The fast path: a preallocated `StaticCache` and compiled forwards (per unit: a one-token graph and
-    one symbolic in the token count).
+    """The fast path: a preallocated `StaticCache` and one compiled forward per (token count, outputs).
 
     Create it through `make_runner`, which gives every decoder of a model the same one: compiled graphs
     are bound to this runner's cache, so two compiled runners of one model must not coexist. The runner
@@ -161,7 +157,9 @@ class StaticRunner:
         # plus LM head that `step_forward` runs is the model's forward (no logit scaling or soft-capping after
         # the head, which some architectures add).
         with torch.inference_mode():
-            ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+            # Not the padding id, whose embedding may be zero (zero logits would match any head).
+            token = 2 if getattr(self.model.config, "pad_token_id", None) == 1 else 1
+            ids = torch.full((1, 1), token, dtype=torch.long, device=self.device)
             if old is None:
                 ref = self.model(input_ids=ids).logits
                 ours, _ = step_forward(self.model, self.cache, ids, 1, False)
@@ -214,13 +212,10 @@ class StaticRunner:
         import torch._inductor.config as inductor_config
 
         mode = self.path.compile_mode
-        # dynamic=None (automatic dynamic shapes): the first token count compiles a static graph (the
-        # one-token step, the hot one), the second a graph symbolic in the count that serves every later
-        # count (and `keep`, and the candidates' shapes in `post_args`). Static shapes compiled one graph
-        # per count, 1..cap + 1 for a verification: 1323 s against 322 s of warm-up for SpecDec++ on the
-        # demo pair, tokens/s within noise (docs/speed.md). On CUDA the replay is still a CUDA graph per
-        # count (recorded on first use, not recompiled).
-        compiled = torch.compile(step_forward, mode=mode, fullgraph=True, dynamic=None)
+        # Static shapes. Automatic dynamic shapes (one graph symbolic in the token count) cut SpecDec++'s
+        # warm-up 4x, but which graph serves a call then depends on every unit compiled before it in the
+        # process: the full suite saw decodes compile after a complete warm-up (docs/speed.md, issue 32).
+        compiled = torch.compile(step_forward, mode=mode, fullgraph=True, dynamic=False)
         dynamo = torch._dynamo.config
 
         def limits() -> contextlib.AbstractContextManager:

@@ -186,15 +186,6 @@ def _new_thresholds_replay(target, draft, warmed: str, specs: list[str], head=No
     return lengths
 
 
-def test_a_new_k_compiles_nothing(compiled_pair):
-    """The verification is compiled symbolic in its token count (automatic dynamic shapes): after K = 2's
-    warm-up (verifications of 1, 2 and 3 tokens), K = 6 verifies 4 to 7 tokens with no compilation and
-    decodes the eager path's tokens and rounds (issue 32: one graph serves every K)."""
-    target, draft = compiled_pair
-    lengths = _new_thresholds_replay(target, draft, "specdec:k=2", ["specdec:k=6"])
-    assert max(lengths[0]) == 6, "K = 6 should draft rounds of 6 (else no new count was verified)"
-
-
 def test_a_new_specdecpp_threshold_compiles_nothing(compiled_pair):
     """SpecDec++'s h is an input of the draft's compiled step: one graph serves every threshold of a sweep
     (issue 32). The head and shapes are those of the test above, so its graphs are reused when it ran
