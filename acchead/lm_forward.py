@@ -43,7 +43,7 @@ def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     return head(hidden)
 
 
-def _splits(model: PreTrainedModel) -> bool:
+def splits_cleanly(model: PreTrainedModel) -> bool:
     """Whether `model`'s logits are `head_logits` of its decoder's last hidden state (checked on three
     tokens, once per model)."""
     ok = _SPLITS.get(model)
@@ -74,7 +74,7 @@ def lm_forward(
     Returns logits (B, keep, V) of the last `keep` positions and, if `want_hidden`, their final hidden
     states (B, keep, H) (what the LM head read), else None.
     """
-    if not _splits(model):
+    if not splits_cleanly(model):
         out = model(input_ids=input_ids, logits_to_keep=keep, output_hidden_states=want_hidden, **kwargs)
         return out.logits[:, -keep:], final_hidden(out)[:, -keep:] if want_hidden else None
     hidden = model.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state[:, -keep:]  # (B, keep, H)

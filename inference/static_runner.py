@@ -37,6 +37,7 @@ from transformers import PreTrainedModel, StaticCache
 
 from acchead.errors import AccheadError
 from acchead.inference.device_path import DevicePath
+from acchead.lm_forward import splits_cleanly
 from acchead.models import CACHE_ARG
 
 log = logging.getLogger(__name__)
@@ -154,22 +155,16 @@ class StaticRunner:
         self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
         # Allocate the key/value tensors now, on the model's device and dtype, so that their addresses
         # never change (a captured graph reads them in place); and check, once, that the decoder stack
-        # plus LM head that `step_forward` runs is the model's forward (no logit scaling or soft-capping after
-        # the head, which some architectures add).
+        # plus LM head that `step_forward` runs is the model's forward (`acchead.lm_forward.splits_cleanly`:
+        # no logit scaling or soft-capping after the head, which some architectures add).
+        if old is None and not splits_cleanly(self.model):
+            raise AccheadError(
+                f"{type(self.model).__name__}: its logits are not the LM head of the decoder's last "
+                "hidden state, which the fast path computes; use fast=False"
+            )
         with torch.inference_mode():
-            # Not the padding id, whose embedding may be zero (zero logits would match any head).
-            token = 2 if getattr(self.model.config, "pad_token_id", None) == 1 else 1
-            ids = torch.full((1, 1), token, dtype=torch.long, device=self.device)
-            if old is None:
-                ref = self.model(input_ids=ids).logits
-                ours, _ = step_forward(self.model, self.cache, ids, 1, False)
-                if not torch.allclose(ours.float(), ref.float(), rtol=1e-3, atol=1e-3):
-                    raise AccheadError(
-                        f"{type(self.model).__name__}: its logits are not the LM head of the decoder's last "
-                        "hidden state, which the fast path computes; use fast=False"
-                    )
-            else:
-                step_forward(self.model, self.cache, ids, 1, False)
+            ids = torch.ones(1, 1, dtype=torch.long, device=self.device)
+            step_forward(self.model, self.cache, ids, 1, False)
             self._empty_new_cache(check=old is None)
             if old is not None and keep:
                 # The first `keep` positions, written through the public `update` (it also advances the write

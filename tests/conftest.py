@@ -110,11 +110,11 @@ def record_forward_shapes(*models) -> dict:
     """model -> the `input_ids` shape of each of its forwards from now on: a forward pre-hook on its decoder
     stack, which runs once per forward whether the model's own forward calls it or `acchead.lm_forward`
     does (whose one-time check of the model runs first, unrecorded)."""
-    from acchead.lm_forward import _splits
+    from acchead.lm_forward import splits_cleanly
 
     calls: dict = {m: [] for m in models}
     for model in models:
-        _splits(model)
+        splits_cleanly(model)
         record = calls[model]
         model.get_decoder().register_forward_pre_hook(
             lambda m, args, kwargs, record=record: record.append(kwargs["input_ids"].shape), with_kwargs=True
