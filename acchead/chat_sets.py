@@ -101,6 +101,40 @@ def sharegpt_exchanges(
     return out
 
 
+def _stem(record: dict) -> str:
+    """A record's conversation: its id without the `_<part>` suffix of a split conversation."""
+    return str(record.get("id", "")).rsplit("_", 1)[0]
+
+
+def sharegpt_later_turns(
+    min_chars: int = 32, max_chars: int = 2000, path: Path | None = None
+) -> list[str]:
+    """Human turns after a conversation's opening (from each of its records), in file order: more chat
+    prompts for a draft's training plan once the openings run out. Each is asked alone, without the turns
+    before it, so the short follow-ups that only make sense in context ("continue", "shorter") are dropped
+    (under `min_chars`), as are long pastes (over `max_chars`), duplicates, openings, and every turn of a
+    conversation whose opening is held out (`SHAREGPT_HELDOUT`): held-out conversations never enter."""
+    openings = sharegpt_prompts(max_chars=max_chars, path=path)
+    heldout = set(openings[len(openings) - SHAREGPT_HELDOUT :])
+    seen = set(openings)
+    records = list(iter_sharegpt(path))
+    # a held-out opening may head several conversations (duplicates): each of them is held out
+    held_stems = {_stem(r) for r in records if opening_turn(r) in heldout}
+    out = []
+    for record in records:
+        if _stem(record) in held_stems:
+            continue
+        turns = record.get("conversations") or ()
+        first = 1 if str(record.get("id", "")).endswith("_0") else 0  # a _0 record opens with the opening
+        for turn in turns[first:]:
+            text = str(turn.get("value", "")).strip()
+            if turn.get("from") != "human" or not min_chars <= len(text) <= max_chars or text in seen:
+                continue
+            seen.add(text)
+            out.append(text)
+    return out
+
+
 def mtbench_questions(path: Path | None = None) -> list[dict]:
     """MT-bench's questions `{"question_id", "category", "turns": [str, str]}`, in file order (80)."""
     path = path or asset_path("mtbench")

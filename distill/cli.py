@@ -36,6 +36,13 @@ def _add_target(p: argparse.ArgumentParser) -> None:
         help="the target instead of the pair's: a transformers directory or a .gguf file",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the models run: cpu (default) or cuda[:N]; the target stays float32 everywhere, so "
+        "a GPU's greedy responses and labels are the float32 target's (its training steps use bfloat16 "
+        "autocast on a GPU)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,7 +149,12 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
     if args.code_every < 0:
         raise AccheadError("--code-every must be >= 0")
     from acchead.assets import TARGET_DIR_NAME, asset_path
-    from acchead.chat_sets import SHAREGPT_HELDOUT, chat_prompt_set, mtbench_prompts
+    from acchead.chat_sets import (
+        SHAREGPT_HELDOUT,
+        chat_prompt_set,
+        mtbench_prompts,
+        sharegpt_later_turns,
+    )
     from acchead.distill.responses import PlanItem, ResponsesConfig, build_plan, run_responses
     from acchead.models import load_causal_lm, load_tokenizer, model_identity
     from acchead.prompt_sets import load_prompt_set
@@ -156,10 +168,14 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
         chat = chat_prompt_set("sharegpt")  # the "sharegpt-heldout" openings never enter a plan
         # Python function headers with docstrings (the form HumanEval prompts take), from the stdlib
         code = load_prompt_set("stdlib-functions") if args.code_every else []
-        plan = build_plan(chat, code, args.num_prompts, args.code_every)
+        # past the openings, ShareGPT's later human turns (never a held-out conversation's)
+        more = sharegpt_later_turns() if args.num_prompts > len(chat) + len(code) else []
+        plan = build_plan(chat, code, args.num_prompts, args.code_every, more)
     target, tok = load_causal_lm(target_path), load_tokenizer(target_path)
+    fingerprint = model_identity(target)["fingerprint"]  # of the weights as stored, before any move
+    target = _to_device(target, args.device)
     config = ResponsesConfig(
-        target=model_identity(target)["fingerprint"], prompts=args.prompts, num_prompts=len(plan),
+        target=fingerprint, prompts=args.prompts, num_prompts=len(plan),
         code_every=args.code_every,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
         shard_prompts=args.shard_prompts, heldout_chat=SHAREGPT_HELDOUT,
@@ -185,7 +201,21 @@ def run_teacher_stage(args: argparse.Namespace) -> dict:
             exchanges.append((exchange_ids(tok, p, reply, args.max_len), len(p)))
     config = TeacherConfig(target=model_identity(target)["fingerprint"], num_exchanges=len(exchanges),
                            max_len=args.max_len, shard_exchanges=args.shard_exchanges)  # fmt: skip
+    target = _to_device(target, args.device)
     return {**asdict(config), **run_teacher(target, tok, exchanges, args.out, config, args.batch_size)}
+
+
+def _to_device(model, device: str):
+    """`model` on `device`, or a one-line error naming what is missing."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise AccheadError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AccheadError(f"--device {device}: no CUDA device here")
+    return model.to(dev)
 
 
 def run_cost_stage(args: argparse.Namespace) -> dict:
@@ -277,7 +307,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         source = f"asset:{TARGET_DIR_NAME}" if args.target is None else str(Path(target_path).resolve())
         draft = init_from_target(target, vocab, layers, embedding_source=source)
         del target
-    to_draft = draft.lm_head.to_draft
+    to_draft = draft.lm_head.to_draft.cpu()
     config = TrainConfig(
         lr=args.lr, batch_size=args.batch_size, max_len=args.max_len, total_tokens=args.total_tokens,
         checkpoint_seconds=args.checkpoint_minutes * 60,
@@ -287,6 +317,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         teacher, to_draft, args.max_len
     )
     held_out = pack_examples(held_shards, to_draft, args.max_len)
+    draft = _to_device(draft, args.device)
     start = None
     if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
         start = json.loads((args.init / TRAINING_FILE).read_text())
@@ -306,9 +337,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         state[f"agreement_{directory.name}"] = round(
             agreement(draft, pack_examples(shards, to_draft, args.max_len), pad), 4
         )
-        state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full), 4)
+        state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
     state["train_examples"] = len(train)
-    state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full), 4)
+    state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full.cpu()), 4)
     return state
 
 

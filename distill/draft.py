@@ -118,7 +118,9 @@ def draft_loss(
 ) -> tuple[torch.Tensor, float]:
     """(mean cross-entropy over the head's rows at labelled positions it covers, top-1 agreement there)."""
     ids, mask, labels = batch
-    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, H)
+    # bfloat16 autocast on a GPU (the weights and the optimizer stay float32); a no-op on the CPU
+    with torch.autocast("cuda", torch.bfloat16, enabled=ids.device.type == "cuda"):
+        hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, H)
     keep = labels >= 0
     logits = draft.lm_head.draft_logits(hidden[keep])  # (N, V_d)
     loss = torch.nn.functional.cross_entropy(logits.float(), labels[keep])
@@ -131,7 +133,7 @@ def agreement(draft, examples: list[tuple], pad_id: int, batch_size: int = 8) ->
     positions where the draft's argmax is the target's token (a token outside its head is a miss)."""
     hits = total = 0
     for b in range(0, len(examples), batch_size):
-        ids, mask, labels = collate(examples[b : b + batch_size], pad_id)
+        ids, mask, labels = (t.to(draft.device) for t in collate(examples[b : b + batch_size], pad_id))
         hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
         scored = labels != IGNORE
         pred = draft.lm_head.draft_logits(hidden[scored]).argmax(-1)  # (N,) head rows
@@ -178,7 +180,8 @@ def export(draft, directory: Path, training: dict | None = None, tokenizer=None)
     training state in `training.json` and the target's tokenizer (commands check that the two match);
     the trained float32 weights are left as they are."""
     tmp = directory.with_name(directory.name + ".tmp")
-    state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in draft.state_dict().items()}
+    state = {k: v.to("cpu", torch.bfloat16 if v.is_floating_point() else v.dtype)
+             for k, v in draft.state_dict().items()}  # fmt: skip
     state.pop("model.embed_tokens.weight")  # the target's (config.embedding_source)
     draft.save_pretrained(tmp, state_dict=state)
     if training is not None:
@@ -207,7 +210,7 @@ def train_draft(
     if start_state:
         state.update({k: start_state[k] for k in ("step", "tokens", "seconds") if k in start_state})
     if (out / "checkpoint.pt").is_file():
-        ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+        ckpt = torch.load(out / "checkpoint.pt", weights_only=False, map_location="cpu")
         missing = draft.load_state_dict(ckpt["model"], strict=False).missing_keys
         if set(missing) - {"model.embed_tokens.weight"}:  # only the target's embedding is not checkpointed
             raise ValueError(f"{out / 'checkpoint.pt'} lacks {sorted(missing)}")
@@ -223,7 +226,7 @@ def train_draft(
             state["epoch"], state["position"] = state["epoch"] + 1, 0
             order = np.random.default_rng([config.seed, state["epoch"]]).permutation(len(train))
         chosen = order[state["position"] : state["position"] + config.batch_size]
-        batch = collate([train[i] for i in chosen], pad_id)
+        batch = tuple(t.to(draft.device) for t in collate([train[i] for i in chosen], pad_id))
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, state["step"], state["tokens"])
         loss, acc = draft_loss(draft, batch)

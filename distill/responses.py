@@ -58,15 +58,24 @@ class ResponseShard:
     ended: list[bool]
 
 
-def build_plan(chat_prompts: list[str], code_prompts: list[str], num: int, code_every: int) -> list[PlanItem]:
-    """`num` prompts: every `code_every`-th a code prompt (0: none), the rest chat, each set in its order."""
+def build_plan(
+    chat_prompts: list[str],
+    code_prompts: list[str],
+    num: int,
+    code_every: int,
+    more_chat: list[str] = (),
+) -> list[PlanItem]:
+    """`num` prompts: every `code_every`-th a code prompt (0: none), the rest chat, each set in its order;
+    once `chat_prompts` run out, `more_chat` (ShareGPT's later turns) goes on as chat. A longer plan only
+    appends to a shorter one, so a larger `--num-prompts` extends a finished run."""
+    chat = [(t, "sharegpt") for t in chat_prompts] + [(t, "sharegpt-turn") for t in more_chat]
     plan, c, k = [], 0, 0
     for i in range(num):
         if code_every and i % code_every == code_every - 1 and k < len(code_prompts):
             plan.append(PlanItem(code_prompts[k], False, "code"))
             k += 1
-        elif c < len(chat_prompts):
-            plan.append(PlanItem(chat_prompts[c], True, "sharegpt"))
+        elif c < len(chat):
+            plan.append(PlanItem(chat[c][0], True, chat[c][1]))
             c += 1
         else:
             break
@@ -91,8 +100,8 @@ def greedy_batch(
         ids[r, width - len(p) :] = torch.tensor(p)
         mask[r, width - len(p) :] = 1
     out = target.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-        eos_token_id=eos_ids, pad_token_id=pad_id,
+        input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_ids, pad_token_id=pad_id,
     )  # fmt: skip
     results = []
     for row in out[:, width:].tolist():
@@ -178,28 +187,37 @@ def run_responses(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     s = config.shard_prompts
     shards = [k for k in range((len(plan) + s - 1) // s) if not (out / f"shard-{k:05d}.npz").is_file()]
+    # A batch larger than a shard (a GPU's) answers several shards' prompts at once: the pending shards
+    # go in groups of ceil(batch_size / S), each group's prompts sorted by length (less padding) and cut
+    # into batches, and each shard of a group is written once the group is answered.
+    per_group = max(1, -(-batch_size // s))
     tokens, skipped, start = 0, 0, time.perf_counter()
-    bar = tqdm(shards, desc="responses (shards)", unit="shard")
-    for k in bar:
-        items = list(range(k * s, min((k + 1) * s, len(plan))))
-        enc = {i: encode(tokenizer, plan[i]) for i in items}
-        keep = sorted(
-            (i for i in items if len(enc[i]) <= config.max_prompt_tokens), key=lambda i: len(enc[i])
-        )
-        skipped += len(items) - len(keep)
+    bar = tqdm(total=len(shards), desc="responses (shards)", unit="shard")
+    for g in range(0, len(shards), per_group):
+        group = shards[g : g + per_group]
+        items = {k: list(range(k * s, min((k + 1) * s, len(plan)))) for k in group}
+        enc = {i: encode(tokenizer, plan[i]) for k in group for i in items[k]}
+        keep = {k: sorted((i for i in items[k] if len(enc[i]) <= config.max_prompt_tokens),
+                          key=lambda i: len(enc[i])) for k in group}  # fmt: skip
+        skipped += sum(len(items[k]) - len(keep[k]) for k in group)
+        pending = sorted((i for k in group for i in keep[k]), key=lambda i: len(enc[i]))
         answers: dict[int, tuple[list[int], bool]] = {}
-        for b in range(0, len(keep), batch_size):
-            batch = keep[b : b + batch_size]
+        for b in range(0, len(pending), batch_size):
+            batch = pending[b : b + batch_size]
             for i, ans in zip(batch, greedy_batch(target, [enc[i] for i in batch], config.max_new_tokens,
                                                   eos_ids, pad), strict=True):  # fmt: skip
                 answers[i] = ans
                 tokens += len(ans[0])
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.1f}")
-        shard = ResponseShard(
-            plan_index=keep, prompts=[enc[i] for i in keep], responses=[answers[i][0] for i in keep],
-            chat=[plan[i].chat for i in keep], ended=[answers[i][1] for i in keep],
-        )  # fmt: skip
-        save_shard(out / f"shard-{k:05d}.npz", shard)
+        for k in group:
+            kept = keep[k]
+            shard = ResponseShard(
+                plan_index=kept, prompts=[enc[i] for i in kept], responses=[answers[i][0] for i in kept],
+                chat=[plan[i].chat for i in kept], ended=[answers[i][1] for i in kept],
+            )  # fmt: skip
+            save_shard(out / f"shard-{k:05d}.npz", shard)
+            bar.update(1)
+    bar.close()
     seconds = time.perf_counter() - start
     summary = {
         "shards_written": len(shards),

@@ -64,7 +64,8 @@ def label_batch(target, batch: list[tuple[list[int], int]], pad_id: int) -> list
     mask = torch.zeros_like(x)
     for r, (ids, _) in enumerate(batch):
         x[r, : len(ids)], mask[r, : len(ids)] = torch.tensor(ids), 1
-    hidden = target.model(input_ids=x, attention_mask=mask).last_hidden_state  # (B, T, H)
+    hidden = target.model(input_ids=x.to(target.device), attention_mask=mask.to(target.device))
+    hidden = hidden.last_hidden_state  # (B, T, H)
     head = target.get_output_embeddings()
     out = []
     for r, (ids, p) in enumerate(batch):

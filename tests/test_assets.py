@@ -135,3 +135,39 @@ def test_installed_real_assets_match_their_counts(real_assets):
         a = load_causal_lm(real_assets[assets.TARGET_DIR_NAME])(ids).logits
         b = load_causal_lm(real_assets["smollm2"])(ids).logits
     assert torch.equal(a, b)
+
+
+def test_sharegpt_later_turns_skip_openings_short_ones_and_held_out_conversations(tmp_path, monkeypatch):
+    ask = "Now write the same function in Rust, please, with tests."
+    records = [
+        {"id": "a_0", "conversations": [
+            {"from": "human", "value": "Explain recursion to a child, in a few lines."},
+            {"from": "gpt", "value": "..."},
+            {"from": "human", "value": "continue"},  # a follow-up that needs its context: too short
+            {"from": "human", "value": f" {ask} "},
+        ]},
+        {"id": "a_1", "conversations": [  # a continuation record: its first turn counts
+            {"from": "human", "value": "And what would a base case look like in that example?"},
+            {"from": "gpt", "value": "Explain recursion to a child, in a few lines. (a gpt turn)"},
+        ]},
+        {"id": "b_0", "conversations": [
+            {"from": "human", "value": "Explain recursion to a child, in a few lines."},  # an opening again
+            {"from": "human", "value": ask},  # a duplicate
+        ]},
+        {"id": "h_0", "conversations": [  # the held-out opening: none of its turns
+            {"from": "human", "value": "Held-out opening"},
+            {"from": "human", "value": "A later turn of a held-out conversation, long enough."},
+        ]},
+        {"id": "h_1", "conversations": [
+            {"from": "human", "value": "Its continuation record is held out too."},
+        ]},
+    ]  # fmt: skip
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records))
+    monkeypatch.setattr(chat_sets, "SHAREGPT_HELDOUT", 1)
+    assert chat_sets.sharegpt_prompts(path=path) == [
+        "Explain recursion to a child, in a few lines.", "Held-out opening"
+    ]
+    assert chat_sets.sharegpt_later_turns(path=path) == [
+        ask, "And what would a base case look like in that example?"
+    ]

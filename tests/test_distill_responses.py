@@ -100,3 +100,36 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
 def test_missing_assets_name_the_install_command(tmp_path, capsys):
     assert cli.main(["responses", "--out", str(tmp_path)]) == 2
     assert "run `acchead-assets`" in capsys.readouterr().err
+
+
+def test_plan_goes_on_with_later_turns_and_a_longer_plan_extends_a_shorter_one():
+    chat, code, more = ["c0", "c1"], ["k0", "k1"], ["t0", "t1", "t2"]
+    short = build_plan(chat, code, 4, code_every=2, more_chat=more)
+    long = build_plan(chat, code, 9, code_every=2, more_chat=more)
+    assert [p.text for p in long] == ["c0", "k0", "c1", "k1", "t0", "t1", "t2"]  # code runs out, then chat
+    assert [p.source for p in long[4:]] == ["sharegpt-turn"] * 3 and all(p.chat for p in long[4:])
+    assert long[: len(short)] == short
+
+
+def test_a_batch_spanning_shards_writes_the_same_shards(tiny_llama_pair, tiny_tokenizer, tmp_path):
+    """A GPU's batch (larger than a shard) answers several shards at once; the shards are those that one
+    small batch at a time writes."""
+    target, _ = tiny_llama_pair
+    plan = [PlanItem(p, False, "code") for p in PROMPTS]
+    run_responses(target, tiny_tokenizer, plan, tmp_path / "one", _config(), batch_size=1)
+    wide = run_responses(target, tiny_tokenizer, plan, tmp_path / "wide", _config(), batch_size=6)
+    assert wide["shards_written"] == 3
+    one, many = load_responses(tmp_path / "one"), load_responses(tmp_path / "wide")
+    assert [(s.plan_index, s.prompts, s.responses, s.ended) for s in one] == [
+        (s.plan_index, s.prompts, s.responses, s.ended) for s in many
+    ]
+
+
+def test_device_errors_are_one_line():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(AccheadError, match="not a torch device"):
+        cli._to_device(model, "gpu0")
+    assert cli._to_device(model, "cpu") is model
+    if not torch.cuda.is_available():
+        with pytest.raises(AccheadError, match="no CUDA device here"):
+            cli._to_device(model, "cuda")

@@ -186,6 +186,11 @@ def _warm(dec, run: PairRun) -> float:
     return time.perf_counter() - start
 
 
+def _progress(line: str) -> None:
+    """One line per finished check on stderr, so a run cut short still shows what it measured."""
+    print(f"[gpu-check] {line}", file=sys.stderr, flush=True)
+
+
 def check_exactness(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
     """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`."""
     ref_dec = run.decoder(dtype, "autoregressive", "eager")
@@ -204,6 +209,7 @@ def check_exactness(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any
                 )
                 diffs.append(f"prompt {i} from token {at}")
         out[spec] = {"equal": not diffs, "differs": diffs, "fast": dec.fast, "device_path": dec.path.on}
+        _progress(f"{run.name} exactness {dtype} {spec}: " + ("equal" if not diffs else "differs"))
     return out
 
 
@@ -213,7 +219,8 @@ def measure_speed(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
     rows, warm = {}, 0.0
     for spec in specs:
         dec = run.decoder(dtype, spec, run.args.path)
-        warm += _warm(dec, run)
+        w = _warm(dec, run)
+        warm += w
         run.greedy(dec, run.prompts[0])  # first-call costs (allocator, caches) out of the timing
         tokens, seconds = 0, 0.0
         for p in run.prompts:
@@ -224,6 +231,8 @@ def measure_speed(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
             "seconds": round(seconds, 4),
             "tokens_per_s": tokens / max(seconds, 1e-9),
         }
+        rate = rows[spec]["tokens_per_s"]
+        _progress(f"{run.name} speed {dtype} {spec}: warm-up {w:.1f} s, {rate:.1f} tokens/s")
     ar = rows["autoregressive"]["tokens_per_s"]
     kinds = {s: type(parse_policy_spec(s)) for s in rows}
     fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
