@@ -18,7 +18,9 @@ with `torch._dynamo.config.patch`, so the process's own settings are never chang
 Only transformers' public cache API is used: the write position moves back through `StaticCache.crop`
 (transformers >= 5.4 keeps it per layer as a tensor updated in place, so a captured graph that reads it
 stays valid) and a grown cache is refilled through `StaticCache.update`; caches whose position cannot be
-rolled back are refused with one line.
+rolled back are refused with one line. Releases whose full-attention `StaticLayer` has no `crop` (5.17,
+the GPU image's, is one: the fast path refused it there, 2026-11-26) get our own `RollbackStaticLayer`, a
+subclass that adds the `crop` later releases ship, in the cache's public `layers`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
 
 from acchead.errors import AccheadError
 from acchead.inference.device_path import DevicePath
@@ -101,6 +104,28 @@ def _arg_key(arg: Any) -> Hashable:
     return arg
 
 
+class RollbackStaticLayer(StaticLayer):
+    """A full-attention `StaticLayer` with the `crop` of later transformers releases, for those without it:
+    moving the write position back in place (stale keys past it are masked, then overwritten)."""
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise RuntimeError("a static layer is cropped by a negative count: the tokens to remove")
+        self.cumulative_length.sub_(-tokens_to_remove)  # in place: a captured graph reads this tensor
+
+
+def new_static_cache(config, capacity: int) -> StaticCache:
+    """A `StaticCache` of `capacity` tokens whose every layer can `crop` (see the module docstring)."""
+    cache = StaticCache(config=config, max_cache_len=capacity)
+    if not hasattr(StaticLayer, "crop"):
+        # the layers are allocated lazily, at the first update: swapping them now loses nothing
+        cache.layers = [
+            RollbackStaticLayer(max_cache_len=layer.max_cache_len) if type(layer) is StaticLayer else layer
+            for layer in cache.layers
+        ]
+    return cache
+
+
 class StaticRunner:
     """The fast path: a preallocated `StaticCache` and one compiled forward per (token count, outputs).
 
@@ -152,7 +177,7 @@ class StaticRunner:
         if limit:
             capacity = min(capacity, int(limit))
         old = self.cache
-        self.cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+        self.cache = new_static_cache(self.model.config, capacity)
         # Allocate the key/value tensors now, on the model's device and dtype, so that their addresses
         # never change (a captured graph reads them in place); and check, once, that the decoder stack
         # plus LM head that `step_forward` runs is the model's forward (`acchead.lm_forward.splits_cleanly`:

@@ -18,9 +18,19 @@ from acchead.inference.model_runner import EagerRunner, StaticRunner
 
 
 @torch.inference_mode()
-def test_static_cache_rolls_back_and_grows_like_the_dynamic_one(tiny_llama_pair):
+@pytest.mark.parametrize("crop", ["transformers", "ours"])
+def test_static_cache_rolls_back_and_grows_like_the_dynamic_one(tiny_llama_pair, monkeypatch, crop):
     """Same logits as the eager `DynamicCache` through prefill, decode steps, multi-token feeds,
-    rollbacks into the middle of what was fed, and growth past the preallocated capacity (128)."""
+    rollbacks into the middle of what was fed, and growth past the preallocated capacity (128); with the
+    release's own `StaticLayer.crop` and with ours, which releases without one (5.17) get."""
+    from transformers.cache_utils import StaticLayer
+
+    from acchead.inference.static_runner import RollbackStaticLayer
+
+    if crop == "ours" and hasattr(StaticLayer, "crop"):
+        monkeypatch.delattr(StaticLayer, "crop")
+    elif crop == "transformers" and not hasattr(StaticLayer, "crop"):
+        pytest.skip("this transformers release's StaticLayer has no crop")
     target, _ = tiny_llama_pair
     target.config.max_position_embeddings = 1024  # room to grow (rotary positions have no table)
     eager, static = EagerRunner(target), StaticRunner(target, capacity=16, compile=False)
@@ -44,6 +54,7 @@ def test_static_cache_rolls_back_and_grows_like_the_dynamic_one(tiny_llama_pair)
         assert eager.length == static.length == keep
         length = keep
     assert static.capacity == 384
+    assert all(isinstance(layer, RollbackStaticLayer) == (crop == "ours") for layer in static.cache.layers)
 
 
 def test_fast_path_refuses_a_context_overflow(tiny_llama_pair):
