@@ -18,9 +18,9 @@ with `torch._dynamo.config.patch`, so the process's own settings are never chang
 Only transformers' public cache API is used: the write position moves back through `StaticCache.crop`
 (transformers >= 5.4 keeps it per layer as a tensor updated in place, so a captured graph that reads it
 stays valid) and a grown cache is refilled through `StaticCache.update`; caches whose position cannot be
-rolled back are refused with one line. Releases whose full-attention `StaticLayer` has no `crop` (5.17,
-the GPU image's, is one: the fast path refused it there, 2026-11-26) get our own `RollbackStaticLayer`, a
-subclass that adds the `crop` later releases ship, in the cache's public `layers`.
+rolled back are refused with one line. Releases whose full-attention `StaticLayer` has no `crop` (5.4-5.23;
+the GPU image's 5.17 is one: the fast path refused it there, 2026-11-26) get our own `RollbackStaticLayer`,
+a subclass that adds the `crop` 5.24 ships, in the cache's public `layers`.
 """
 
 from __future__ import annotations
