@@ -66,3 +66,17 @@ def test_cuda_without_a_gpu_is_one_line(capsys):
         pytest.skip("a CUDA device is present")
     assert main(["--device", "cuda", "--no-tests"]) == 2
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_checks_past_the_budget_are_named_not_run(check_argv, tmp_path):
+    """A check that would start past --budget-s is skipped and named (a killed run writes nothing)."""
+    out = tmp_path / "gpu-check.json"
+    assert main([*check_argv, "--budget-s", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    pair = report["pairs"]["toy"]
+    assert all(c == {"skipped": True} for d in pair["exactness"].values() for c in d.values())
+    assert pair["speed"]["rows"] == {} and len(pair["speed"]["skipped"]) == 1 + 2 + 2
+    md = tmp_path / "gpu-check.md"
+    assert main([*check_argv, "--budget-s", "0", "--out", str(md)]) == 0
+    text = md.read_text()
+    assert "skipped (past the 0 s budget)" in text and "no ratios" in text

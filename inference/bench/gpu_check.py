@@ -16,6 +16,11 @@
    reported: the compilation a bench pays), for the toy pair and the real pair when its assets, shipped
    draft and head are present (else one line says why not), in `--speed-dtype`.
 
+Steps run in that order of value (float32 exactness, then speed, then the other dtypes' exactness, per
+pair), under `--budget-s`: compiling is what a fresh GPU spends its minutes on (an H200, 2026-11-26,
+compiled four decoders in 230 s), so a check that would start past the budget is skipped and named in the
+report instead of the whole run being killed with nothing written.
+
 The report is markdown on stdout and, with `--out FILE`, written atomically (FILE ending in .json: the
 same as JSON). Exit status 1 when a test or a float32 exactness check failed.
 """
@@ -82,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         "branches forced (on the CPU: acchead.inference.device_path)",
     )
     p.add_argument("--no-tests", action="store_true", help="skip step 1 (the test run)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="seconds after which no new check starts; the ones left are named as skipped (default 480: "
+        "a 10-minute call with room for the install)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     return p
 
@@ -191,12 +203,29 @@ def _progress(line: str) -> None:
     print(f"[gpu-check] {line}", file=sys.stderr, flush=True)
 
 
-def check_exactness(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
-    """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`."""
+class Budget:
+    """The run's deadline: `over()` once `seconds` have passed since it was made."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.perf_counter() + seconds
+
+    def over(self) -> bool:
+        return time.perf_counter() >= self.end
+
+
+def check_exactness(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
+    """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`; a spec
+    that would start past the budget is {"skipped": True}."""
+    if budget.over():
+        return {spec: {"skipped": True} for spec in specs}
     ref_dec = run.decoder(dtype, "autoregressive", "eager")
     refs = [run.greedy(ref_dec, p)[0] for p in run.prompts]
     out = {}
     for spec in specs:
+        if budget.over():
+            out[spec] = {"skipped": True}
+            continue
         dec = run.decoder(dtype, spec, run.args.path)
         _warm(dec, run)
         diffs = []
@@ -213,11 +242,15 @@ def check_exactness(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any
     return out
 
 
-def measure_speed(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
+def measure_speed(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
     """tokens/s per spec (all prompts' tokens over their summed wall time), after warm-up and one untimed
-    decode; warm-up seconds summed over the specs."""
-    rows, warm = {}, 0.0
+    decode; warm-up seconds summed over the specs; specs that would start past the budget are listed in
+    "skipped", and the ratios need AR, a fixed K and a SpecDec++ setting among those timed."""
+    rows, warm, skipped = {}, 0.0, []
     for spec in specs:
+        if budget.over():
+            skipped.append(spec)
+            continue
         dec = run.decoder(dtype, spec, run.args.path)
         w = _warm(dec, run)
         warm += w
@@ -233,16 +266,19 @@ def measure_speed(run: PairRun, dtype: str, specs: list[str]) -> dict[str, Any]:
         }
         rate = rows[spec]["tokens_per_s"]
         _progress(f"{run.name} speed {dtype} {spec}: warm-up {w:.1f} s, {rate:.1f} tokens/s")
-    ar = rows["autoregressive"]["tokens_per_s"]
     kinds = {s: type(parse_policy_spec(s)) for s in rows}
     fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
     adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecPPSpec}
+    if "autoregressive" not in rows or not fixed or not adaptive:
+        return {"rows": rows, "warm_up_s": round(warm, 1), "skipped": skipped}
+    ar = rows["autoregressive"]["tokens_per_s"]
     best_k = max(fixed, key=fixed.get)
     best_pp = max(adaptive, key=adaptive.get)
     pp = adaptive[best_pp]
     return {
         "rows": rows,
         "warm_up_s": round(warm, 1),
+        "skipped": skipped,
         "best_fixed": best_k,
         "best_specdecpp": best_pp,
         "specdecpp_over_ar": pp / ar,
@@ -303,6 +339,11 @@ def render(report: dict[str, Any]) -> str:
             continue
         for dtype, checks in pair["exactness"].items():
             for spec, c in checks.items():
+                if c.get("skipped"):
+                    lines.append(
+                        f"- exactness {dtype}, `{spec}`: skipped (past the {report['budget_s']:g} s budget)"
+                    )
+                    continue
                 said = (
                     "equal to eager AR" if c["equal"] else "DIFFERS from eager AR: " + ", ".join(c["differs"])
                 )
@@ -318,12 +359,17 @@ def render(report: dict[str, Any]) -> str:
         ]
         for spec, r in sp["rows"].items():
             lines.append(f"| `{spec}` | {r['tokens']} | {r['seconds']:.3f} | {r['tokens_per_s']:.1f} |")
-        lines += [
-            "",
-            f"best fixed K `{sp['best_fixed']}`: {sp['best_k_over_ar']:.3f}x AR; best SpecDec++ "
-            f"`{sp['best_specdecpp']}`: {sp['specdecpp_over_ar']:.3f}x AR, "
-            f"{sp['specdecpp_over_best_k']:.3f}x the best fixed K",
-        ]
+        for spec in sp["skipped"]:
+            lines.append(f"| `{spec}` | skipped (past the {report['budget_s']:g} s budget) | | |")
+        lines.append("")
+        if "best_fixed" in sp:
+            lines.append(
+                f"best fixed K `{sp['best_fixed']}`: {sp['best_k_over_ar']:.3f}x AR; best SpecDec++ "
+                f"`{sp['best_specdecpp']}`: {sp['specdecpp_over_ar']:.3f}x AR, "
+                f"{sp['specdecpp_over_best_k']:.3f}x the best fixed K"
+            )
+        else:
+            lines.append("no ratios: AR, a fixed K and a SpecDec++ setting were not all timed")
     lines += ["", f"verdict: {'ok' if report['ok'] else 'FAILED'}"]
     return "\n".join(lines) + "\n"
 
@@ -343,11 +389,13 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     exact_dtypes = [d.strip() for d in args.exact_dtypes.split(",") if d.strip()]
     report: dict[str, Any] = {
         "environment": _environment(args.device),
+        "budget_s": args.budget_s,
         "path": args.path,
         "num_prompts": args.num_prompts,
         "max_new_tokens": args.max_new_tokens,
         "pairs": {},
     }
+    budget = Budget(args.budget_s)
     report["tests"] = {"ran": False} if args.no_tests else run_tests(args.device)
     ok = report["tests"].get("ok", True)
     fixed = [f"specdec:k={k}" for k in ks]
@@ -358,12 +406,16 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         except AccheadError as e:
             report["pairs"][name] = {"skipped": str(e)}
             continue
-        exact = {
-            d: check_exactness(run, d, ["autoregressive", fixed[len(fixed) // 2], adaptive[0]])
-            for d in exact_dtypes
-        }
-        ok = ok and all(c["equal"] for c in exact.get("float32", {}).values())
-        speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive])
+        checked = ["autoregressive", fixed[len(fixed) // 2], adaptive[0]]
+        # float32 exactness first (a difference fails the check), then speed, then the other dtypes
+        exact = (
+            {"float32": check_exactness(run, "float32", checked, budget)} if "float32" in exact_dtypes else {}
+        )
+        speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive], budget)
+        for d in exact_dtypes:
+            if d != "float32":
+                exact[d] = check_exactness(run, d, checked, budget)
+        ok = ok and all(c.get("equal", True) for c in exact.get("float32", {}).values())
         report["pairs"][name] = {"exactness": exact, "speed_dtype": speed_dtype, "speed": speed}
     report["ok"] = bool(ok)
     return report
