@@ -184,7 +184,7 @@ def load_causal_lm(
         if max_memory is not None:
             kwargs["max_memory"] = max_memory
     else:
-        _check_device(device)
+        check_device(device)
     try:
         model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
     except (OSError, ValueError) as e:
@@ -324,7 +324,8 @@ def _model_name(model: PreTrainedModel) -> str:
     return Path(name).name if Path(name).exists() else name
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
+    """AccheadError (one line) unless `device` names a torch device this machine has."""
     try:
         dev = torch.device(device)
     except RuntimeError:

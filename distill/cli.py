@@ -207,15 +207,10 @@ def run_teacher_stage(args: argparse.Namespace) -> dict:
 
 def _to_device(model, device: str):
     """`model` on `device`, or a one-line error naming what is missing."""
-    import torch
+    from acchead.models import check_device
 
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise AccheadError(f"--device {device!r}: not a torch device (cpu, cuda, cuda:1, ...)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise AccheadError(f"--device {device}: no CUDA device here")
-    return model.to(dev)
+    check_device(device)
+    return model.to(device)
 
 
 def run_cost_stage(args: argparse.Namespace) -> dict:

@@ -127,9 +127,9 @@ def test_a_batch_spanning_shards_writes_the_same_shards(tiny_llama_pair, tiny_to
 
 def test_device_errors_are_one_line():
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(AccheadError, match="not a torch device"):
+    with pytest.raises(AccheadError, match="invalid device 'gpu0'"):
         cli._to_device(model, "gpu0")
     assert cli._to_device(model, "cpu") is model
     if not torch.cuda.is_available():
-        with pytest.raises(AccheadError, match="no CUDA device here"):
+        with pytest.raises(AccheadError, match="sees no CUDA device"):
             cli._to_device(model, "cuda")
