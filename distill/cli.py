@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (16)")
     r.add_argument("--shard-prompts", type=int, default=64, help="plan items per shard file (64)")
+    r.add_argument("--minutes", type=float, default=None,
+                   help="stop starting new shards after this long (default: answer the whole plan); "
+                   "what is answered is saved, and a rerun goes on")  # fmt: skip
     f = sub.add_parser(
         "teacher",
         help="the target's argmax over ShareGPT's opening exchanges, teacher-forced (cheap extra labels)",
@@ -148,6 +151,8 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
     )
     if args.code_every < 0:
         raise AccheadError("--code-every must be >= 0")
+    if args.minutes is not None and args.minutes <= 0:
+        raise AccheadError("--minutes must be > 0")
     from acchead.assets import TARGET_DIR_NAME, asset_path
     from acchead.chat_sets import (
         SHAREGPT_HELDOUT,
@@ -180,7 +185,8 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
         shard_prompts=args.shard_prompts, heldout_chat=SHAREGPT_HELDOUT,
     )  # fmt: skip
-    summary = run_responses(target, tok, plan, args.out, config, args.batch_size)
+    seconds = None if args.minutes is None else args.minutes * 60
+    summary = run_responses(target, tok, plan, args.out, config, args.batch_size, max_seconds=seconds)
     return {**asdict(config), **summary}
 
 

@@ -170,9 +170,14 @@ class ResponsesConfig:
 
 
 def run_responses(
-    target, tokenizer, plan: list[PlanItem], out: Path, config: ResponsesConfig, batch_size: int
-) -> dict:
-    """Answer every shard of `plan` not yet in `out`; a summary (prompts, tokens, seconds, tokens/s)."""
+    target, tokenizer, plan: list[PlanItem], out: Path, config: ResponsesConfig, batch_size: int,
+    max_seconds: float | None = None,
+) -> dict:  # fmt: skip
+    """Answer every shard of `plan` not yet in `out`; a summary (prompts, tokens, seconds, tokens/s).
+
+    With `max_seconds`, no new group of shards starts once that much time has passed: the run stops
+    between groups with everything answered saved (a kill would lose the group in flight), and a rerun
+    goes on from there."""
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "responses.json"
     if meta_path.is_file():
@@ -193,7 +198,11 @@ def run_responses(
     per_group = max(1, -(-batch_size // s))
     tokens, skipped, start = 0, 0, time.perf_counter()
     bar = tqdm(total=len(shards), desc="responses (shards)", unit="shard")
+    stopped = False
     for g in range(0, len(shards), per_group):
+        if max_seconds is not None and time.perf_counter() - start >= max_seconds:
+            stopped = True
+            break
         group = shards[g : g + per_group]
         items = {k: list(range(k * s, min((k + 1) * s, len(plan)))) for k in group}
         enc = {i: encode(tokenizer, plan[i]) for k in group for i in items[k]}
@@ -219,12 +228,14 @@ def run_responses(
             bar.update(1)
     bar.close()
     seconds = time.perf_counter() - start
+    written = sum((out / f"shard-{k:05d}.npz").is_file() for k in shards)
     summary = {
-        "shards_written": len(shards),
+        "shards_written": written,
         "tokens": tokens,
         "seconds": round(seconds, 1),
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "skipped_long": skipped,
     }
-    atomic_write_json(meta_path, {"config": asdict(config), "complete": True, "last_run": summary})
+    complete = not stopped and written == len(shards)
+    atomic_write_json(meta_path, {"config": asdict(config), "complete": complete, "last_run": summary})
     return summary

@@ -3,6 +3,8 @@ round-trip, a killed run resumes after its last complete shard, and other settin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -89,6 +91,7 @@ def test_long_prompts_are_skipped_and_counted(tiny_llama_pair, tiny_tokenizer, t
         (["--num-prompts", "0"], "--num-prompts must be >= 1"),
         (["--batch-size", "0"], "--batch-size must be >= 1"),
         (["--code-every", "-1"], "--code-every must be >= 0"),
+        (["--minutes", "0"], "--minutes must be > 0"),
     ],
 )
 def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
@@ -133,3 +136,14 @@ def test_device_errors_are_one_line():
     if not torch.cuda.is_available():
         with pytest.raises(AccheadError, match="sees no CUDA device"):
             cli._to_device(model, "cuda")
+
+
+def test_a_time_limit_stops_between_shards_and_a_rerun_goes_on(tiny_llama_pair, tiny_tokenizer, tmp_path):
+    target, _ = tiny_llama_pair
+    plan = [PlanItem(p, False, "code") for p in PROMPTS]
+    first = run_responses(target, tiny_tokenizer, plan, tmp_path, _config(), batch_size=2, max_seconds=0)
+    assert first["shards_written"] == 0 and not load_responses(tmp_path)
+    assert json.loads((tmp_path / "responses.json").read_text())["complete"] is False
+    rest = run_responses(target, tiny_tokenizer, plan, tmp_path, _config(), batch_size=2)
+    assert rest["shards_written"] == 3 and len(load_responses(tmp_path)) == 3
+    assert json.loads((tmp_path / "responses.json").read_text())["complete"] is True
