@@ -130,7 +130,8 @@ def test_output_embedding_table_places_the_head_rows(reduced_pair):
 
 def test_gen_data_and_training_take_a_reduced_draft(tiny_pair_dirs, tiny_tokenizer, tmp_path):
     """gen-data caches the (V, H) token table (the head's rows at their ids), a lookahead head reading the
-    token trains on it; one reading log q from cached states is refused in one line (they would be wrong)."""
+    token trains on it; one reading log q and the entropy from the cached states gets the draft's own (its
+    logits are -inf outside the head rows, not the 0 that the zero rows of the table would give)."""
     from acchead.data_gen import cli as gen_cli
     from acchead.distill.draft import init_from_target
     from acchead.train import cli as train_cli
@@ -149,4 +150,19 @@ def test_gen_data_and_training_take_a_reduced_draft(tiny_pair_dirs, tiny_tokeniz
     assert np.load(data / "token_embeddings.npy").shape == (len(tiny_tokenizer), 64)
     card = ["--data", str(data), "--w-rej", "6", "--depth", "3"]
     assert train_cli.main([*card, "--out", str(tmp_path / "h")]) == 0  # state+token
-    assert train_cli.main([*card, "--inputs", "state+logq", "--out", str(tmp_path / "h2")]) == 2
+    assert train_cli.main([*card, "--inputs", "state+logq+entropy", "--out", str(tmp_path / "h2")]) == 0
+
+    from acchead.lookahead import candidate_stats, feature_logprobs
+    from acchead.sampling import SamplingConfig
+    from acchead.train.data import load_gen_data
+    from acchead.train.datamodule import CachedPositions
+
+    gd = load_gen_data(data, "cached", "lookahead")
+    cached = CachedPositions(gd, ("state", "logq", "entropy"))
+    state = torch.from_numpy(np.ascontiguousarray(gd.features[gd.feature_index])).float()
+    logits = draft.lm_head(state)  # (N, V), -inf outside the head rows
+    assert torch.isinf(logits).any()
+    want = candidate_stats(feature_logprobs(logits, SamplingConfig(0.0)), torch.from_numpy(gd.candidate),
+                           ("logq", "entropy"))  # fmt: skip
+    # float16 rounding of the cached table only; zeros instead of -inf would move the entropy by whole nats
+    torch.testing.assert_close(cached.stats, want, rtol=5e-3, atol=1e-2)

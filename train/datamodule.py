@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from acchead.errors import AccheadError
 from acchead.lookahead import assemble_inputs, candidate_stats, feature_logprobs, needs_stats
 from acchead.sampling import SamplingConfig
 from acchead.train.data import GenData, split_by_prompt
@@ -123,14 +122,12 @@ class CachedPositions(Dataset):
         if self.inputs != ("state",):
             assert data.token_embeddings is not None and data.candidate is not None
             self.out_emb = torch.from_numpy(data.token_embeddings)
-            if needs_stats(inputs) and data.config.get("draft", {}).get("head_rows"):
-                # a reduced-vocabulary draft's logits are -inf outside its head rows, where the token table
-                # (acchead.models.output_embedding_table) holds zeros: `state @ out_emb.T` would give 0 there
-                raise AccheadError(
-                    "the draft's LM head scores only some tokens (a reduced-vocabulary draft): a head "
-                    "reading logq/entropy/topk cannot be trained from its cached states; use --inputs state "
-                    "or state+token"
-                )
+            # A reduced-vocabulary draft's logits are -inf outside its head rows, where the token table
+            # (acchead.models.output_embedding_table) holds zeros: `state @ out_emb.T` would give 0 there,
+            # so those columns are set to -inf, as the draft's own forward makes them.
+            self.outside = (
+                (self.out_emb == 0).all(dim=1) if data.config.get("draft", {}).get("head_rows") else None
+            )
             self.stats = self._stats(SamplingConfig.from_dict(data.sampling)) if needs_stats(inputs) else None
 
     def _stats(self, sampling: SamplingConfig, chunk: int = 16384) -> torch.Tensor:
@@ -140,6 +137,8 @@ class CachedPositions(Dataset):
             rows = d.feature_index[s : s + chunk]
             state = torch.from_numpy(np.ascontiguousarray(d.features[rows])).float()
             logits = state @ self.out_emb.T  # (n, V)
+            if self.outside is not None:
+                logits[:, self.outside] = float("-inf")
             token = torch.from_numpy(d.candidate[s : s + chunk])
             out.append(candidate_stats(feature_logprobs(logits, sampling), token, self.inputs))
         return torch.cat(out)
