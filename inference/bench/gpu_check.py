@@ -28,8 +28,6 @@ same as JSON). Exit status 1 when a test or a float32 exactness check failed.
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import subprocess
 import sys
 import time
@@ -37,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.inference.bench.gpu_check_report import environment, render
 from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec, SpecDecSpec
 from acchead.inference.spec import parse_policy_spec
 
@@ -287,93 +286,6 @@ def measure_speed(run: PairRun, dtype: str, specs: list[str], budget: Budget) ->
     }
 
 
-def _environment(device: str) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-    else:
-        name = f"CPU ({platform.processor() or platform.machine()}), {torch.get_num_threads()} torch threads"
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-            ).stdout.strip()
-            or "unknown"
-        )
-    except OSError:
-        commit = "unknown"
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit,
-        "device": name,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-
-
-def render(report: dict[str, Any]) -> str:
-    """The report as markdown."""
-    env = report["environment"]
-    lines = [
-        f"# acchead-gpu-check, {env['date']}",
-        "",
-        f"commit {env['commit']}; {env['device']}; torch {env['torch']}, transformers "
-        f"{env['transformers']}; path {report['path']}; {report['num_prompts']} prompts x "
-        f"{report['max_new_tokens']} new tokens, greedy",
-        "",
-    ]
-    tests = report["tests"]
-    if not tests.get("ran"):
-        lines += [f"- {tests.get('line', 'tests not run (--no-tests)')}"]
-    elif "summary" in tests:
-        verdict = "passed" if tests["ok"] else "FAILED"
-        lines += [f"- tests {verdict} ({tests['seconds']} s): `{tests['command']}`: {tests['summary']}"]
-    else:
-        lines += [f"- tests FAILED: {tests['line']}"]
-    for name, pair in report["pairs"].items():
-        lines += ["", f"## {name}", ""]
-        if "skipped" in pair:
-            lines += [f"skipped: {pair['skipped']}"]
-            continue
-        for dtype, checks in pair["exactness"].items():
-            for spec, c in checks.items():
-                if c.get("skipped"):
-                    lines.append(
-                        f"- exactness {dtype}, `{spec}`: skipped (past the {report['budget_s']:g} s budget)"
-                    )
-                    continue
-                said = (
-                    "equal to eager AR" if c["equal"] else "DIFFERS from eager AR: " + ", ".join(c["differs"])
-                )
-                where = "eager" if not c["fast"] else "fast, device path" if c["device_path"] else "fast"
-                lines.append(f"- exactness {dtype}, `{spec}` ({where}): {said}")
-        sp = pair["speed"]
-        lines += [
-            "",
-            f"Speed in {pair['speed_dtype']} (warm-up {sp['warm_up_s']} s in all):",
-            "",
-            "| method | tokens | seconds | tokens/s |",
-            "|---|---|---|---|",
-        ]
-        for spec, r in sp["rows"].items():
-            lines.append(f"| `{spec}` | {r['tokens']} | {r['seconds']:.3f} | {r['tokens_per_s']:.1f} |")
-        for spec in sp["skipped"]:
-            lines.append(f"| `{spec}` | skipped (past the {report['budget_s']:g} s budget) | | |")
-        lines.append("")
-        if "best_fixed" in sp:
-            lines.append(
-                f"best fixed K `{sp['best_fixed']}`: {sp['best_k_over_ar']:.3f}x AR; best SpecDec++ "
-                f"`{sp['best_specdecpp']}`: {sp['specdecpp_over_ar']:.3f}x AR, "
-                f"{sp['specdecpp_over_best_k']:.3f}x the best fixed K"
-            )
-        else:
-            lines.append("no ratios: AR, a fixed K and a SpecDec++ setting were not all timed")
-    lines += ["", f"verdict: {'ok' if report['ok'] else 'FAILED'}"]
-    return "\n".join(lines) + "\n"
-
-
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -388,7 +300,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     speed_dtype = args.speed_dtype or ("bfloat16" if args.device == "cuda" else "float32")
     exact_dtypes = [d.strip() for d in args.exact_dtypes.split(",") if d.strip()]
     report: dict[str, Any] = {
-        "environment": _environment(args.device),
+        "environment": environment(args.device, REPO),
         "budget_s": args.budget_s,
         "path": args.path,
         "num_prompts": args.num_prompts,
