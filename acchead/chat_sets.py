@@ -18,7 +18,7 @@ Both are chat prompts (`acchead.prompting.ChatPrompt`): they go through the targ
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from acchead.assets import asset_path
@@ -65,9 +65,14 @@ def opening_turn(record: dict) -> str | None:
 def sharegpt_prompts(limit: int | None = None, max_chars: int = 2000, path: Path | None = None) -> list[str]:
     """Opening human turns of ShareGPT conversations, in file order, duplicates and turns longer than
     `max_chars` (a long pasted document leaves no room for a response) dropped; at most `limit`."""
+    return _openings(iter_sharegpt(path), max_chars, limit)
+
+
+def _openings(records: Iterable[dict], max_chars: int, limit: int | None = None) -> list[str]:
+    """`sharegpt_prompts` of already decoded records."""
     seen: set[str] = set()
     prompts = []
-    for record in iter_sharegpt(path):
+    for record in records:
         prompt = opening_turn(record)
         if prompt is None or len(prompt) > max_chars or prompt in seen:
             continue
@@ -106,18 +111,16 @@ def _stem(record: dict) -> str:
     return str(record.get("id", "")).rsplit("_", 1)[0]
 
 
-def sharegpt_later_turns(
-    min_chars: int = 32, max_chars: int = 2000, path: Path | None = None
-) -> list[str]:
+def sharegpt_later_turns(min_chars: int = 32, max_chars: int = 2000, path: Path | None = None) -> list[str]:
     """Human turns after a conversation's opening (from each of its records), in file order: more chat
     prompts for a draft's training plan once the openings run out. Each is asked alone, without the turns
     before it, so the short follow-ups that only make sense in context ("continue", "shorter") are dropped
     (under `min_chars`), as are long pastes (over `max_chars`), duplicates, openings, and every turn of a
     conversation whose opening is held out (`SHAREGPT_HELDOUT`): held-out conversations never enter."""
-    openings = sharegpt_prompts(max_chars=max_chars, path=path)
+    records = list(iter_sharegpt(path))  # decoded once: the openings and the later turns read them
+    openings = _openings(records, max_chars)
     heldout = set(openings[len(openings) - SHAREGPT_HELDOUT :])
     seen = set(openings)
-    records = list(iter_sharegpt(path))
     # a held-out opening may head several conversations (duplicates): each of them is held out
     held_stems = {_stem(r) for r in records if opening_turn(r) in heldout}
     out = []

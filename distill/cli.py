@@ -351,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
+        from acchead.models import check_device
+
+        check_device(args.device)  # a bad --device fails here, before prompts and models are loaded
         stages = {"responses": run_responses_stage, "teacher": run_teacher_stage, "cost": run_cost_stage,
                   "train": run_train_stage}  # fmt: skip
         summary = stages[args.stage](args)

@@ -198,7 +198,7 @@ def run_responses(
     per_group = max(1, -(-batch_size // s))
     tokens, skipped, start = 0, 0, time.perf_counter()
     bar = tqdm(total=len(shards), desc="responses (shards)", unit="shard")
-    stopped = False
+    stopped, written = False, 0
     for g in range(0, len(shards), per_group):
         if max_seconds is not None and time.perf_counter() - start >= max_seconds:
             stopped = True
@@ -225,10 +225,10 @@ def run_responses(
                 chat=[plan[i].chat for i in kept], ended=[answers[i][1] for i in kept],
             )  # fmt: skip
             save_shard(out / f"shard-{k:05d}.npz", shard)
+            written += 1
             bar.update(1)
     bar.close()
     seconds = time.perf_counter() - start
-    written = sum((out / f"shard-{k:05d}.npz").is_file() for k in shards)
     summary = {
         "shards_written": written,
         "tokens": tokens,

@@ -92,6 +92,7 @@ def test_long_prompts_are_skipped_and_counted(tiny_llama_pair, tiny_tokenizer, t
         (["--batch-size", "0"], "--batch-size must be >= 1"),
         (["--code-every", "-1"], "--code-every must be >= 0"),
         (["--minutes", "0"], "--minutes must be > 0"),
+        (["--device", "gpu0"], "invalid device 'gpu0'"),
     ],
 )
 def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):

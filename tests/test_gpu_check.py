@@ -80,3 +80,9 @@ def test_checks_past_the_budget_are_named_not_run(check_argv, tmp_path):
     assert main([*check_argv, "--budget-s", "0", "--out", str(md)]) == 0
     text = md.read_text()
     assert "skipped (past the 0 s budget)" in text and "no ratios" in text
+
+
+def test_a_negative_budget_is_one_line(capsys):
+    assert main(["--device", "cpu", "--no-tests", "--budget-s", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--budget-s must be >= 0" in err and err.count("\n") == 1

@@ -125,9 +125,8 @@ class CachedPositions(Dataset):
             # A reduced-vocabulary draft's logits are -inf outside its head rows, where the token table
             # (acchead.models.output_embedding_table) holds zeros: `state @ out_emb.T` would give 0 there,
             # so those columns are set to -inf, as the draft's own forward makes them.
-            self.outside = (
-                (self.out_emb == 0).all(dim=1) if data.config.get("draft", {}).get("head_rows") else None
-            )
+            reduced = needs_stats(inputs) and data.config.get("draft", {}).get("head_rows")
+            self.outside = (self.out_emb == 0).all(dim=1) if reduced else None
             self.stats = self._stats(SamplingConfig.from_dict(data.sampling)) if needs_stats(inputs) else None
 
     def _stats(self, sampling: SamplingConfig, chunk: int = 16384) -> torch.Tensor:

@@ -206,7 +206,6 @@ class Budget:
     """The run's deadline: `over()` once `seconds` have passed since it was made."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
         self.end = time.perf_counter() + seconds
 
     def over(self) -> bool:
@@ -297,6 +296,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     hs = _floats(args.h_grid, "--h-grid")
     if not ks or not hs:
         raise AccheadError("--k-grid and --h-grid need at least one value each")
+    if args.budget_s < 0:
+        raise AccheadError(f"--budget-s must be >= 0 (got {args.budget_s:g})")
     speed_dtype = args.speed_dtype or ("bfloat16" if args.device == "cuda" else "float32")
     exact_dtypes = [d.strip() for d in args.exact_dtypes.split(",") if d.strip()]
     report: dict[str, Any] = {
