@@ -78,12 +78,14 @@ class KVSequence:
         keep: int = 1,
         want_hidden: bool = False,
         mask: torch.Tensor | None = None,
+        all_hidden: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append `ids` (B, n) (any device) after the cached columns.
 
         `mask` (B, n), 1 on real tokens, is accepted on the first feed only (left-padded prompts); later
         feeds are real tokens. Returns logits (B, min(keep, n), V) of the last positions and, if
-        `want_hidden`, the final hidden state (B, H) of the last position (else None).
+        `want_hidden`, the final hidden state (B, H) of the last position (`all_hidden`: (B, n, H), every
+        fed position's; else None).
         """
         n = ids.size(1)
         kwargs: dict[str, Any] = {}
@@ -102,11 +104,13 @@ class KVSequence:
         # The decoder stack and the head over the kept positions (`acchead.lm_forward`: the model's forward,
         # with the CPU's fast form of a few-row LM head).
         logits, hidden = lm_forward(
-            self.model, ids.to(self.device), keep, want_hidden, **kwargs, **{CACHE_ARG: self.cache},
-            use_cache=True,
-        )
+            self.model, ids.to(self.device), keep, want_hidden or all_hidden, n if all_hidden else None,
+            **kwargs, **{CACHE_ARG: self.cache}, use_cache=True,
+        )  # fmt: skip
         self.length += n
         self.logits = logits[:, -1]
+        if all_hidden:
+            return logits, hidden
         return logits, hidden[:, -1] if want_hidden else None
 
     def crop(self, length: int) -> None:

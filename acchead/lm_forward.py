@@ -67,15 +67,22 @@ def splits_cleanly(model: PreTrainedModel) -> bool:
 
 
 def lm_forward(
-    model: PreTrainedModel, input_ids: torch.Tensor, keep: int, want_hidden: bool, **kwargs: Any
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    keep: int,
+    want_hidden: bool,
+    hidden_rows: int | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of `model` over `input_ids` (B, n) with `kwargs` (the cache, masks, positions).
 
-    Returns logits (B, keep, V) of the last `keep` positions and, if `want_hidden`, their final hidden
-    states (B, keep, H) (what the LM head read), else None.
+    Returns logits (B, keep, V) of the last `keep` positions and, if `want_hidden`, the final hidden
+    states (B, hidden_rows, H) of the last `hidden_rows` positions (default `keep`; what the LM head read
+    there), else None.
     """
+    rows = keep if hidden_rows is None else hidden_rows
     if not splits_cleanly(model):
         out = model(input_ids=input_ids, logits_to_keep=keep, output_hidden_states=want_hidden, **kwargs)
-        return out.logits[:, -keep:], final_hidden(out)[:, -keep:] if want_hidden else None
-    hidden = model.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state[:, -keep:]  # (B, keep, H)
-    return head_logits(model, hidden), hidden if want_hidden else None
+        return out.logits[:, -keep:], final_hidden(out)[:, -rows:] if want_hidden else None
+    full = model.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state  # (B, n, H)
+    return head_logits(model, full[:, -keep:]), full[:, -rows:] if want_hidden else None

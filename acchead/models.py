@@ -26,9 +26,11 @@ from transformers import (
 )
 
 from acchead.errors import AccheadError
+from acchead.feature_draft import register_auto_classes as register_feature_draft
 from acchead.reduced_vocab import register_auto_classes
 
 register_auto_classes()  # a reduced-vocabulary draft directory loads like any other
+register_feature_draft()  # and so does a feature (EAGLE) draft
 
 # The keyword every forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
 # across all models at once (the old name warns, and goes in 5.40). Read off the public signature of one

@@ -16,6 +16,7 @@ import json
 import sys
 from collections import Counter
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from acchead.errors import AccheadError
@@ -92,6 +93,22 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-len", type=int, default=512, help="tokens per exchange, prompt included (512)")
     f.add_argument("--batch-size", type=int, default=8, help="exchanges per forward (8)")
     f.add_argument("--shard-exchanges", type=int, default=128, help="exchanges per shard file (128)")
+    fe = sub.add_parser(
+        "features",
+        help="the target's final hidden states over its responses (a feature draft's training input)",
+        description="Run the target teacher-forced over each prompt + response of a responses directory "
+        "and store its final hidden states (float16), one features file per shard; resumable.",
+    )  # fmt: skip
+    _add_target(fe)
+    fe.add_argument("--responses", type=Path, required=True, help="a directory of response shards")
+    fe.add_argument("--out", type=Path, required=True, help="directory of the features files")
+    fe.add_argument("--batch-tokens", type=int, default=3072, help="tokens per forward, padding included")
+    fe.add_argument(
+        "--float32",
+        action="store_true",
+        help="run the target in float32 (default: bfloat16 autocast, 2x faster with AMX)",
+    )
+    fe.add_argument("--minutes", type=float, default=None, help="stop starting shards after this long")
     c = sub.add_parser(
         "cost",
         help="the draft's cost per token against the target's: multiply-adds and measured step time",
@@ -123,7 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank tokens the responses have not shown by their counts in the assistant turns of "
                    "the first N ShareGPT conversations (0: none) and in the --teacher labels (only when the "
                    "draft is created)")  # fmt: skip
-    t.add_argument("--layers", default="0,29", help="the target's layers the draft starts from (0,29)")
+    t.add_argument(
+        "--layers",
+        default=None,
+        help="the target's layers the draft starts from (default 0,29; a feature draft: 29)",
+    )
+    t.add_argument(
+        "--features",
+        type=Path,
+        default=None,
+        help="train a feature (EAGLE) draft: a directory holding, per responses directory (by "
+        "name, --responses and each --eval), the target's states from `features`",
+    )
     t.add_argument("--minutes", type=float, default=60.0, help="training time of this run (60)")
     t.add_argument("--held-out-shards", type=int, default=2,
                    help="the last N shards are not trained on; agreement is measured there (2)")  # fmt: skip
@@ -211,6 +239,17 @@ def run_teacher_stage(args: argparse.Namespace) -> dict:
     return {**asdict(config), **run_teacher(target, tok, exchanges, args.out, config, args.batch_size)}
 
 
+def run_features_stage(args: argparse.Namespace) -> dict:
+    _check_positive(args, ("batch_tokens",))
+    from acchead.assets import TARGET_DIR_NAME, asset_path
+    from acchead.distill.features import run_features
+    from acchead.models import load_causal_lm
+
+    target = _to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
+    seconds = None if args.minutes is None else args.minutes * 60
+    return run_features(target, args.responses, args.out, args.batch_tokens, not args.float32, seconds)
+
+
 def _to_device(model, device: str):
     """`model` on `device`, or a one-line error naming what is missing."""
     from acchead.models import check_device
@@ -248,19 +287,31 @@ def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
     return counts
 
 
+def _pack_with_states(root: Path, pack, directory: Path, paths: list[Path], shards: list, *args) -> list:
+    """A feature draft's examples of `shards` (read from `paths` of `directory`), with the target's states
+    from `root / directory.name` (`acchead-distill features`)."""
+    from acchead.distill.features import load_features
+
+    return pack(shards, [load_features(root / Path(directory).name, p) for p in paths], *args)
+
+
 def run_train_stage(args: argparse.Namespace) -> dict:
     _check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
     if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
         raise AccheadError("--minutes and --lr must be > 0, --held-out-shards and --vocab-background >= 0")
+    feature = args.features is not None
+    if feature and args.teacher:
+        raise AccheadError("--teacher labels carry no target states: a feature draft trains without them")
+    spec = args.layers or ("" if feature else "0,29")  # a feature draft: the target's last layer
     try:
-        layers = tuple(int(x) for x in args.layers.split(","))
+        layers = tuple(int(x) for x in spec.split(",")) if spec else None
     except ValueError:
         raise AccheadError(f"--layers takes comma-separated layer indices (got {args.layers!r})") from None
     from acchead.assets import TARGET_DIR_NAME, asset_path
     from acchead.distill.draft import (
+        INDEPENDENT,
         TRAINING_FILE,
         TrainConfig,
-        agreement,
         build_vocabulary,
         coverage,
         init_from_target,
@@ -291,6 +342,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         draft = load_causal_lm(args.out / "draft" if resuming else args.init)
     else:
         target = load_causal_lm(target_path)
+        layers = layers or (target.config.num_hidden_layers - 1,)
         if max(layers) >= target.config.num_hidden_layers:
             raise AccheadError(
                 f"--layers {args.layers}: the target has {target.config.num_hidden_layers} layers"
@@ -306,7 +358,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             raise AccheadError(f"--vocab-size {args.vocab_size}: {e}") from None
         # the shipped draft reads the embedding from the installed asset; any other from the target's path
         source = f"asset:{TARGET_DIR_NAME}" if args.target is None else str(Path(target_path).resolve())
-        draft = init_from_target(target, vocab, layers, embedding_source=source)
+        draft = init_from_target(target, vocab, layers, embedding_source=source, feature=feature)
         del target
     to_draft = draft.lm_head.to_draft.cpu()
     config = TrainConfig(
@@ -314,10 +366,17 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         checkpoint_seconds=args.checkpoint_minutes * 60,
     )  # fmt: skip
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    train = pack_examples(train_shards, to_draft, args.max_len) + pack_teacher(
-        teacher, to_draft, args.max_len
-    )
-    held_out = pack_examples(held_shards, to_draft, args.max_len)
+    if feature:
+        from acchead.distill.feature_training import feature_objective, pack_feature_examples
+
+        objective = feature_objective()
+        pack = partial(_pack_with_states, args.features, pack_feature_examples)
+    else:
+        objective, pack = INDEPENDENT, (lambda directory, shards, *a: pack_examples(shards, *a))
+    every = sorted(args.responses.glob("shard-*.npz"))
+    train = pack(args.responses, every[: len(train_shards)], train_shards, to_draft, args.max_len)
+    train += pack_teacher(teacher, to_draft, args.max_len)
+    held_out = pack(args.responses, every[len(train_shards) :], held_shards, to_draft, args.max_len)
     draft = _to_device(draft, args.device)
     start = None
     if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
@@ -332,12 +391,12 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         max_seconds=args.minutes * 60,
         start_state=start,
         tokenizer=tok,
+        objective=objective,
     )
     for directory in args.eval:
         shards = load_responses(directory)
-        state[f"agreement_{directory.name}"] = round(
-            agreement(draft, pack_examples(shards, to_draft, args.max_len), pad), 4
-        )
+        examples = pack(directory, sorted(directory.glob("shard-*.npz")), shards, to_draft, args.max_len)
+        state[f"agreement_{directory.name}"] = round(objective.agreement(draft, examples, pad), 4)
         state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
     state["train_examples"] = len(train)
     state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full.cpu()), 4)
@@ -355,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
 
         check_device(args.device)  # a bad --device fails here, before prompts and models are loaded
         stages = {"responses": run_responses_stage, "teacher": run_teacher_stage, "cost": run_cost_stage,
+                  "features": run_features_stage,
                   "train": run_train_stage}  # fmt: skip
         summary = stages[args.stage](args)
     except AccheadError as e:

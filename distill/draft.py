@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from acchead.distill.responses import ResponseShard
+from acchead.feature_draft import FeatureDraftConfig, FeatureDraftForCausalLM
 from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM, embedding_fingerprint
 from acchead.rundir import atomic_write, atomic_write_json
 
@@ -58,14 +60,23 @@ def coverage(shards: list[ResponseShard], vocab: torch.Tensor) -> float:
 
 
 def init_from_target(
-    target, vocab: torch.Tensor, layers: tuple[int, ...], embedding_source: str | None = None
+    target,
+    vocab: torch.Tensor,
+    layers: tuple[int, ...],
+    embedding_source: str | None = None,
+    feature: bool = False,
 ) -> ReducedVocabLlamaForCausalLM:
     """A draft with the target's width, its input embedding (frozen), `len(layers)` of its layers
     (copied), its final norm, and as head the target's head rows of `vocab`. `embedding_source` is recorded
-    for loading (see `acchead.reduced_vocab`)."""
+    for loading (see `acchead.reduced_vocab`). `feature`: a feature (EAGLE) draft that also reads the
+    target's states (`acchead.feature_draft`)."""
     tc = target.config
     emb = target.get_input_embeddings().weight.detach()
-    config = ReducedVocabConfig(
+    config_cls, model_cls = (
+        (FeatureDraftConfig, FeatureDraftForCausalLM) if feature
+        else (ReducedVocabConfig, ReducedVocabLlamaForCausalLM)
+    )  # fmt: skip
+    config = config_cls(
         draft_vocab_size=len(vocab), vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
         intermediate_size=tc.intermediate_size, num_hidden_layers=len(layers),
         num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
@@ -74,7 +85,7 @@ def init_from_target(
         bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
         embedding_source=embedding_source, embedding_fingerprint=embedding_fingerprint(emb),
     )  # fmt: skip
-    draft = ReducedVocabLlamaForCausalLM(config)
+    draft = model_cls(config)
     with torch.no_grad():
         draft.get_input_embeddings().weight.copy_(emb)
         draft.lm_head.set_vocabulary(vocab)
@@ -195,14 +206,29 @@ def export(draft, directory: Path, training: dict | None = None, tokenizer=None)
     tmp.rename(directory)
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What `train_draft` trains: how examples become a batch (labels at index 2, IGNORE/OUTSIDE < 0),
+    the loss and batch accuracy of a batch, and the held-out agreement of a list of examples."""
+
+    collate: Callable[[list[tuple], int], tuple[torch.Tensor, ...]]
+    loss: Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], tuple[torch.Tensor, float]]
+    agreement: Callable[[torch.nn.Module, list[tuple], int], float]
+
+
+INDEPENDENT = Objective(collate, draft_loss, agreement)  # the token-only draft
+
+
 def train_draft(
     draft, train: list[tuple], held_out: list[tuple], out: Path, config: TrainConfig, pad_id: int,
     max_seconds: float, log=print, start_state: dict | None = None, tokenizer=None,
+    objective: Objective = INDEPENDENT,
 ) -> dict:  # fmt: skip
     """Train for `max_seconds` (or until `config.total_tokens`), resuming `<out>/checkpoint.pt`; the state.
 
     Without a checkpoint, `start_state` (an exported draft's `training.json`) continues its step and token
-    counts, so the schedule goes on where that draft's training stopped (the optimizer starts afresh)."""
+    counts, so the schedule goes on where that draft's training stopped (the optimizer starts afresh).
+    `objective`: the token-only draft's by default; a feature draft's: `acchead.distill.feature_training`."""
     out.mkdir(parents=True, exist_ok=True)
     trainable = [p for p in draft.parameters() if p.requires_grad]  # not the target's embedding
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
@@ -226,10 +252,10 @@ def train_draft(
             state["epoch"], state["position"] = state["epoch"] + 1, 0
             order = np.random.default_rng([config.seed, state["epoch"]]).permutation(len(train))
         chosen = order[state["position"] : state["position"] + config.batch_size]
-        batch = tuple(t.to(draft.device) for t in collate([train[i] for i in chosen], pad_id))
+        batch = tuple(t.to(draft.device) for t in objective.collate([train[i] for i in chosen], pad_id))
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, state["step"], state["tokens"])
-        loss, acc = draft_loss(draft, batch)
+        loss, acc = objective.loss(draft, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -246,6 +272,6 @@ def train_draft(
             _save(out, draft, optimizer, state, config, tokenizer)
     state["seconds"] += time.perf_counter() - last_ckpt
     draft.eval()
-    state["held_out_agreement"] = agreement(draft, held_out, pad_id) if held_out else None
+    state["held_out_agreement"] = objective.agreement(draft, held_out, pad_id) if held_out else None
     _save(out, draft, optimizer, state, config, tokenizer)
     return state

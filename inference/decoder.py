@@ -44,10 +44,12 @@ from transformers import PreTrainedModel
 
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
+from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.device_path import DevicePath, PhaseClock, upload
 from acchead.inference.draft_round import draft_round
 from acchead.inference.drafters import Drafter, ModelDrafter
+from acchead.inference.feature_drafter import FeatureDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.model_runner import make_runner
 from acchead.inference.policies import Autoregressive, PolicyRun, StopPolicy
@@ -121,7 +123,11 @@ class SpeculativeDecoder:
         self._verifier = RoundVerifier(
             self._runner, VERIFIERS[verifier], vocab, self._device, key_tensors=self.fast and compile
         )
-        if isinstance(draft, PreTrainedModel):
+        if is_feature_draft(draft):
+            if self.fast:
+                raise AccheadError("a feature (EAGLE) draft runs on the eager path only: pass fast=False")
+            draft = FeatureDrafter(draft)
+        elif isinstance(draft, PreTrainedModel):
             # The draft resolves its own default from its own device (it may sit elsewhere).
             draft = ModelDrafter(draft, fast=self.fast, compile=compile, device_path=device_path)
         elif draft is not None and not isinstance(draft, Drafter):
@@ -256,9 +262,12 @@ class SpeculativeDecoder:
         if streamer is not None:
             streamer.put(prompt[None])
         done = False
+        reads_states = self.drafter is not None and self.drafter.reads_target_states
         while not done and n - prompt.numel() < max_new_tokens:
             generated = n - prompt.numel()
             cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
+            if self.drafter is not None and not self.drafter.ready:
+                cap = 0  # a feature drafter before the target's first states: this round verifies alone
             if clock is not None:
                 clock.mark()
                 calls0 = self._draft_calls()
@@ -270,7 +279,12 @@ class SpeculativeDecoder:
                 res.phases.setdefault("verify_tokens", []).append(n + num - runner.length)
             # One unit: the target's forward over [x_n, X_1..X_L] (or the prompt), S, the verifier, the
             # packed status [τ, next token, X_1..X_L].
-            status = read(self._verifier.verify(seq, n, steps, sampling, seed))  # the round's one read
+            fed_from = runner.length
+            if reads_states:  # and the target's states of the fed positions, for a feature drafter
+                status, states = self._verifier.verify(seq, n, steps, sampling, seed, states=True)
+                status = read(status)
+            else:
+                status = read(self._verifier.verify(seq, n, steps, sampling, seed))  # the round's one read
             tau, nxt = status[0], status[1]
             new = [*status[2 : 2 + tau], nxt]
             for i, tok in enumerate(new):
@@ -284,6 +298,8 @@ class SpeculativeDecoder:
             runner.rollback(n + tau)
             if self.drafter is not None:
                 self.drafter.rollback(n + tau)
+                if reads_states:  # the accepted positions' states: fed_from..n+τ-1
+                    self.drafter.observe(states[: n + tau - fed_from], fed_from)
             if clock is not None:
                 clock.mark()
             n += len(new)

@@ -50,11 +50,17 @@ class Drafter(ABC):
         round_unit: `propose_block` drafts a fixed-length round in one unit (the draft model on the device
             path); False: the decoder drafts such a round one `propose` at a time.
         device: where the candidates and their q live.
+        reads_target_states: the drafter drafts from the target's final hidden states (a feature draft,
+            `acchead.inference.feature_drafter`): the decoder hands it the accepted positions' states
+            after each verification (`observe`) and drafts nothing until it is `ready`.
+        ready: it can draft now (a feature drafter: once the target has handed over states).
     """
 
     draft_calls: int
     round_unit: bool = False
     device: torch.device = torch.device("cpu")
+    reads_target_states: bool = False
+    ready: bool = True
 
     @abstractmethod
     def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
@@ -82,6 +88,10 @@ class Drafter(ABC):
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Forget everything past the first `length` tokens (the committed prefix after verification)."""
+
+    def observe(self, states: torch.Tensor, start: int) -> None:  # noqa: B027 (only feature drafters read it)
+        """The target's final hidden states (m, H) of committed positions start..start+m-1, handed over
+        after a verification to a drafter that `reads_target_states`. Default: ignored."""
 
     def propose_block(self, context: torch.Tensor, count: int) -> list[DraftStep]:
         """All `count` candidates of a fixed-length round after `context` ((n,) committed tokens), none of

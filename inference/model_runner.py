@@ -47,6 +47,7 @@ class ModelRunner(Protocol):
         post: Callable | None = None,
         post_args: tuple = (),
         post_feeds: int = 0,
+        all_hidden: bool = False,
     ) -> Any:
         """Append `tokens` ((n,) int64, any device) after the cached prefix.
 
@@ -58,6 +59,8 @@ class ModelRunner(Protocol):
         constants).
         `post_feeds`: tokens `post` itself feeds to the model through `step_forward` and this runner's
         cache (a fixed-K draft round), counted in `length`.
+        `all_hidden`: `hidden` is (n, H), every fed position's final hidden state (the states a feature
+        draft reads, `acchead.inference.feature_drafter`); the eager path only.
         """
         ...
 
@@ -102,11 +105,12 @@ class EagerRunner:
         post: Callable | None = None,
         post_args: tuple = (),
         post_feeds: int = 0,
+        all_hidden: bool = False,
     ) -> Any:
-        logits, hidden = self.seq.feed(tokens[None], keep, want_hidden)
+        logits, hidden = self.seq.feed(tokens[None], keep, want_hidden, all_hidden=all_hidden)
         # Tokens `post` feeds itself (a fixed-K draft round) went through the same cache.
         self.seq.length += post_feeds
-        logits, hidden = logits[0], hidden[0] if want_hidden else None
+        logits, hidden = logits[0], hidden[0] if want_hidden or all_hidden else None
         return (logits, hidden) if post is None else post(logits, hidden, self.model, self.cache, *post_args)
 
     def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:

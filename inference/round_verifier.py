@@ -23,6 +23,12 @@ from acchead.inference.units import verify_post
 from acchead.sampling import SamplingConfig
 
 
+def _verify_with_states(logits, hidden, model, cache, *args) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify_post`, also passing on the (fed, H) states the forward computed (eager only)."""
+    (status,) = verify_post(logits, hidden, model, cache, *args)
+    return status, hidden
+
+
 class RoundVerifier:
     """Verification of a round's candidates by the target (batch size 1).
 
@@ -45,22 +51,26 @@ class RoundVerifier:
         self.key_tensors = key_tensors
 
     def verify(
-        self, seq: torch.Tensor, n: int, steps: list[DraftStep], sampling: SamplingConfig, seed: int
-    ) -> torch.Tensor:
+        self, seq: torch.Tensor, n: int, steps: list[DraftStep], sampling: SamplingConfig, seed: int,
+        states: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Verify the L candidates in seq[n : n + L] (drafted as `steps`) after the n committed tokens.
 
         Feeds seq[runner.length : n + L] to the target, then writes the next token into seq[n + τ].
         Returns the packed status, (2 + L,) int64 on the device: [τ, next token, X_1..X_L]. The caller
-        reads it and rolls the cache back (`rollback`) to the tokens it keeps.
+        reads it and rolls the cache back (`rollback`) to the tokens it keeps. `states` (eager path): also
+        return the target's final hidden states of every fed position, (fed, H), for a feature drafter.
         """
         num = len(steps)
         keys = [self.key(seed, purpose, n) for purpose in (TAU, NEXT)]
-        (status,) = self.runner.feed(
-            seq[self.runner.length : n + num], keep=num + 1, post=verify_post,
-            post_args=(seq[n : n + num], self.stack_q(steps), sampling, self.verify_fn, *keys),
+        post_args = (seq[n : n + num], self.stack_q(steps), sampling, self.verify_fn, *keys)
+        out = self.runner.feed(
+            seq[self.runner.length : n + num], keep=num + 1, all_hidden=states,
+            post=_verify_with_states if states else verify_post, post_args=post_args,
         )  # fmt: skip
+        status = out[0]
         seq.index_copy_(0, status[:1] + n, status[1:2])  # the next token, after the τ accepted
-        return status
+        return (status, out[1]) if states else status
 
     def key(self, seed: int, purpose: int, n: int) -> Word:
         """The key of a verifier draw in the round starting at n."""

@@ -314,7 +314,10 @@ class StaticRunner:
         post: Callable | None = None,
         post_args: tuple = (),
         post_feeds: int = 0,
+        all_hidden: bool = False,
     ) -> Any:
+        if all_hidden:
+            raise AccheadError("every position's hidden state is read on the eager path only")
         n = tokens.numel()
         self._reserve(self.length + n + post_feeds, self.length)
         ids = tokens.to(self.device)[None]

@@ -1,0 +1,81 @@
+"""A feature draft (EAGLE, Li et al. 2024): one Llama layer that reads the target's final hidden states.
+
+An independent draft must predict the target's next token from tokens alone; a feature draft also reads
+the target's final hidden state f_j at every committed position j (the vector the target's LM head reads,
+so it already holds the target's own next-token prediction) and learns the step from f_j to f_{j+1}:
+
+    x_j = fc([embed(t_{j+1}); f_j])            (H)   the next token's embedding beside the state before it
+    h_j = norm(layer(x_0..x_j))                (H)   one causal Llama layer with its own KV cache
+    q_j = softmax(head(h_j))                          the draft's distribution of t_{j+2}
+
+h_j is trained to regress f_{j+1} (smooth L1) and head(h_j) to predict the target's token (cross-entropy).
+While drafting, the states of candidates the target has not verified are the draft's own h: candidate k+1
+reads (h of candidate k's step, candidate k). After verification the target hands back the true states of
+the accepted positions (`acchead.inference.feature_drafter`), which replace the draft's guesses.
+
+The head is a reduced-vocabulary `ScatterHead` (`acchead.reduced_vocab`): V_d rows, logits over the full
+V with -inf outside, so q is exact for speculative sampling. The input embedding is the target's (frozen,
+not saved, loaded from `config.embedding_source` like every reduced-vocabulary draft).
+
+Cost per token on SmolLM2-135M (H = 576, V_d = 8,192): fc 0.66M + layer 3.54M + head 4.72M ≈ 8.9M
+multiply-adds, c ≈ 0.066 of the target's 134.5M.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM
+
+
+class FeatureDraftConfig(ReducedVocabConfig):
+    """A reduced-vocabulary draft's config; `model_type` marks it as reading the target's states."""
+
+    model_type = "acchead_feature_llama"
+
+
+class FeatureDraftForCausalLM(ReducedVocabLlamaForCausalLM):
+    """The feature draft (module docstring). `hidden_states` is its one entry point; `forward` refuses
+    to run without the target's states, so it is never mistaken for an independent draft."""
+
+    config_class = FeatureDraftConfig
+
+    def __init__(self, config: FeatureDraftConfig) -> None:
+        super().__init__(config)
+        h = config.hidden_size
+        # [embedding; state] -> H. Starts as their sum (the layer then sees a residual-stream-like input).
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.cat([torch.eye(h), torch.eye(h)], dim=1))
+
+    def hidden_states(self, input_ids: torch.Tensor, features: torch.Tensor, **kwargs) -> torch.Tensor:
+        """(B, T) next tokens t_{j+1} and (B, T, H) states f_j → (B, T, H) predicted states h_j.
+
+        `kwargs` go to the Llama stack: the KV cache (`acchead.models.CACHE_ARG`), `attention_mask`,
+        `position_ids` (position j is the pair's index j, the position of f_j)."""
+        emb = self.get_input_embeddings()(input_ids)  # (B, T, H)
+        x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))  # (B, T, H)
+        return self.model(inputs_embeds=x, **kwargs).last_hidden_state
+
+    def forward(self, *args, **kwargs):
+        raise TypeError(
+            "a feature draft reads the target's hidden states: call hidden_states(input_ids, features) "
+            "(acchead.inference.feature_drafter drives it in decoding)"
+        )
+
+
+def is_feature_draft(model: object) -> bool:
+    """Whether `model` is a feature draft (needs the target's states to draft)."""
+    return isinstance(model, FeatureDraftForCausalLM)
+
+
+def register_auto_classes() -> None:
+    """Let `AutoModelForCausalLM.from_pretrained` load a saved feature draft."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        AutoConfig.register(FeatureDraftConfig.model_type, FeatureDraftConfig)
+        AutoModelForCausalLM.register(FeatureDraftConfig, FeatureDraftForCausalLM)
+    except ValueError:  # already registered
+        pass

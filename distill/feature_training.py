@@ -1,0 +1,106 @@
+"""Training a feature draft (`acchead.feature_draft`) on the target's responses and its states over them.
+
+For a prompt + response t_0..t_{L-1} with the target's states f_0..f_{L-1} (`acchead.distill.features`),
+the draft's pair j (j = 0..L-2) reads (t_{j+1}, f_j); its output h_j is trained towards f_{j+1} (smooth L1,
+every pair: the states carry the prompt's meaning too) and its head towards t_{j+2}, the target's greedy
+token, on response positions (cross-entropy over the head's rows; a token outside them is a sure miss).
+Loss = regression + `cls_weight` × cross-entropy, the EAGLE recipe (weights 1 and 0.1), with uniform noise
+of half-width `noise` added to the states read (EAGLE's augmentation: while drafting, the draft reads its
+own imperfect states after the first candidate).
+
+Forwards and backwards run under bfloat16 autocast on the CPU as on a GPU (AMX makes it ~2× faster on
+recent Xeons); the weights and the optimizer stay float32, and `agreement` runs in float32, as decoding
+does.
+
+`FEATURE` is the `acchead.distill.draft.Objective` that `train_draft` takes for a feature draft; examples are
+(ids (L-1,), labels (L-1,), states (L, H) float16) as `pack_feature_examples` makes them.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from acchead.distill.draft import IGNORE, Objective
+from acchead.distill.responses import ResponseShard
+
+
+def pack_feature_examples(
+    shards: list[ResponseShard], states: list[list[np.ndarray]], to_draft: torch.Tensor, max_len: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(ids, labels, states) per response with a label: pair inputs t_{j+1}, labels the head row of
+    t_{j+2} on response positions (OUTSIDE where the head lacks it, IGNORE on the prompt's), and the
+    states f_0..f_{L-1} (float16) of the prompt + response cut to `max_len` + 1 tokens."""
+    out = []
+    for shard, shard_states in zip(shards, states, strict=True):
+        for p, r, f in zip(shard.prompts, shard.responses, shard_states, strict=True):
+            seq = (p + r)[: max_len + 1]
+            if len(seq) <= len(p) or len(seq) < 3 or len(f) < len(seq):
+                continue
+            ids = torch.tensor(seq[1:])  # (L-1,) t_{j+1}
+            labels = torch.full((len(seq) - 1,), IGNORE, dtype=torch.long)
+            nxt = torch.tensor(seq[2:])  # (L-2,) t_{j+2}
+            labels[: len(seq) - 2] = to_draft[nxt]
+            labels[: max(len(p) - 2, 0)] = IGNORE  # t_{j+2} still the prompt's
+            out.append((ids, labels, torch.from_numpy(np.ascontiguousarray(f[: len(seq)]))))
+    return out
+
+
+def collate_features(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-padded (B, T) ids, (B, T) mask, (B, T) labels, (B, T, H) states read, (B, T, H) states
+    to regress (float32)."""
+    width = max(len(x) for x, _, _ in examples)
+    h = examples[0][2].shape[1]
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, IGNORE)
+    read = torch.zeros(len(examples), width, h)
+    target = torch.zeros(len(examples), width, h)
+    for i, (x, y, f) in enumerate(examples):
+        n = len(x)
+        ids[i, :n], mask[i, :n], labels[i, :n] = x, 1, y
+        read[i, :n], target[i, :n] = f[:n].float(), f[1 : n + 1].float()
+    return ids, mask, labels, read, target
+
+
+def feature_loss(
+    draft, batch: tuple[torch.Tensor, ...], cls_weight: float = 0.1, noise: float = 0.1
+) -> tuple[torch.Tensor, float]:
+    """(regression + cls_weight × cross-entropy, top-1 accuracy at labelled positions) of a batch."""
+    ids, mask, labels, read, target = batch
+    if noise:
+        read = read + (torch.rand_like(read) * 2 - 1) * noise
+    with torch.autocast(ids.device.type, torch.bfloat16):
+        hidden = draft.hidden_states(ids, read, attention_mask=mask)  # (B, T, H)
+    real = mask.bool()
+    reg = torch.nn.functional.smooth_l1_loss(hidden[real].float(), target[real])
+    keep = labels >= 0
+    logits = draft.lm_head.draft_logits(hidden[keep].float())  # (N, V_d)
+    cls = torch.nn.functional.cross_entropy(logits, labels[keep])
+    return reg + cls_weight * cls, float((logits.argmax(-1) == labels[keep]).float().mean())
+
+
+@torch.inference_mode()
+def feature_agreement(draft, examples: list[tuple], pad_id: int, batch_size: int = 8) -> float:
+    """Top-1 agreement with the target's greedy tokens given the target's true states (float32): the
+    share of response positions where the draft's argmax is the target's token (outside its head: a
+    miss). It is the first candidate's agreement in decoding; later candidates read the draft's states."""
+    hits = total = 0
+    for b in range(0, len(examples), batch_size):
+        batch = collate_features(examples[b : b + batch_size], pad_id)
+        ids, mask, labels, read, _ = (t.to(draft.device) for t in batch)
+        hidden = draft.hidden_states(ids, read, attention_mask=mask)
+        scored = labels != IGNORE
+        pred = draft.lm_head.draft_logits(hidden[scored]).argmax(-1)
+        hits += int((pred == labels[scored]).sum())
+        total += int(scored.sum())
+    return hits / max(total, 1)
+
+
+def feature_objective(cls_weight: float = 0.1, noise: float = 0.1) -> Objective:
+    """The `Objective` of a feature draft (module docstring)."""
+    return Objective(
+        collate_features, partial(feature_loss, cls_weight=cls_weight, noise=noise), feature_agreement
+    )

@@ -1,0 +1,115 @@
+"""The target's final hidden states over its own responses: what a feature draft (EAGLE) learns from.
+
+A feature draft (`acchead.feature_draft`) reads the target's last hidden state at every committed position,
+so its training text needs those states: one teacher-forced target forward over prompt + response per
+response, no sampling, no LM head. Each response shard `shard-KKKKK.npz` of a responses directory gets a
+features file `features-KKKKK.npz` beside it in the output directory, written atomically once the shard
+is done, so a killed run loses at most one shard and a rerun resumes.
+
+    acchead-distill features --responses data/smollm2/responses --out runs/smollm2-features
+
+Why bfloat16 autocast on the CPU by default: with AMX (recent Xeons) it doubles the teacher-forced
+throughput (measured on the 2-core box, SmolLM2-135M, 16 × 192 tokens: 1,550 tokens/s against 800 in
+float32, 2026-11-26) at a mean relative error of 1.5% in the states, far below the noise feature drafts
+are trained with. The states are stored as float16 (2 bytes per value: 576 values per token on SmolLM2,
+~1.2 kB per token, so these files stay out of git).
+
+Features file arrays: `features` (N, H) float16, the states of every position of every response of the
+shard (prompt and response), concatenated in the shard's order; `offsets` (n + 1,) int64 into it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from acchead.distill.responses import SHARD_GLOB, ResponseShard, load_shard, save_npz
+from acchead.errors import AccheadError
+
+
+def features_path(out: Path, shard_path: Path) -> Path:
+    """The features file of a response shard (`shard-KKKKK.npz` → `features-KKKKK.npz`)."""
+    return Path(out) / shard_path.name.replace("shard-", "features-")
+
+
+@torch.inference_mode()
+def shard_features(target, shard: ResponseShard, batch_tokens: int, bf16: bool) -> list[np.ndarray]:
+    """The target's final hidden states over each prompt + response of `shard`: (T_i, H) float16 each.
+
+    Sequences are sorted by length and right-padded into batches of about `batch_tokens` tokens (a causal
+    model's states at real positions do not depend on padding after them)."""
+    seqs = [p + r for p, r in zip(shard.prompts, shard.responses, strict=True)]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out: list[np.ndarray | None] = [None] * len(seqs)
+    device = target.device
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    decoder = target.get_decoder()
+    b = 0
+    while b < len(order):
+        e = b + 1  # grow the batch while it stays under the token budget (the longest row sets the width)
+        while e < len(order) and (e + 1 - b) * len(seqs[order[e]]) <= batch_tokens:
+            e += 1
+        batch = order[b:e]
+        width = len(seqs[batch[-1]])
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, i in enumerate(batch):
+            ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
+            mask[row, : len(seqs[i])] = 1
+        with autocast:
+            hidden = decoder(
+                input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False
+            ).last_hidden_state  # (B, width, H)
+        hidden = hidden.float().cpu()
+        for row, i in enumerate(batch):
+            out[i] = hidden[row, : len(seqs[i])].numpy().astype(np.float16)
+        b = e
+    return out  # type: ignore[return-value]
+
+
+def run_features(
+    target, responses: Path, out: Path, batch_tokens: int = 3072, bf16: bool = True,
+    max_seconds: float | None = None,
+) -> dict:  # fmt: skip
+    """Write the features file of every shard of `responses` that `out` lacks; a summary dict."""
+    shards = sorted(Path(responses).glob(SHARD_GLOB))
+    if not shards:
+        raise AccheadError(f"{responses}: no response shards (acchead-distill responses)")
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in shards if not features_path(out, p).is_file()]
+    tokens, start, written = 0, time.perf_counter(), 0
+    bar = tqdm(total=len(todo), desc="features (shards)", unit="shard")
+    for path in todo:
+        if max_seconds is not None and time.perf_counter() - start >= max_seconds:
+            break
+        states = shard_features(target, load_shard(path), batch_tokens, bf16)
+        offsets = np.cumsum([0, *(len(s) for s in states)]).astype(np.int64)
+        save_npz(features_path(out, path), {"features": np.concatenate(states), "offsets": offsets})
+        tokens += int(offsets[-1])
+        written += 1
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
+    bar.close()
+    seconds = time.perf_counter() - start
+    return {
+        "shards_written": written,
+        "shards_missing": len(todo) - written,
+        "tokens": tokens,
+        "seconds": round(seconds, 1),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+    }
+
+
+def load_features(out: Path, shard_path: Path) -> list[np.ndarray]:
+    """The (T_i, H) float16 states of each response of a shard, from its features file."""
+    path = features_path(out, shard_path)
+    if not path.is_file():
+        raise AccheadError(f"{path} is missing: run `acchead-distill features` on {shard_path.parent}")
+    with np.load(path) as z:
+        feats, offsets = z["features"], z["offsets"]
+        return [feats[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

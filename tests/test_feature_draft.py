@@ -1,0 +1,223 @@
+"""The feature (EAGLE) draft: its KV-cached drafting equals a full forward over the same pairs, decoding
+with it stays exact (greedy-identical, chi-square under sampling), and its training stages run end to
+end (features → train → a draft directory that loads and decodes)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama
+
+from acchead.distill import cli
+from acchead.distill.draft import IGNORE, TrainConfig, init_from_target, train_draft
+from acchead.distill.feature_training import (
+    collate_features,
+    feature_agreement,
+    feature_loss,
+    feature_objective,
+    pack_feature_examples,
+)
+from acchead.distill.features import load_features, run_features, shard_features
+from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
+from acchead.errors import AccheadError
+from acchead.feature_draft import FeatureDraftForCausalLM, is_feature_draft
+from acchead.head import AcceptanceHead
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.feature_drafter import FeatureDrafter
+from acchead.models import load_causal_lm
+from acchead.sampling import SamplingConfig
+
+VOCAB = 12
+KEPT = torch.tensor([1, 4, 7, 0, 2, 9, 11, 5])  # the draft's head rows; 3, 6, 8, 10 it cannot propose
+
+
+def _feature_draft(target, seed: int = 5, noise: float = 0.3) -> FeatureDraftForCausalLM:
+    """A feature draft started from the target's last layer, its weights jittered (so it disagrees
+    sometimes)."""
+    draft = init_from_target(target, KEPT, (1,), feature=True).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(noise * p.std() * torch.randn(p.shape, generator=g))
+    return draft
+
+
+def _states(target, ids: list[int]) -> torch.Tensor:
+    """(T, H) the target's final hidden states over `ids`."""
+    return target.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0]
+
+
+def _greedy_text(target, count: int, seed: int = 0) -> tuple[list[ResponseShard], list[list[np.ndarray]]]:
+    """`count` one-response shards of the target's greedy continuations of random 3-token prompts, with
+    the target's states over them."""
+    g = torch.Generator().manual_seed(seed)
+    shards, states = [], []
+    with torch.inference_mode():
+        for i in range(count):
+            prompt = torch.randint(0, VOCAB, (3,), generator=g).tolist()
+            full = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+            seq = full[0].tolist()
+            shards.append(ResponseShard([i], [prompt], [seq[3:]], [False], [False]))
+            states.append([_states(target, seq).numpy().astype(np.float16)])
+    return shards, states
+
+
+@pytest.fixture(scope="module")
+def feature_pair(tmp_path_factory):
+    """The target and a feature draft trained briefly on its greedy text (so candidates get accepted)."""
+    target = _peaked_llama(VOCAB, seed=3)
+    draft = _feature_draft(target)
+    examples = pack_feature_examples(*_greedy_text(target, 16), draft.lm_head.to_draft, max_len=64)
+    config = TrainConfig(lr=3e-3, batch_size=8, warmup_steps=1, total_tokens=4000, checkpoint_seconds=1e9)
+    train_draft(draft, examples, [], tmp_path_factory.mktemp("draft"), config, 0, max_seconds=30,
+                log=lambda *_: None, objective=feature_objective(noise=0.0))  # fmt: skip
+    return target, draft.eval()
+
+
+@torch.inference_mode()
+def test_cached_drafting_equals_a_full_forward_over_the_same_pairs(feature_pair):
+    target, draft = feature_pair
+    drafter = FeatureDrafter(draft)
+    prompt = [1, 4, 7, 2, 9]
+    drafter.begin(torch.tensor(prompt), SamplingConfig(0.0), seed=0)
+    assert not drafter.ready
+    drafter.observe(_states(target, prompt[:-1]), 0)  # a round starts with n - 1 states known
+    assert drafter.ready
+
+    def full(ids: list[int], feats: torch.Tensor) -> torch.Tensor:  # the last pair's h, no cache
+        return draft.hidden_states(torch.tensor([ids]), feats[None])[0, -1]
+
+    ctx = torch.tensor(prompt)
+    s1 = drafter.propose(ctx, 1, want_hidden=False, want_state=True)
+    f = _states(target, prompt)
+    h1 = full(prompt[1:], f[:-1])
+    torch.testing.assert_close(s1.state, h1, rtol=1e-4, atol=1e-5)
+    assert int(s1.token) == int(draft.lm_head(h1).argmax())
+    # candidate 2 reads the draft's own h in place of the target's state at the newest position
+    ctx2 = torch.cat([ctx, s1.token.view(1)])
+    s2 = drafter.propose(ctx2, 2, want_hidden=False, want_state=True)
+    h2 = full([*prompt[1:], int(s1.token)], torch.cat([f[:-1], h1[None]]))
+    torch.testing.assert_close(s2.state, h2, rtol=1e-4, atol=1e-5)
+    # verification accepts the first candidate and adds token 3: the next round reads true states only
+    drafter.rollback(len(prompt) + 1)
+    accepted = [*prompt, int(s1.token)]
+    drafter.observe(_states(target, accepted)[len(prompt) - 1 :], len(prompt) - 1)
+    committed = [*accepted, 3]
+    s3 = drafter.propose(torch.tensor(committed), 1, want_hidden=True, want_state=True)
+    f3 = _states(target, accepted)
+    torch.testing.assert_close(s3.state, full(committed[1:], f3), rtol=1e-4, atol=1e-5)
+    # want_hidden fed the candidate with its own h: that step's h draws candidate 2
+    h_fed = full([*committed[1:], int(s3.token)], torch.cat([f3, s3.state[None]]))
+    torch.testing.assert_close(s3.hidden, h_fed, rtol=1e-4, atol=1e-5)
+    assert drafter.draft_calls == 4
+
+
+@pytest.mark.parametrize("spec", ["specdec:k=4", "specdecpp:h=0.5,max=6", "confidence:tau=0.6,max=8"])
+def test_greedy_equals_the_targets_greedy(feature_pair, spec):
+    target, draft = feature_pair
+    dec = SpeculativeDecoder(target, draft, policy=spec, head=AcceptanceHead(32, depth=1), fast=False)
+    assert isinstance(dec.drafter, FeatureDrafter)
+    prompt = torch.tensor([[1, 4, 7]])
+    ref = target.generate(prompt, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    res = dec.generate(prompt, max_new_tokens=24, temperature=0)
+    assert res.new_ids.tolist() == ref[0, 3:].tolist()
+    assert res.accepted_per_round[0] == 0 and res.drafted_per_round[0] == 0  # the first round: the target
+    assert sum(res.accepted_per_round) > 0  # the draft's candidates do get accepted
+
+
+@pytest.mark.parametrize(("spec", "verifier"), [("specdec:k=2", "token"), ("specdecpp:h=0.5,max=3", "block")])
+def test_sampling_stays_exact(feature_pair, spec, verifier):
+    target, draft = feature_pair
+    dec = SpeculativeDecoder(target, draft, policy=spec, head=AcceptanceHead(32, depth=1), verifier=verifier,
+                             fast=False)  # fmt: skip
+    cfg, prompt, n = SamplingConfig(1.0), [1, 4], 250
+    exact = _exact_sequences(target, prompt, 3, cfg)
+    counts = Counter(
+        tuple(dec.generate(torch.tensor(prompt), max_new_tokens=3, temperature=1.0, seed=s).new_ids.tolist())
+        for s in range(n)
+    )
+    assert _chi_square_p_value(counts, exact, n) > 1e-3
+
+
+def test_the_fast_path_and_a_plain_forward_are_refused(feature_pair):
+    target, draft = feature_pair
+    with pytest.raises(AccheadError, match="eager path only"):
+        SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False)
+    with pytest.raises(TypeError, match="hidden_states"):
+        draft(input_ids=torch.tensor([[1, 2]]))
+    assert is_feature_draft(draft) and not is_feature_draft(target)
+
+
+def test_examples_pair_each_token_with_the_state_before_it():
+    shard = ResponseShard([0], [[1, 4, 7]], [[2, 3, 9, 5]], [False], [True])
+    states = [np.arange(7 * 2, dtype=np.float16).reshape(7, 2)]
+    (ids, labels, f), = pack_feature_examples([shard], [states], torch.arange(VOCAB), max_len=64)
+    assert ids.tolist() == [4, 7, 2, 3, 9, 5]  # pair j reads t_{j+1}
+    # pair j's label is t_{j+2} from the first response token on: 2 (j=1), 3, 9, 5; the last pair has none
+    assert labels.tolist() == [IGNORE, 2, 3, 9, 5, IGNORE]
+    _, mask, labels_b, read, target = collate_features([(ids, labels, f)], pad_id=0)
+    assert torch.equal(read[0, 0], torch.tensor([0.0, 1.0]))  # pair 0 reads f_0, regresses f_1
+    assert torch.equal(target[0, 0], torch.tensor([2.0, 3.0]))
+    assert mask.sum() == 6 and torch.equal(labels_b[0], labels)
+
+
+def test_training_lowers_the_loss_and_raises_agreement(feature_pair, tmp_path):
+    target, _ = feature_pair
+    draft = init_from_target(target, KEPT, (1,), feature=True)
+    examples = pack_feature_examples(*_greedy_text(target, 4, seed=1), draft.lm_head.to_draft, max_len=64)
+    batch = collate_features(examples, pad_id=0)
+    before = feature_loss(draft, batch, noise=0.0)[0].item()
+    agree0 = feature_agreement(draft, examples, 0)
+    config = TrainConfig(lr=3e-3, batch_size=4, warmup_steps=1, total_tokens=400, checkpoint_seconds=1e9)
+    state = train_draft(draft, examples, examples, tmp_path, config, 0, max_seconds=60, log=lambda *_: None,
+                        objective=feature_objective(noise=0.0))  # fmt: skip
+    assert feature_loss(draft, batch, noise=0.0)[0].item() < before
+    assert state["held_out_agreement"] > agree0
+
+
+def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_path, capsys):
+    target_dir, _ = tiny_pair_dirs
+    target = load_causal_lm(target_dir)
+    texts = ["def add(a, b):", "for i in range(3):", "import os", "x = 1"]
+    plan = [PlanItem(p, False, "code") for p in texts]
+    config = ResponsesConfig(target="t", prompts="train", num_prompts=4, code_every=0, max_new_tokens=16,
+                             max_prompt_tokens=64, shard_prompts=1, heldout_chat=0)  # fmt: skip
+    run_responses(target, tiny_tokenizer, plan, tmp_path / "resp", config, batch_size=2)
+    feats = tmp_path / "feats"
+    argv = ["features", "--target", str(target_dir), "--responses", str(tmp_path / "resp"),
+            "--out", str(feats / "resp"), "--batch-tokens", "40"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "shards_written=4" in capsys.readouterr().out
+    assert cli.main(argv) == 0 and "shards_written=0" in capsys.readouterr().out  # resumes: nothing left
+    # the stored states are the target's, float16, batching and padding aside
+    shard = sorted((tmp_path / "resp").glob("shard-*.npz"))[0]
+    from acchead.distill.responses import load_shard
+
+    ref = shard_features(target, load_shard(shard), batch_tokens=10_000, bf16=False)[0]
+    got = load_features(feats / "resp", shard)[0]
+    np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=0.05, atol=0.05)
+    train = ["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
+             str(tmp_path / "run"), "--vocab-size", "16", "--minutes", "0.05", "--held-out-shards", "1",
+             "--total-tokens", "100", "--vocab-background", "0", "--features", str(feats),
+             "--eval", str(tmp_path / "resp")]  # fmt: skip
+    assert cli.main(train) == 0
+    out = capsys.readouterr().out
+    assert "held_out_agreement=" in out and "agreement_resp=" in out
+    draft = load_causal_lm(tmp_path / "run" / "draft")
+    assert is_feature_draft(draft) and draft.config.num_hidden_layers == 1  # --layers defaults to the last
+    assert json.loads((tmp_path / "run" / "progress.json").read_text())["tokens"] >= 100
+    # and it decodes the target exactly
+    dec = SpeculativeDecoder(target, draft, policy="specdec:k=3", fast=False)
+    prompt = torch.tensor([[5, 6, 7]])
+    ref_ids = target.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, 3:]
+    assert dec.generate(prompt, max_new_tokens=12, temperature=0).new_ids.tolist() == ref_ids.tolist()
+    assert cli.main([*train, "--teacher", str(tmp_path)]) == 2
+    assert "carry no target states" in capsys.readouterr().err
+    with pytest.raises(AccheadError, match="features"):
+        load_features(tmp_path / "nowhere", shard)
+    assert run_features(target, tmp_path / "resp", feats / "resp")["shards_written"] == 0
