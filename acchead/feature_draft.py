@@ -65,6 +65,65 @@ class FeatureDraftForCausalLM(ReducedVocabLlamaForCausalLM):
         )
 
 
+class TargetFedDraft(nn.Module):
+    """A feature draft teacher-forced on the target's states, as a causal LM over token ids alone.
+
+    `forward(input_ids, attention_mask, position_ids, logits_to_keep, output_hidden_states)` runs the target's
+    decoder stack over the ids (its states f), then the draft over the pairs (t_{j+1}, f_j): the output at
+    position i is the draft's h_{i-1} and its logits, which predict token i + 1 as a causal LM's do; the
+    first real position of each row has no pair and gets zeros (nothing reads it: it is a prompt's first
+    token). The labeller's teacher-forced passes and the oracle's reference read a feature draft through it:
+    the states are the target's all along, i.e. every candidate's context as the first candidate of a round
+    sees it (later candidates of a round read the draft's own states while decoding).
+
+    Batches may be left-padded (`attention_mask`, 1 on real tokens); right padding is not supported.
+    """
+
+    def __init__(self, draft: FeatureDraftForCausalLM, target: nn.Module) -> None:
+        super().__init__()
+        self.draft, self.target = draft, target
+        self.config = draft.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.draft.device
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.draft.get_output_embeddings()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.draft.get_input_embeddings()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        output_hidden_states: bool = False,
+        **unused,
+    ):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        t_dev = self.target.device
+        states = self.target.get_decoder()(
+            input_ids=input_ids.to(t_dev), attention_mask=attention_mask.to(t_dev),
+            position_ids=position_ids.to(t_dev) if position_ids is not None else None,
+        ).last_hidden_state.to(self.device)  # fmt: skip  # (B, T, H)
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        pair_mask = mask[:, :-1] * mask[:, 1:]  # pair j: the state at column j, the token at j + 1: both real
+        h = self.draft.hidden_states(
+            ids[:, 1:], states[:, :-1], attention_mask=pair_mask,
+            position_ids=(pair_mask.cumsum(-1) - 1).clamp(min=0),
+        )  # fmt: skip  # (B, T - 1, H): column j is position j + 1
+        h = torch.cat([h.new_zeros(h.shape[0], 1, h.shape[2]), h], dim=1)  # (B, T, H)
+        kept = h[:, -logits_to_keep:] if logits_to_keep else h
+        logits = self.draft.lm_head(kept)
+        return CausalLMOutputWithPast(logits=logits, hidden_states=(h,) if output_hidden_states else None)
+
+
 def is_feature_draft(model: object) -> bool:
     """Whether `model` is a feature draft (needs the target's states to draft)."""
     return isinstance(model, FeatureDraftForCausalLM)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from acchead.feature_draft import FeatureDraftConfig, is_feature_draft
 from acchead.models import CACHE_ARG
 
 
@@ -29,7 +30,21 @@ def step_multiply_adds(config) -> int:
     kv = config.num_key_value_heads * head_dim
     layer = h * q + 2 * h * kv + q * h + 3 * h * inter  # q, k, v, o projections; gate, up, down
     rows = getattr(config, "draft_vocab_size", None) or config.vocab_size  # the head's rows
-    return config.num_hidden_layers * layer + rows * h
+    fuse = 2 * h * h if config.model_type == FeatureDraftConfig.model_type else 0  # a feature draft's fc
+    return config.num_hidden_layers * layer + rows * h + fuse
+
+
+def _forward(model, ids: torch.Tensor, cache, keep: int | None = None) -> None:
+    """One KV-cached forward of `model` over `ids` (1, n); a feature draft reads zero states beside them
+    (its cost does not depend on their values) and its head scores the last position."""
+    if is_feature_draft(model):
+        feats = torch.zeros(*ids.shape, model.config.hidden_size, device=ids.device)
+        h = model.hidden_states(ids, feats, **{CACHE_ARG: cache}, use_cache=True)
+        model.lm_head(h[:, -1:])
+    elif keep is None:
+        model(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True)
+    else:
+        model(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=keep)
 
 
 @torch.inference_mode()
@@ -43,12 +58,12 @@ def step_seconds(model, context: int, calls: int, seed: int = 0) -> list[float]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(1, model.config.vocab_size, (1, context), generator=g).to(device)
     cache = DynamicCache()
-    model(input_ids=x, **{CACHE_ARG: cache}, use_cache=True)
+    _forward(model, x, cache)
     token, times = x[:, -1:], []
     for _ in range(calls):
         sync()
         t = time.perf_counter()
-        model(input_ids=token, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
+        _forward(model, token, cache, keep=1)
         sync()
         times.append(time.perf_counter() - t)
         cache.crop(-1)  # a negative count: remove the token just added

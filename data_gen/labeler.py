@@ -47,6 +47,7 @@ from transformers import PreTrainedModel
 from acchead.data_gen.batch_layout import left_pad, sequence_batch
 from acchead.data_gen.streams import sample_inverse_cdf, stream_uniforms
 from acchead.data_gen.teacher_forced import label_teacher_forced
+from acchead.feature_draft import TargetFedDraft, is_feature_draft
 from acchead.kv_decode import KVSequence, decode, position_ids
 from acchead.models import final_hidden
 from acchead.sampling import SamplingConfig, probs_from_logits
@@ -184,6 +185,11 @@ class Labeler:
         eos_ids: tokens that end a response.
         pad_id: token fed in padding positions (masked, so any valid id works).
         cache_features: also compute the draft's hidden states over prompt+Z.
+
+    A feature (EAGLE) draft (`acchead.feature_draft`) is read through `TargetFedDraft`: X is sampled by the
+    target alone and labelled teacher-forced (the draft needs the target's states of X), and its states
+    over prompt + Z read the target's states of Z. Rows are those of any draft; the labels are the first
+    candidate's of a round (later candidates read the draft's own states while decoding).
     """
 
     def __init__(
@@ -199,7 +205,10 @@ class Labeler:
         pad_id: int,
         cache_features: bool,
     ) -> None:
-        self.target, self.draft, self.sampling = target, draft, sampling
+        # A feature (EAGLE) draft reads the target's states: it labels teacher-forced, through the target.
+        self.feature = is_feature_draft(draft)
+        self.target, self.sampling = target, sampling
+        self.draft = TargetFedDraft(draft, target) if self.feature else draft
         self.mix_ratio, self.seed, self.max_new_tokens = mix_ratio, seed, max_new_tokens
         self.eos_ids, self.pad_id, self.cache_features = list(eos_ids), pad_id, cache_features
 
@@ -207,6 +216,11 @@ class Labeler:
         """Label one batch; prompts are token lists (best of similar length). Returns rows in input order."""
         ids, mask = left_pad(prompts, self.pad_id, self.target.device)
         gen_u, draft_u = (self._uniforms(prompt_indices, stream) for stream in ("generate", "draft"))
+        if self.feature:  # X from the target alone (same stream), then the teacher-forced labels
+            responses, _, _ = sample_and_label(
+                self.target, ids, mask, self.sampling, gen_u, self.max_new_tokens, self.eos_ids, self.pad_id
+            )
+            return self.label_responses(prompt_indices, prompts, responses)
         responses, draft_ids, accept_prob = sample_and_label(
             self.target, ids, mask, self.sampling, gen_u, self.max_new_tokens, self.eos_ids, self.pad_id,
             draft=self.draft, draft_uniforms=draft_u,

@@ -44,7 +44,7 @@ from transformers import PreTrainedModel
 
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
-from acchead.feature_draft import is_feature_draft
+from acchead.feature_draft import TargetFedDraft, is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.device_path import DevicePath, PhaseClock, upload
 from acchead.inference.draft_round import draft_round
@@ -136,8 +136,9 @@ class SpeculativeDecoder:
                 f"{type(draft).__name__}"
             )
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
-        self.draft_model = draft.model if isinstance(draft, ModelDrafter) else None
+        self.draft_model = draft.model if isinstance(draft, ModelDrafter | FeatureDrafter) else None
         self.drafter: Drafter | None = draft
+        self.reads_states = draft is not None and draft.reads_target_states  # a feature drafter
         self.verifier = verifier
         self.head_meta = None
         self.policy_run: PolicyRun | None = None  # the policy's state in the last (or current) decode
@@ -262,7 +263,7 @@ class SpeculativeDecoder:
         if streamer is not None:
             streamer.put(prompt[None])
         done = False
-        reads_states = self.drafter is not None and self.drafter.reads_target_states
+        reads_states = self.reads_states
         while not done and n - prompt.numel() < max_new_tokens:
             generated = n - prompt.numel()
             cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
@@ -331,7 +332,9 @@ class SpeculativeDecoder:
         """The oracle's hindsight: agree[i] = (draft's greedy token == target's) at generated position i.
 
         The target decodes greedily (cached, one token per forward); the draft is teacher-forced over that
-        output in one forward, which is exactly the context it sees under the oracle (no rejections).
+        output in one forward, which is exactly the context it sees under the oracle (no rejections). A
+        feature draft reads the target's states there, as every round's first candidate does (its later
+        candidates read its own: for it the bound is the first candidates' agreement).
         """
         if self.draft_model is None:
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
@@ -340,7 +343,9 @@ class SpeculativeDecoder:
         # Host-driven: one read per reference token (the loop's stop check), and one for the tokens.
         ref: list[int] = read(decode(seq, max_new_tokens, eos_ids=eos, host_read=read)[0])
         full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]
-        logits = self.draft_model(input_ids=full).logits[0, prompt.numel() - 1 : -1]
+        # A feature draft reads the target's states of the reference (as a round's first candidate does).
+        draft = TargetFedDraft(self.draft_model, self.target) if self.reads_states else self.draft_model
+        logits = draft(input_ids=full).logits[0, prompt.numel() - 1 : -1]
         return read(logits.argmax(-1) == torch.tensor(ref, device=logits.device))
 
     def _draft_calls(self) -> int:

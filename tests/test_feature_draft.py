@@ -24,7 +24,7 @@ from acchead.distill.feature_training import (
 from acchead.distill.features import load_features, run_features, shard_features
 from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
 from acchead.errors import AccheadError
-from acchead.feature_draft import FeatureDraftForCausalLM, is_feature_draft
+from acchead.feature_draft import FeatureDraftForCausalLM, TargetFedDraft, is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.feature_drafter import FeatureDrafter
@@ -221,3 +221,52 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     with pytest.raises(AccheadError, match="features"):
         load_features(tmp_path / "nowhere", shard)
     assert run_features(target, tmp_path / "resp", feats / "resp")["shards_written"] == 0
+
+
+@torch.inference_mode()
+def test_teacher_forced_states_are_the_first_candidates_of_a_round(feature_pair):
+    """`TargetFedDraft` (gen-data's and the oracle's view) gives, at position i, the state from which the
+    drafter draws a round's first candidate after seq[: i + 1]; left padding changes nothing."""
+    target, draft = feature_pair
+    seq = [1, 4, 7, 2, 9, 5, 0, 3]
+    fed = TargetFedDraft(draft, target)
+    h = fed(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]  # (T, H)
+    drafter = FeatureDrafter(draft)
+    for i in (2, 5, 7):
+        drafter.begin(torch.tensor(seq[: i + 1]), SamplingConfig(0.0), seed=0)
+        drafter.observe(_states(target, seq[:i]), 0)
+        step = drafter.propose(torch.tensor(seq[: i + 1]), 1, want_hidden=False, want_state=True)
+        torch.testing.assert_close(h[i], step.state, rtol=1e-4, atol=1e-5)
+    padded = torch.tensor([[0, 0, *seq[:6]], seq])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    out = fed(padded, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=4)
+    torch.testing.assert_close(out.logits[0, -4:], fed(torch.tensor([seq[:6]])).logits[0, -4:], rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
+
+
+def test_gen_data_train_and_decode_take_a_feature_draft(tiny_pair_dirs, tiny_tokenizer, tmp_path):
+    from acchead.data_gen import cli as gen_cli
+    from acchead.distill.draft import export
+    from acchead.train import cli as train_cli
+
+    target_dir, _ = tiny_pair_dirs
+    target = load_causal_lm(target_dir)
+    vocab = torch.arange(len(tiny_tokenizer))[::2].contiguous()
+    export(init_from_target(target, vocab, (1,), str(target_dir), feature=True), tmp_path / "draft",
+           tokenizer=tiny_tokenizer)  # fmt: skip
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(6)))
+    data = tmp_path / "data"
+    assert gen_cli.main(["--target", str(target_dir), "--draft", str(tmp_path / "draft"), "--prompts",
+                         str(prompts), "--max-new-tokens", "8", "--out", str(data)]) == 0  # fmt: skip
+    card = ["--data", str(data), "--w-rej", "6", "--depth", "3", "--out", str(tmp_path / "head")]
+    assert train_cli.main(card) == 0
+    draft = load_causal_lm(tmp_path / "draft")
+    head = tmp_path / "head"
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=4", head=head, fast=False)
+    prompt = torch.tensor([[5, 6, 7]])
+    ref = target.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0)[0, 3:]
+    res = dec.generate(prompt, max_new_tokens=10, temperature=0)
+    assert res.new_ids.tolist() == ref.tolist() and res.head_calls > 0
+    oracle = SpeculativeDecoder(target, draft, policy="oracle", fast=False)  # hindsight through the target
+    assert oracle.generate(prompt, max_new_tokens=10, temperature=0).new_ids.tolist() == ref.tolist()

@@ -28,6 +28,15 @@ def test_a_reduced_head_counts_its_rows_only(tmp_path):
     assert step_multiply_adds(draft.config) == layer + 16 * 32
 
 
+def test_a_feature_draft_counts_its_fc_and_times_its_own_step(tmp_path):
+    target = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
+    draft = init_from_target(target, torch.arange(16), (1,), str(tmp_path), feature=True)
+    layer = (step_multiply_adds(target.config) - 64 * 32) // 2
+    assert step_multiply_adds(draft.config) == layer + 16 * 32 + 2 * 32 * 32  # + fc [embedding; state]
+    times = step_seconds(draft, context=12, calls=3)  # its step reads states: no plain forward
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
 def test_step_timing_keeps_the_context_fixed():
     model = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
     times = step_seconds(model, context=12, calls=4)
