@@ -12,11 +12,7 @@ Every stage is resumable: rerun the same command after a kill and it continues w
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections import Counter
-from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 from acchead.errors import AccheadError
@@ -167,242 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_positive(args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    for name in names:
-        if getattr(args, name) < 1:
-            raise AccheadError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(args, name)})")
-
-
-def run_responses_stage(args: argparse.Namespace) -> dict:
-    _check_positive(
-        args, ("num_prompts", "max_new_tokens", "max_prompt_tokens", "batch_size", "shard_prompts")
-    )
-    if args.code_every < 0:
-        raise AccheadError("--code-every must be >= 0")
-    if args.minutes is not None and args.minutes <= 0:
-        raise AccheadError("--minutes must be > 0")
-    from acchead.assets import TARGET_DIR_NAME, asset_path
-    from acchead.chat_sets import (
-        SHAREGPT_HELDOUT,
-        chat_prompt_set,
-        mtbench_prompts,
-        sharegpt_later_turns,
-    )
-    from acchead.distill.responses import PlanItem, ResponsesConfig, build_plan, run_responses
-    from acchead.models import load_causal_lm, load_tokenizer, model_identity
-    from acchead.prompt_sets import load_prompt_set
-
-    target_path = args.target or asset_path(TARGET_DIR_NAME)
-    if args.prompts == "mtbench":
-        plan = [PlanItem(p, True, "mtbench") for p in mtbench_prompts()]
-    elif args.prompts == "humaneval":
-        plan = [PlanItem(p, False, "humaneval") for p in load_prompt_set("humaneval")]
-    else:
-        chat = chat_prompt_set("sharegpt")  # the "sharegpt-heldout" openings never enter a plan
-        # Python function headers with docstrings (the form HumanEval prompts take), from the stdlib
-        code = load_prompt_set("stdlib-functions") if args.code_every else []
-        # past the openings, ShareGPT's later human turns (never a held-out conversation's)
-        more = sharegpt_later_turns() if args.num_prompts > len(chat) + len(code) else []
-        plan = build_plan(chat, code, args.num_prompts, args.code_every, more)
-    target, tok = load_causal_lm(target_path), load_tokenizer(target_path)
-    fingerprint = model_identity(target)["fingerprint"]  # of the weights as stored, before any move
-    target = _to_device(target, args.device)
-    config = ResponsesConfig(
-        target=fingerprint, prompts=args.prompts, num_prompts=len(plan),
-        code_every=args.code_every,
-        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-        shard_prompts=args.shard_prompts, heldout_chat=SHAREGPT_HELDOUT,
-    )  # fmt: skip
-    seconds = None if args.minutes is None else args.minutes * 60
-    summary = run_responses(target, tok, plan, args.out, config, args.batch_size, max_seconds=seconds)
-    return {**asdict(config), **summary}
-
-
-def run_teacher_stage(args: argparse.Namespace) -> dict:
-    _check_positive(args, ("num_exchanges", "max_len", "batch_size", "shard_exchanges"))
-    from acchead.assets import TARGET_DIR_NAME, asset_path
-    from acchead.chat_sets import sharegpt_exchanges
-    from acchead.distill.teacher import TeacherConfig, exchange_ids, run_teacher
-    from acchead.models import load_causal_lm, load_tokenizer, model_identity
-    from acchead.prompting import encode_prompt
-
-    target_path = args.target or asset_path(TARGET_DIR_NAME)
-    target, tok = load_causal_lm(target_path), load_tokenizer(target_path)
-    exchanges = []
-    for prompt, reply in sharegpt_exchanges(args.num_exchanges):
-        p = encode_prompt(tok, prompt, chat=True)
-        if len(p) < args.max_len:  # room for at least one reply token
-            exchanges.append((exchange_ids(tok, p, reply, args.max_len), len(p)))
-    config = TeacherConfig(target=model_identity(target)["fingerprint"], num_exchanges=len(exchanges),
-                           max_len=args.max_len, shard_exchanges=args.shard_exchanges)  # fmt: skip
-    target = _to_device(target, args.device)
-    return {**asdict(config), **run_teacher(target, tok, exchanges, args.out, config, args.batch_size)}
-
-
-def run_features_stage(args: argparse.Namespace) -> dict:
-    _check_positive(args, ("batch_tokens",))
-    from acchead.assets import TARGET_DIR_NAME, asset_path
-    from acchead.distill.features import run_features
-    from acchead.models import load_causal_lm
-
-    target = _to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
-    seconds = None if args.minutes is None else args.minutes * 60
-    return run_features(target, args.responses, args.out, args.batch_tokens, not args.float32, seconds)
-
-
-def _to_device(model, device: str):
-    """`model` on `device`, or a one-line error naming what is missing."""
-    from acchead.models import check_device
-
-    check_device(device)
-    return model.to(device)
-
-
-def run_cost_stage(args: argparse.Namespace) -> dict:
-    _check_positive(args, ("context", "calls", "rounds"))
-    from acchead.models import load_causal_lm
-    from acchead.pairs import resolve_pair
-    from acchead.step_cost import measure_cost
-
-    pair = resolve_pair(args.pair, args.target, args.draft)
-    report = measure_cost(load_causal_lm(pair.target), load_causal_lm(pair.draft), args.context, args.calls,
-                          args.rounds)  # fmt: skip
-    for line in report.lines(args.goal):
-        print(line)
-    return asdict(report)
-
-
-def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
-    """Token counts of the assistant turns of the first `conversations` ShareGPT records."""
-    from acchead.chat_sets import iter_sharegpt
-
-    texts = []
-    for i, record in enumerate(iter_sharegpt()):
-        if i >= conversations:
-            break
-        texts += [t["value"] for t in record.get("conversations") or () if t.get("from") == "gpt"]
-    counts: Counter = Counter()
-    for ids in tokenizer(texts, add_special_tokens=False).input_ids:
-        counts.update(ids)
-    return counts
-
-
-def _pack_with_states(root: Path, pack, directory: Path, paths: list[Path], shards: list, *args) -> list:
-    """A feature draft's examples of `shards` (read from `paths` of `directory`), with the target's states
-    from `root / directory.name` (`acchead-distill features`)."""
-    from acchead.distill.features import load_features
-
-    return pack(shards, [load_features(root / Path(directory).name, p) for p in paths], *args)
-
-
-def run_train_stage(args: argparse.Namespace) -> dict:
-    _check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
-    if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
-        raise AccheadError("--minutes and --lr must be > 0, --held-out-shards and --vocab-background >= 0")
-    feature = args.features is not None
-    if feature and args.teacher:
-        raise AccheadError("--teacher labels carry no target states: a feature draft trains without them")
-    spec = args.layers or ("" if feature else "0,29")  # a feature draft: the target's last layer
-    try:
-        layers = tuple(int(x) for x in spec.split(",")) if spec else None
-    except ValueError:
-        raise AccheadError(f"--layers takes comma-separated layer indices (got {args.layers!r})") from None
-    from acchead.assets import TARGET_DIR_NAME, asset_path
-    from acchead.distill.draft import (
-        INDEPENDENT,
-        TRAINING_FILE,
-        TrainConfig,
-        build_vocabulary,
-        coverage,
-        init_from_target,
-        pack_examples,
-        train_draft,
-    )
-    from acchead.distill.responses import load_responses
-    from acchead.distill.teacher import load_teacher, pack_teacher
-    from acchead.models import load_causal_lm, load_tokenizer
-
-    shards = load_responses(args.responses)
-    if len(shards) <= args.held_out_shards:
-        raise AccheadError(
-            f"{args.responses} holds {len(shards)} shards: too few to hold out {args.held_out_shards}"
-        )
-    train_shards = shards[: len(shards) - args.held_out_shards]
-    held_shards = shards[len(shards) - args.held_out_shards :]
-    teacher = []
-    for directory in args.teacher:
-        found = load_teacher(directory)
-        if not found:
-            raise AccheadError(f"--teacher {directory}: no teacher shards there (acchead-distill teacher)")
-        teacher += found
-    target_path = args.target or asset_path(TARGET_DIR_NAME)
-    tok = load_tokenizer(target_path)
-    resuming = (args.out / "checkpoint.pt").is_file()
-    if resuming or args.init is not None:
-        draft = load_causal_lm(args.out / "draft" if resuming else args.init)
-    else:
-        target = load_causal_lm(target_path)
-        layers = layers or (target.config.num_hidden_layers - 1,)
-        if max(layers) >= target.config.num_hidden_layers:
-            raise AccheadError(
-                f"--layers {args.layers}: the target has {target.config.num_hidden_layers} layers"
-            )
-        background = (
-            _assistant_token_counts(tok, args.vocab_background) if args.vocab_background else Counter()
-        )
-        for shard in teacher:  # the target's argmax on other text: the tokens it writes, beyond the responses
-            background.update(t for labels in shard.labels for t in labels)
-        try:
-            vocab = build_vocabulary(train_shards, args.vocab_size, (tok.eos_token_id,), background)
-        except ValueError as e:
-            raise AccheadError(f"--vocab-size {args.vocab_size}: {e}") from None
-        # the shipped draft reads the embedding from the installed asset; any other from the target's path
-        source = f"asset:{TARGET_DIR_NAME}" if args.target is None else str(Path(target_path).resolve())
-        draft = init_from_target(target, vocab, layers, embedding_source=source, feature=feature)
-        del target
-    to_draft = draft.lm_head.to_draft.cpu()
-    config = TrainConfig(
-        lr=args.lr, batch_size=args.batch_size, max_len=args.max_len, total_tokens=args.total_tokens,
-        checkpoint_seconds=args.checkpoint_minutes * 60,
-    )  # fmt: skip
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    if feature:
-        from acchead.distill.feature_training import feature_objective, pack_feature_examples
-
-        objective = feature_objective()
-        pack = partial(_pack_with_states, args.features, pack_feature_examples)
-    else:
-        objective, pack = INDEPENDENT, (lambda directory, shards, *a: pack_examples(shards, *a))
-    every = sorted(args.responses.glob("shard-*.npz"))
-    train = pack(args.responses, every[: len(train_shards)], train_shards, to_draft, args.max_len)
-    train += pack_teacher(teacher, to_draft, args.max_len)
-    held_out = pack(args.responses, every[len(train_shards) :], held_shards, to_draft, args.max_len)
-    draft = _to_device(draft, args.device)
-    start = None
-    if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
-        start = json.loads((args.init / TRAINING_FILE).read_text())
-    state = train_draft(
-        draft,
-        train,
-        held_out,
-        args.out,
-        config,
-        pad,
-        max_seconds=args.minutes * 60,
-        start_state=start,
-        tokenizer=tok,
-        objective=objective,
-    )
-    for directory in args.eval:
-        shards = load_responses(directory)
-        examples = pack(directory, sorted(directory.glob("shard-*.npz")), shards, to_draft, args.max_len)
-        state[f"agreement_{directory.name}"] = round(objective.agreement(draft, examples, pad), 4)
-        state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
-    state["train_examples"] = len(train)
-    state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full.cpu()), 4)
-    return state
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -413,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         from acchead.models import check_device
 
         check_device(args.device)  # a bad --device fails here, before prompts and models are loaded
+        from acchead.distill.stages import (
+            run_cost_stage,
+            run_features_stage,
+            run_responses_stage,
+            run_teacher_stage,
+        )
+        from acchead.distill.train_stage import run_train_stage
+
         stages = {"responses": run_responses_stage, "teacher": run_teacher_stage, "cost": run_cost_stage,
                   "features": run_features_stage,
                   "train": run_train_stage}  # fmt: skip

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from acchead.distill import cli
+from acchead.distill import cli, stages
 from acchead.distill.responses import (
     PlanItem,
     ResponsesConfig,
@@ -132,11 +132,11 @@ def test_a_batch_spanning_shards_writes_the_same_shards(tiny_llama_pair, tiny_to
 def test_device_errors_are_one_line():
     model = torch.nn.Linear(2, 2)
     with pytest.raises(AccheadError, match="invalid device 'gpu0'"):
-        cli._to_device(model, "gpu0")
-    assert cli._to_device(model, "cpu") is model
+        stages.to_device(model, "gpu0")
+    assert stages.to_device(model, "cpu") is model
     if not torch.cuda.is_available():
         with pytest.raises(AccheadError, match="sees no CUDA device"):
-            cli._to_device(model, "cuda")
+            stages.to_device(model, "cuda")
 
 
 def test_a_time_limit_stops_between_shards_and_a_rerun_goes_on(tiny_llama_pair, tiny_tokenizer, tmp_path):

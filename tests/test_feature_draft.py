@@ -270,3 +270,30 @@ def test_gen_data_train_and_decode_take_a_feature_draft(tiny_pair_dirs, tiny_tok
     assert res.new_ids.tolist() == ref.tolist() and res.head_calls > 0
     oracle = SpeculativeDecoder(target, draft, policy="oracle", fast=False)  # hindsight through the target
     assert oracle.generate(prompt, max_new_tokens=10, temperature=0).new_ids.tolist() == ref.tolist()
+
+
+def test_bench_takes_a_feature_draft_and_skips_what_cannot(tiny_pair_dirs, tiny_tokenizer, tmp_path):
+    """The bench decodes a feature draft eagerly (fixed K, the oracle), every greedy row equal to AR; HF's
+    assisted generation and the fast path, which run the draft as a plain causal LM, are skipped with a
+    note."""
+    from acchead.distill.draft import export
+    from acchead.inference.bench.run import main as bench_main
+
+    target_dir, _ = tiny_pair_dirs
+    target = load_causal_lm(target_dir)
+    vocab = torch.arange(len(tiny_tokenizer))[::2].contiguous()
+    export(init_from_target(target, vocab, (1,), str(target_dir), feature=True), tmp_path / "draft",
+           tokenizer=tiny_tokenizer)  # fmt: skip
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return"}) + "\n")
+    out = tmp_path / "bench"
+    argv = ["--prompts", str(prompts), "--target", str(target_dir), "--draft", str(tmp_path / "draft"),
+            "--out", str(out), "--max-new-tokens", "8", "--num-prompts", "0", "--k-grid", "1,3",
+            "--methods", "autoregressive,specdec,oracle,hf-assisted", "--paths", "eager,fast",
+            "--overhead-calls", "5"]  # fmt: skip
+    assert bench_main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert sorted({r["method"] for r in res["rows"]}) == ["autoregressive", "oracle", "specdec"]
+    assert all(r["matches_autoregressive"] for r in res["rows"] if r["method"] != "autoregressive")
+    assert any("skipped with a feature draft" in n and "hf-assisted" in n for n in res["notes"])
+    assert bench_main([*argv[:-4], "--batch-size", "1,2", "--overwrite", "--overhead-calls", "5"]) == 2

@@ -35,7 +35,14 @@ from acchead.inference.bench.partials import (
     save_partial,
 )
 from acchead.inference.bench.prompts import encode_prompts, load_prompts
-from acchead.inference.bench.settings import FIT_FAMILIES, Setting, build_settings, is_fitted, used_heads
+from acchead.inference.bench.settings import (
+    FAST_SUFFIX,
+    FIT_FAMILIES,
+    Setting,
+    build_settings,
+    is_fitted,
+    used_heads,
+)
 from acchead.rundir import locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 
@@ -203,6 +210,7 @@ def run_grid(
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Load everything, run the grid (resuming from partials), fit, and write the three outputs."""
+    from acchead.feature_draft import is_feature_draft
     from acchead.head_io import load_head
     from acchead.inference.bench.hf_assisted import METHOD as HF_METHOD
     from acchead.inference.bench.hf_assisted import schedule_params
@@ -216,6 +224,15 @@ def run_bench(args: argparse.Namespace) -> dict:
     check_fit_possible(settings, len(prompts))
     target = load_causal_lm(args.target, args.dtype, args.device)
     draft = load_causal_lm(args.draft, args.dtype, args.device)
+    if is_feature_draft(draft):  # it drafts from the target's states: our eager decoders only
+        runs = [s.family != HF_METHOD and not s.family.endswith(FAST_SUFFIX) for s in settings]
+        dropped = sorted({s.family for s, ok in zip(settings, runs, strict=True) if not ok})
+        settings = [s for s, ok in zip(settings, runs, strict=True) if ok]
+        if dropped:
+            notes.append(f"skipped with a feature draft (it reads the target's states; eager path only): "
+                         f"{', '.join(dropped)}")  # fmt: skip
+        if args.batch_size:
+            raise AccheadError("--batch-size: batched decoding does not take a feature draft yet")
     for s in settings:
         if s.family == HF_METHOD:  # record the schedule transformers will use with this draft
             s.params.update(schedule_params(draft))

@@ -1,0 +1,149 @@
+"""`acchead-distill train`: the draft's training stage (the arguments `acchead.distill.cli` parsed).
+
+It gathers what `acchead.distill.draft.train_draft` needs: the response shards (the last `--held-out-shards`
+held out), the optional teacher labels, the draft (resumed from the run directory, or `--init`, or built
+from the target with a vocabulary ranked by the responses), and for a feature draft (`--features`) the
+target's states beside every response, then reports agreement on each `--eval` set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+from acchead.distill.stages import check_positive, to_device
+from acchead.errors import AccheadError
+
+
+def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
+    """Token counts of the assistant turns of the first `conversations` ShareGPT records."""
+    from acchead.chat_sets import iter_sharegpt
+
+    texts = []
+    for i, record in enumerate(iter_sharegpt()):
+        if i >= conversations:
+            break
+        texts += [t["value"] for t in record.get("conversations") or () if t.get("from") == "gpt"]
+    counts: Counter = Counter()
+    for ids in tokenizer(texts, add_special_tokens=False).input_ids:
+        counts.update(ids)
+    return counts
+
+
+def _pack_with_states(root: Path, pack, directory: Path, paths: list[Path], shards: list, *args) -> list:
+    """A feature draft's examples of `shards` (read from `paths` of `directory`), with the target's states
+    from `root / directory.name` (`acchead-distill features`)."""
+    from acchead.distill.features import load_features
+
+    return pack(shards, [load_features(root / Path(directory).name, p) for p in paths], *args)
+
+
+def run_train_stage(args: argparse.Namespace) -> dict:
+    check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
+    if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
+        raise AccheadError("--minutes and --lr must be > 0, --held-out-shards and --vocab-background >= 0")
+    feature = args.features is not None
+    if feature and args.teacher:
+        raise AccheadError("--teacher labels carry no target states: a feature draft trains without them")
+    spec = args.layers or ("" if feature else "0,29")  # a feature draft: the target's last layer
+    try:
+        layers = tuple(int(x) for x in spec.split(",")) if spec else None
+    except ValueError:
+        raise AccheadError(f"--layers takes comma-separated layer indices (got {args.layers!r})") from None
+    from acchead.assets import TARGET_DIR_NAME, asset_path
+    from acchead.distill.draft import (
+        INDEPENDENT,
+        TRAINING_FILE,
+        TrainConfig,
+        build_vocabulary,
+        coverage,
+        init_from_target,
+        pack_examples,
+        train_draft,
+    )
+    from acchead.distill.responses import load_responses
+    from acchead.distill.teacher import load_teacher, pack_teacher
+    from acchead.models import load_causal_lm, load_tokenizer
+
+    shards = load_responses(args.responses)
+    if len(shards) <= args.held_out_shards:
+        raise AccheadError(
+            f"{args.responses} holds {len(shards)} shards: too few to hold out {args.held_out_shards}"
+        )
+    train_shards = shards[: len(shards) - args.held_out_shards]
+    held_shards = shards[len(shards) - args.held_out_shards :]
+    teacher = []
+    for directory in args.teacher:
+        found = load_teacher(directory)
+        if not found:
+            raise AccheadError(f"--teacher {directory}: no teacher shards there (acchead-distill teacher)")
+        teacher += found
+    target_path = args.target or asset_path(TARGET_DIR_NAME)
+    tok = load_tokenizer(target_path)
+    resuming = (args.out / "checkpoint.pt").is_file()
+    if resuming or args.init is not None:
+        draft = load_causal_lm(args.out / "draft" if resuming else args.init)
+    else:
+        target = load_causal_lm(target_path)
+        layers = layers or (target.config.num_hidden_layers - 1,)
+        if max(layers) >= target.config.num_hidden_layers:
+            raise AccheadError(
+                f"--layers {args.layers}: the target has {target.config.num_hidden_layers} layers"
+            )
+        background = (
+            _assistant_token_counts(tok, args.vocab_background) if args.vocab_background else Counter()
+        )
+        for shard in teacher:  # the target's argmax on other text: the tokens it writes, beyond the responses
+            background.update(t for labels in shard.labels for t in labels)
+        try:
+            vocab = build_vocabulary(train_shards, args.vocab_size, (tok.eos_token_id,), background)
+        except ValueError as e:
+            raise AccheadError(f"--vocab-size {args.vocab_size}: {e}") from None
+        # the shipped draft reads the embedding from the installed asset; any other from the target's path
+        source = f"asset:{TARGET_DIR_NAME}" if args.target is None else str(Path(target_path).resolve())
+        draft = init_from_target(target, vocab, layers, embedding_source=source, feature=feature)
+        del target
+    to_draft = draft.lm_head.to_draft.cpu()
+    config = TrainConfig(
+        lr=args.lr, batch_size=args.batch_size, max_len=args.max_len, total_tokens=args.total_tokens,
+        checkpoint_seconds=args.checkpoint_minutes * 60,
+    )  # fmt: skip
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    if feature:
+        from acchead.distill.feature_training import feature_objective, pack_feature_examples
+
+        objective = feature_objective()
+        pack = partial(_pack_with_states, args.features, pack_feature_examples)
+    else:
+        objective, pack = INDEPENDENT, (lambda directory, paths, shards, *a: pack_examples(shards, *a))
+    every = sorted(args.responses.glob("shard-*.npz"))
+    train = pack(args.responses, every[: len(train_shards)], train_shards, to_draft, args.max_len)
+    train += pack_teacher(teacher, to_draft, args.max_len)
+    held_out = pack(args.responses, every[len(train_shards) :], held_shards, to_draft, args.max_len)
+    draft = to_device(draft, args.device)
+    start = None
+    if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
+        start = json.loads((args.init / TRAINING_FILE).read_text())
+    state = train_draft(
+        draft,
+        train,
+        held_out,
+        args.out,
+        config,
+        pad,
+        max_seconds=args.minutes * 60,
+        start_state=start,
+        tokenizer=tok,
+        objective=objective,
+    )
+    for directory in args.eval:
+        shards = load_responses(directory)
+        examples = pack(directory, sorted(directory.glob("shard-*.npz")), shards, to_draft, args.max_len)
+        state[f"agreement_{directory.name}"] = round(objective.agreement(draft, examples, pad), 4)
+        state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
+    state["train_examples"] = len(train)
+    state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full.cpu()), 4)
+    return state
