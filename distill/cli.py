@@ -139,8 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--layers",
         default=None,
-        help="the target's layers the draft starts from (default 0,29; a feature draft: 29)",
+        help="the target's layers the draft starts from (default 0,29; a feature draft: the last)",
     )
+    t.add_argument("--soft-labels", action="store_true",
+                   help="a feature draft learns the target's distribution over its vocabulary at every "
+                   "position, prompt included (default: the greedy token on response positions)")  # fmt: skip
+    t.add_argument("--cls-weight", type=float, default=None,
+                   help="a feature draft's token loss weight, beside the state regression (0.1)")  # fmt: skip
     t.add_argument(
         "--features",
         type=Path,

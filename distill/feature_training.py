@@ -66,9 +66,15 @@ def collate_features(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, 
 
 
 def feature_loss(
-    draft, batch: tuple[torch.Tensor, ...], cls_weight: float = 0.1, noise: float = 0.1
-) -> tuple[torch.Tensor, float]:
-    """(regression + cls_weight × cross-entropy, top-1 accuracy at labelled positions) of a batch."""
+    draft, batch: tuple[torch.Tensor, ...], cls_weight: float = 0.1, noise: float = 0.1,
+    teacher_rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float]:  # fmt: skip
+    """(regression + cls_weight × cross-entropy, top-1 accuracy at labelled positions) of a batch.
+
+    With `teacher_rows` ((V_d, H): the target's LM-head rows of the draft's vocabulary), the cross-entropy
+    is against the target's own distribution over those rows at EVERY pair, prompt included: softmax of
+    f_{j+1} · rowsᵀ, the target's next-token distribution renormalised on V_d (soft labels, as EAGLE-3 and
+    HASS distil), instead of the greedy token on response positions only."""
     ids, mask, labels, read, target = batch
     if noise:
         read = read + (torch.rand_like(read) * 2 - 1) * noise
@@ -77,9 +83,16 @@ def feature_loss(
     real = mask.bool()
     reg = torch.nn.functional.smooth_l1_loss(hidden[real].float(), target[real])
     keep = labels >= 0
-    logits = draft.lm_head.draft_logits(hidden[keep].float())  # (N, V_d)
-    cls = torch.nn.functional.cross_entropy(logits, labels[keep])
-    return reg + cls_weight * cls, float((logits.argmax(-1) == labels[keep]).float().mean())
+    if teacher_rows is not None:
+        logits = draft.lm_head.draft_logits(hidden[real].float())  # (N_real, V_d)
+        with torch.no_grad():
+            soft = (target[real] @ teacher_rows.T.to(target.dtype)).softmax(-1)  # (N_real, V_d)
+        cls = -(soft * logits.log_softmax(-1)).sum(-1).mean()
+        scored = logits[keep[real]]
+    else:
+        scored = logits = draft.lm_head.draft_logits(hidden[keep].float())  # (N, V_d)
+        cls = torch.nn.functional.cross_entropy(logits, labels[keep])
+    return reg + cls_weight * cls, float((scored.argmax(-1) == labels[keep]).float().mean())
 
 
 @torch.inference_mode()
@@ -99,8 +112,9 @@ def feature_agreement(draft, examples: list[tuple], pad_id: int, batch_size: int
     return hits / max(total, 1)
 
 
-def feature_objective(cls_weight: float = 0.1, noise: float = 0.1) -> Objective:
-    """The `Objective` of a feature draft (module docstring)."""
-    return Objective(
-        collate_features, partial(feature_loss, cls_weight=cls_weight, noise=noise), feature_agreement
-    )
+def feature_objective(
+    cls_weight: float = 0.1, noise: float = 0.1, teacher_rows: torch.Tensor | None = None
+) -> Objective:
+    """The `Objective` of a feature draft (module docstring); `teacher_rows`: soft labels (`feature_loss`)."""
+    loss = partial(feature_loss, cls_weight=cls_weight, noise=noise, teacher_rows=teacher_rows)
+    return Objective(collate_features, loss, feature_agreement)

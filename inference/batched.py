@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
+from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
@@ -114,12 +115,12 @@ class BatchedDecoder:
             head, _ = load_head(head, draft=draft)
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head)
         if not isinstance(self.policy, Autoregressive | FixedK | SpecDecPP | Confidence | Entropy):
-            raise AccheadError(
-                "batched decoding runs autoregressive, specdec, specdecpp, confidence and entropy, "
-                f"not {self.policy.spec!r}"
-            )
+            raise AccheadError("batched decoding runs autoregressive, specdec, specdecpp, confidence and "
+                               f"entropy, not {self.policy.spec!r}")  # fmt: skip
         if draft is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
+        if is_feature_draft(draft):  # it needs the target's states per row: not built yet
+            raise AccheadError("batched decoding does not take a feature (EAGLE) draft yet")
         self.target, self.draft, self.verifier = target, draft, verifier
         self._verify = VERIFIERS[verifier]
         self._vocab = target.get_output_embeddings().weight.shape[0]

@@ -80,8 +80,9 @@ class SpeculativeDecoder:
 
     Args:
         target: the target causal LM (eval mode).
-        draft: the draft causal LM (wrapped in a `ModelDrafter` with its own KV cache), or any `Drafter`
-            (e.g. MaG, a cascade), or None for `autoregressive`.
+        draft: the draft causal LM (wrapped in a `ModelDrafter` with its own KV cache; a feature draft,
+            `acchead.feature_draft`, in a `FeatureDrafter`), or any `Drafter` (e.g. MaG, a cascade), or
+            None for `autoregressive`.
         policy: a spec string (`acchead.inference.policy_spec`), its typed `PolicySpec`, or a `StopPolicy`.
         head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
             draft=draft)` so that a head trained for another draft is refused. Required: the decoder
@@ -90,7 +91,8 @@ class SpeculativeDecoder:
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         fast: run the target (and a draft model given as a `PreTrainedModel`) on the fast path: static KV
             caches and compiled forwards (`acchead.inference.model_runner.StaticRunner`). None: on when
-            the target is on CUDA. Call `warm_up` before timing it.
+            the target is on CUDA, unless the draft is a feature (EAGLE) draft, which runs eagerly
+            (`acchead.inference.feature_drafter`). Call `warm_up` before timing it.
         compile: on the fast path, capture the forwards (False runs the static caches eagerly: the same
             cache logic without compilation, for tests and debugging).
         device_path: take the CUDA default's branches (`acchead.inference.device_path`): the fast path and
@@ -113,7 +115,9 @@ class SpeculativeDecoder:
             raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
         self.target = target
         self.path = DevicePath.resolve(target.device, device_path)
-        self.fast = self.path.fast_default if fast is None else bool(fast)
+        if fast is None:  # the device's default; a feature draft runs eagerly (its fast path is not built)
+            fast = self.path.fast_default and not is_feature_draft(draft)
+        self.fast = bool(fast)
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
         self._runner = make_runner(target, self.fast, compile, device_path=self.path.on)
@@ -125,7 +129,7 @@ class SpeculativeDecoder:
         )
         if is_feature_draft(draft):
             if self.fast:
-                raise AccheadError("a feature (EAGLE) draft runs on the eager path only: pass fast=False")
+                raise AccheadError("a feature (EAGLE) draft runs on the eager path only: leave fast unset")
             draft = FeatureDrafter(draft)
         elif isinstance(draft, PreTrainedModel):
             # The draft resolves its own default from its own device (it may sit elsewhere).

@@ -148,6 +148,12 @@ def test_the_fast_path_and_a_plain_forward_are_refused(feature_pair):
     target, draft = feature_pair
     with pytest.raises(AccheadError, match="eager path only"):
         SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False)
+    # the device's default path (the fast one on CUDA, forced here) falls back to eager for a feature draft
+    assert not SpeculativeDecoder(target, draft, policy="specdec:k=2", device_path=True).fast
+    from acchead.inference.batched import BatchedDecoder
+
+    with pytest.raises(AccheadError, match="batched decoding does not take a feature"):
+        BatchedDecoder(target, draft, policy="specdec:k=2")
     with pytest.raises(TypeError, match="hidden_states"):
         draft(input_ids=torch.tensor([[1, 2]]))
     assert is_feature_draft(draft) and not is_feature_draft(target)
@@ -166,17 +172,19 @@ def test_examples_pair_each_token_with_the_state_before_it():
     assert mask.sum() == 6 and torch.equal(labels_b[0], labels)
 
 
-def test_training_lowers_the_loss_and_raises_agreement(feature_pair, tmp_path):
+@pytest.mark.parametrize("soft", [False, True], ids=["greedy-token", "soft-labels"])
+def test_training_lowers_the_loss_and_raises_agreement(feature_pair, tmp_path, soft):
     target, _ = feature_pair
     draft = init_from_target(target, KEPT, (1,), feature=True)
+    rows = target.get_output_embeddings().weight.detach()[KEPT] if soft else None
     examples = pack_feature_examples(*_greedy_text(target, 4, seed=1), draft.lm_head.to_draft, max_len=64)
     batch = collate_features(examples, pad_id=0)
-    before = feature_loss(draft, batch, noise=0.0)[0].item()
+    before = feature_loss(draft, batch, noise=0.0, teacher_rows=rows)[0].item()
     agree0 = feature_agreement(draft, examples, 0)
     config = TrainConfig(lr=3e-3, batch_size=4, warmup_steps=1, total_tokens=400, checkpoint_seconds=1e9)
     state = train_draft(draft, examples, examples, tmp_path, config, 0, max_seconds=60, log=lambda *_: None,
-                        objective=feature_objective(noise=0.0))  # fmt: skip
-    assert feature_loss(draft, batch, noise=0.0)[0].item() < before
+                        objective=feature_objective(noise=0.0, teacher_rows=rows))  # fmt: skip
+    assert feature_loss(draft, batch, noise=0.0, teacher_rows=rows)[0].item() < before
     assert state["held_out_agreement"] > agree0
 
 
@@ -218,6 +226,12 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     assert dec.generate(prompt, max_new_tokens=12, temperature=0).new_ids.tolist() == ref_ids.tolist()
     assert cli.main([*train, "--teacher", str(tmp_path)]) == 2
     assert "carry no target states" in capsys.readouterr().err
+    # soft labels: the target's distribution at every position, continuing the run from its draft
+    soft = [*train[:6], str(tmp_path / "run-soft"), *train[7:], "--init", str(tmp_path / "run" / "draft"),
+            "--soft-labels", "--cls-weight", "0.5"]  # fmt: skip
+    assert cli.main(soft) == 0 and "agreement_resp=" in capsys.readouterr().out
+    assert cli.main([*train[:-4], "--cls-weight", "0.5"]) == 2  # without --features
+    assert "train a feature draft" in capsys.readouterr().err
     with pytest.raises(AccheadError, match="features"):
         load_features(tmp_path / "nowhere", shard)
     assert run_features(target, tmp_path / "resp", feats / "resp")["shards_written"] == 0
