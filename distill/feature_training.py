@@ -67,19 +67,39 @@ def collate_features(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, 
 
 def feature_loss(
     draft, batch: tuple[torch.Tensor, ...], cls_weight: float = 0.1, noise: float = 0.1,
-    teacher_rows: torch.Tensor | None = None,
+    teacher_rows: torch.Tensor | None = None, chain: bool = False,
 ) -> tuple[torch.Tensor, float]:  # fmt: skip
     """(regression + cls_weight × cross-entropy, top-1 accuracy at labelled positions) of a batch.
 
     With `teacher_rows` ((V_d, H): the target's LM-head rows of the draft's vocabulary), the cross-entropy
     is against the target's own distribution over those rows at EVERY pair, prompt included: softmax of
     f_{j+1} · rowsᵀ, the target's next-token distribution renormalised on V_d (soft labels, as EAGLE-3 and
-    HASS distil), instead of the greedy token on response positions only."""
-    ids, mask, labels, read, target = batch
+    HASS distil), instead of the greedy token on response positions only.
+
+    `chain`: a second forward in which every pair reads the draft's own guess of its state (h_{j-1},
+    detached) in place of f_j, with the same targets, its loss added: what decoding feeds every candidate
+    after a round's first (EAGLE-3's training-time test, one step; here the context's states are guesses
+    too, harsher than decoding, where only the round's own candidates are)."""
+    ids, mask, _, read, _ = batch
     if noise:
         read = read + (torch.rand_like(read) * 2 - 1) * noise
     with torch.autocast(ids.device.type, torch.bfloat16):
         hidden = draft.hidden_states(ids, read, attention_mask=mask)  # (B, T, H)
+    loss, acc = _step_loss(draft, hidden, batch, cls_weight, teacher_rows)
+    if chain:
+        guess = torch.cat([read[:, :1], hidden[:, :-1].detach().float()], dim=1)  # pair j reads h_{j-1}
+        with torch.autocast(ids.device.type, torch.bfloat16):
+            chained = draft.hidden_states(ids, guess, attention_mask=mask)
+        loss = loss + _step_loss(draft, chained, batch, cls_weight, teacher_rows)[0]
+    return loss, acc
+
+
+def _step_loss(
+    draft, hidden: torch.Tensor, batch: tuple[torch.Tensor, ...], cls_weight: float,
+    teacher_rows: torch.Tensor | None,
+) -> tuple[torch.Tensor, float]:  # fmt: skip
+    """`feature_loss` of one forward's outputs `hidden` (B, T, H)."""
+    _, mask, labels, _, target = batch
     real = mask.bool()
     reg = torch.nn.functional.smooth_l1_loss(hidden[real].float(), target[real])
     keep = labels >= 0
@@ -113,8 +133,9 @@ def feature_agreement(draft, examples: list[tuple], pad_id: int, batch_size: int
 
 
 def feature_objective(
-    cls_weight: float = 0.1, noise: float = 0.1, teacher_rows: torch.Tensor | None = None
+    cls_weight: float = 0.1, noise: float = 0.1, teacher_rows: torch.Tensor | None = None, chain: bool = False
 ) -> Objective:
-    """The `Objective` of a feature draft (module docstring); `teacher_rows`: soft labels (`feature_loss`)."""
-    loss = partial(feature_loss, cls_weight=cls_weight, noise=noise, teacher_rows=teacher_rows)
+    """The `Objective` of a feature draft (module docstring); `teacher_rows` (soft labels) and `chain`: see
+    `feature_loss`."""
+    loss = partial(feature_loss, cls_weight=cls_weight, noise=noise, teacher_rows=teacher_rows, chain=chain)
     return Objective(collate_features, loss, feature_agreement)

@@ -46,8 +46,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
         raise AccheadError("--minutes and --lr must be > 0, --held-out-shards and --vocab-background >= 0")
     feature = args.features is not None
-    if (args.soft_labels or args.cls_weight is not None) and not feature:
-        raise AccheadError("--soft-labels and --cls-weight train a feature draft: add --features")
+    if (args.soft_labels or args.chain or args.cls_weight is not None) and not feature:
+        raise AccheadError("--soft-labels, --chain and --cls-weight train a feature draft: add --features")
     args.cls_weight = 0.1 if args.cls_weight is None else args.cls_weight
     if args.cls_weight <= 0:
         raise AccheadError(f"--cls-weight must be > 0 (got {args.cls_weight})")
@@ -124,7 +124,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         if args.soft_labels:  # the target's head rows of the draft's vocabulary: its distribution on V_d
             head = load_causal_lm(target_path).get_output_embeddings().weight.detach()
             rows = head[draft.lm_head.to_full.cpu()].float().to(args.device)
-        objective = feature_objective(cls_weight=args.cls_weight, teacher_rows=rows)
+        objective = feature_objective(cls_weight=args.cls_weight, teacher_rows=rows, chain=args.chain)
         pack = partial(_pack_with_states, args.features, pack_feature_examples)
     else:
         objective, pack = INDEPENDENT, (lambda directory, paths, shards, *a: pack_examples(shards, *a))

@@ -172,19 +172,20 @@ def test_examples_pair_each_token_with_the_state_before_it():
     assert mask.sum() == 6 and torch.equal(labels_b[0], labels)
 
 
-@pytest.mark.parametrize("soft", [False, True], ids=["greedy-token", "soft-labels"])
-def test_training_lowers_the_loss_and_raises_agreement(feature_pair, tmp_path, soft):
+@pytest.mark.parametrize(("soft", "chain"), [(False, False), (True, False), (False, True)],
+                         ids=["greedy-token", "soft-labels", "chain"])  # fmt: skip
+def test_training_lowers_the_loss_and_raises_agreement(feature_pair, tmp_path, soft, chain):
     target, _ = feature_pair
     draft = init_from_target(target, KEPT, (1,), feature=True)
     rows = target.get_output_embeddings().weight.detach()[KEPT] if soft else None
     examples = pack_feature_examples(*_greedy_text(target, 4, seed=1), draft.lm_head.to_draft, max_len=64)
     batch = collate_features(examples, pad_id=0)
-    before = feature_loss(draft, batch, noise=0.0, teacher_rows=rows)[0].item()
+    before = feature_loss(draft, batch, noise=0.0, teacher_rows=rows, chain=chain)[0].item()
     agree0 = feature_agreement(draft, examples, 0)
     config = TrainConfig(lr=3e-3, batch_size=4, warmup_steps=1, total_tokens=400, checkpoint_seconds=1e9)
     state = train_draft(draft, examples, examples, tmp_path, config, 0, max_seconds=60, log=lambda *_: None,
-                        objective=feature_objective(noise=0.0, teacher_rows=rows))  # fmt: skip
-    assert feature_loss(draft, batch, noise=0.0, teacher_rows=rows)[0].item() < before
+                        objective=feature_objective(noise=0.0, teacher_rows=rows, chain=chain))  # fmt: skip
+    assert feature_loss(draft, batch, noise=0.0, teacher_rows=rows, chain=chain)[0].item() < before
     assert state["held_out_agreement"] > agree0
 
 
@@ -228,7 +229,7 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     assert "carry no target states" in capsys.readouterr().err
     # soft labels: the target's distribution at every position, continuing the run from its draft
     soft = [*train[:6], str(tmp_path / "run-soft"), *train[7:], "--init", str(tmp_path / "run" / "draft"),
-            "--soft-labels", "--cls-weight", "0.5"]  # fmt: skip
+            "--soft-labels", "--chain", "--cls-weight", "0.5"]  # fmt: skip
     assert cli.main(soft) == 0 and "agreement_resp=" in capsys.readouterr().out
     assert cli.main([*train[:-4], "--cls-weight", "0.5"]) == 2  # without --features
     assert "train a feature draft" in capsys.readouterr().err

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
 from acchead.inference.policies import SpecDecPP
@@ -66,12 +67,20 @@ def time_head_overhead(
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
     cache = DynamicCache()
-    out = draft(input_ids=prompt_ids, **{CACHE_ARG: cache}, use_cache=True, output_hidden_states=True)
+
+    def forward(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits (V,), final hidden state (H,)) of the last position of a KV-cached forward over ids."""
+        if is_feature_draft(draft):  # its step reads a state beside each token (zeros cost the same)
+            states = torch.zeros(*ids.shape, draft.config.hidden_size, device=ids.device)
+            h = draft.hidden_states(ids, states, **{CACHE_ARG: cache}, use_cache=True)
+            return draft.lm_head(h[0, -1]), h[0, -1]
+        out = draft(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True, output_hidden_states=True)
+        return out.logits[0, -1], final_hidden(out)[0, -1]
+
+    logits, hidden = forward(prompt_ids)  # (V,), (H,)
     context = cache.get_seq_length()
-    logits = out.logits[0, -1]  # (V,)
     q = probs_from_logits(logits, sampling)
     token = logits.argmax(-1).view(1, 1)  # (1, 1): the greedy candidate (any token costs the same)
-    hidden = final_hidden(out)[0, -1]  # (H,)
     # The stop decision is ignored: every call does the full head + running-product update.
     policy = SpecDecPP(head, h=0.5).to(hidden.device)
     policy.attach_draft(draft)  # a head reading "token" needs the draft's output embedding
@@ -85,7 +94,7 @@ def time_head_overhead(
     sync = torch.cuda.synchronize if prompt_ids.is_cuda else (lambda: None)
 
     def draft_step() -> None:
-        draft(input_ids=token, **{CACHE_ARG: cache}, use_cache=True, output_hidden_states=True)
+        forward(token)
         cache.crop(-1)  # drop the token just added: every call sees the same context length
         sync()
 
