@@ -302,13 +302,24 @@ def test_bench_takes_a_feature_draft_and_skips_what_cannot(tiny_pair_dirs, tiny_
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return"}) + "\n")
     out = tmp_path / "bench"
+    from acchead.head_io import HeadMetadata, save_head
+    from acchead.models import model_identity
+
+    inputs = ("state", "token")
+    meta = HeadMetadata(depth=1, hidden_size=64, w_acc=1.0, w_rej=6.0, kind="lookahead", inputs=list(inputs),
+                        draft=model_identity(load_causal_lm(tmp_path / "draft")),
+                        sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})  # fmt: skip
+    head = tmp_path / "h.safetensors"
+    save_head(AcceptanceHead(64, 1, kind="lookahead", inputs=inputs), head, meta=meta)
     argv = ["--prompts", str(prompts), "--target", str(target_dir), "--draft", str(tmp_path / "draft"),
             "--out", str(out), "--max-new-tokens", "8", "--num-prompts", "0", "--k-grid", "1,3",
-            "--methods", "autoregressive,specdec,oracle,hf-assisted", "--paths", "eager,fast",
-            "--overhead-calls", "5"]  # fmt: skip
+            "--methods", "autoregressive,specdec,specdecpp,oracle,hf-assisted", "--h-grid", "0.5",
+            "--head", str(head), "--paths", "eager,fast", "--overhead-calls", "5"]  # fmt: skip
     assert bench_main(argv) == 0
     res = json.loads((out / "results.json").read_text())
-    assert sorted({r["method"] for r in res["rows"]}) == ["autoregressive", "oracle", "specdec"]
+    methods = sorted({r["method"] for r in res["rows"]})
+    assert methods == ["autoregressive", "oracle", "specdec", "specdecpp-lookahead"]
+    assert res["head_overhead"]  # timed on the feature draft's own step
     assert all(r["matches_autoregressive"] for r in res["rows"] if r["method"] != "autoregressive")
     assert any("skipped with a feature draft" in n and "hf-assisted" in n for n in res["notes"])
     assert bench_main([*argv[:-4], "--batch-size", "1,2", "--overwrite", "--overhead-calls", "5"]) == 2
