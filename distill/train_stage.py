@@ -69,7 +69,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         pack_examples,
         train_draft,
     )
-    from acchead.distill.responses import load_responses
+    from acchead.distill.responses import SHARD_GLOB, load_responses
     from acchead.distill.teacher import load_teacher, pack_teacher
     from acchead.models import load_causal_lm, load_tokenizer
 
@@ -128,7 +128,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         pack = partial(_pack_with_states, args.features, pack_feature_examples)
     else:
         objective, pack = INDEPENDENT, (lambda directory, paths, shards, *a: pack_examples(shards, *a))
-    every = sorted(args.responses.glob("shard-*.npz"))
+    every = sorted(args.responses.glob(SHARD_GLOB))
     train = pack(args.responses, every[: len(train_shards)], train_shards, to_draft, args.max_len)
     train += pack_teacher(teacher, to_draft, args.max_len)
     held_out = pack(args.responses, every[len(train_shards) :], held_shards, to_draft, args.max_len)
@@ -150,7 +150,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     )
     for directory in args.eval:
         shards = load_responses(directory)
-        examples = pack(directory, sorted(directory.glob("shard-*.npz")), shards, to_draft, args.max_len)
+        examples = pack(directory, sorted(directory.glob(SHARD_GLOB)), shards, to_draft, args.max_len)
         state[f"agreement_{directory.name}"] = round(objective.agreement(draft, examples, pad), 4)
         state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
     state["train_examples"] = len(train)

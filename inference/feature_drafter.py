@@ -147,6 +147,3 @@ class FeatureDrafter(Drafter):
         self._states = self._states[: max(length - 1, 0)]
         self._true_pairs = min(self._true_pairs, max(length - 1, 0))
         self._pending = self._handed = None
-
-    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun) -> None:
-        """Nothing to compile (eager)."""

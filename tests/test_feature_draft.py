@@ -259,16 +259,23 @@ def test_teacher_forced_states_are_the_first_candidates_of_a_round(feature_pair)
                                atol=1e-4)  # fmt: skip
 
 
+def _saved_feature_draft(target_dir, tokenizer, out):
+    """Export an untrained feature draft of the target in `target_dir` (every other token) to `out`; the
+    target."""
+    from acchead.distill.draft import export
+
+    target = load_causal_lm(target_dir)
+    vocab = torch.arange(len(tokenizer))[::2].contiguous()
+    export(init_from_target(target, vocab, (1,), str(target_dir), feature=True), out, tokenizer=tokenizer)
+    return target
+
+
 def test_gen_data_train_and_decode_take_a_feature_draft(tiny_pair_dirs, tiny_tokenizer, tmp_path):
     from acchead.data_gen import cli as gen_cli
-    from acchead.distill.draft import export
     from acchead.train import cli as train_cli
 
     target_dir, _ = tiny_pair_dirs
-    target = load_causal_lm(target_dir)
-    vocab = torch.arange(len(tiny_tokenizer))[::2].contiguous()
-    export(init_from_target(target, vocab, (1,), str(target_dir), feature=True), tmp_path / "draft",
-           tokenizer=tiny_tokenizer)  # fmt: skip
+    target = _saved_feature_draft(target_dir, tiny_tokenizer, tmp_path / "draft")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(6)))
     data = tmp_path / "data"
@@ -291,14 +298,10 @@ def test_bench_takes_a_feature_draft_and_skips_what_cannot(tiny_pair_dirs, tiny_
     """The bench decodes a feature draft eagerly (fixed K, the oracle), every greedy row equal to AR; HF's
     assisted generation and the fast path, which run the draft as a plain causal LM, are skipped with a
     note."""
-    from acchead.distill.draft import export
     from acchead.inference.bench.run import main as bench_main
 
     target_dir, _ = tiny_pair_dirs
-    target = load_causal_lm(target_dir)
-    vocab = torch.arange(len(tiny_tokenizer))[::2].contiguous()
-    export(init_from_target(target, vocab, (1,), str(target_dir), feature=True), tmp_path / "draft",
-           tokenizer=tiny_tokenizer)  # fmt: skip
+    _saved_feature_draft(target_dir, tiny_tokenizer, tmp_path / "draft")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def add(a, b):\n    return"}) + "\n")
     out = tmp_path / "bench"
