@@ -49,6 +49,8 @@ REAL_GEN_PROMPTS ?= 128
 # The real pair's head reads the draft's confidence too (log q, entropy, top log-probs): at ~0.5 acceptance
 # it beat state+token by 1-4% in the bench (docs/real-pair.md, "The head's inputs").
 REAL_HEAD_INPUTS ?= state+logq+entropy+topk
+# A feature draft's candidates labelled per round by gen-data (1: first candidates only; docs/real-pair.md).
+REAL_FEATURE_CHAIN ?= 1
 REAL_BENCH_PROMPTS ?= 8
 REAL_NEW_TOKENS ?= 64
 REAL_BENCH ?= --pair smollm2 --num-prompts $(REAL_BENCH_PROMPTS) --max-new-tokens $(REAL_NEW_TOKENS) \
@@ -137,7 +139,7 @@ assets: | $(STAMP)
 
 $(REAL_DIR)/data/gen_config.json: | assets
 	$(BIN)/acchead-gen-data --pair smollm2 --prompt-set sharegpt-heldout --num-prompts $(REAL_GEN_PROMPTS) \
-		--max-new-tokens $(REAL_NEW_TOKENS) --out $(REAL_DIR)/data
+		--max-new-tokens $(REAL_NEW_TOKENS) --feature-chain $(REAL_FEATURE_CHAIN) --out $(REAL_DIR)/data
 
 $(REAL_DIR)/head/head.safetensors: $(REAL_DIR)/data/gen_config.json
 	$(BIN)/acchead-train --data $(REAL_DIR)/data --w-rej 6 --depth 3 --inputs $(REAL_HEAD_INPUTS) --out $(REAL_DIR)/head

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from acchead.feature_chain import chain_hidden_states, gather_levels
 from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM
 
 
@@ -72,16 +73,23 @@ class TargetFedDraft(nn.Module):
     decoder stack over the ids (its states f), then the draft over the pairs (t_{j+1}, f_j): the output at
     position i is the draft's h_{i-1} and its logits, which predict token i + 1 as a causal LM's do; the
     first real position of each row has no pair and gets zeros (nothing reads it: it is a prompt's first
-    token). The labeller's teacher-forced passes and the oracle's reference read a feature draft through it:
-    the states are the target's all along, i.e. every candidate's context as the first candidate of a round
-    sees it (later candidates of a round read the draft's own states while decoding).
+    token). The labeller's teacher-forced passes read a feature draft through it.
+
+    With `levels` = 1 the states are the target's all along: every position is a round's *first*
+    candidate. With `levels` = N > 1 the output at a position whose pair has position id j is the
+    candidate of depth j mod N (`acchead.feature_chain`: the round started j mod N pairs before, the
+    candidates between read the draft's own states), so labels and features cover a round's first N
+    candidates alike, as decoding meets them; the depth is a function of the position alone, so two
+    passes over sequences that share a prefix (X and the mixed Z) see the same depth at each position.
 
     Batches may be left-padded (`attention_mask`, 1 on real tokens); right padding is not supported.
     """
 
-    def __init__(self, draft: FeatureDraftForCausalLM, target: nn.Module) -> None:
+    def __init__(self, draft: FeatureDraftForCausalLM, target: nn.Module, levels: int = 1) -> None:
         super().__init__()
-        self.draft, self.target = draft, target
+        if levels < 1:
+            raise ValueError(f"levels must be >= 1, got {levels}")
+        self.draft, self.target, self.levels = draft, target, levels
         self.config = draft.config
 
     @property
@@ -114,10 +122,13 @@ class TargetFedDraft(nn.Module):
         ).last_hidden_state.to(self.device)  # fmt: skip  # (B, T, H)
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         pair_mask = mask[:, :-1] * mask[:, 1:]  # pair j: the state at column j, the token at j + 1: both real
-        h = self.draft.hidden_states(
-            ids[:, 1:], states[:, :-1], attention_mask=pair_mask,
-            position_ids=(pair_mask.cumsum(-1) - 1).clamp(min=0),
-        )  # fmt: skip  # (B, T - 1, H): column j is position j + 1
+        pair_pos = (pair_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T - 1)
+        if self.levels == 1:
+            h = self.draft.hidden_states(ids[:, 1:], states[:, :-1], attention_mask=pair_mask,
+                                         position_ids=pair_pos)  # fmt: skip  # (B, T - 1, H)
+        else:
+            outs = chain_hidden_states(self.draft, ids[:, 1:], states[:, :-1], pair_mask, self.levels)
+            h = gather_levels(outs, pair_pos % self.levels)  # (B, T - 1, H): column j is position j + 1
         h = torch.cat([h.new_zeros(h.shape[0], 1, h.shape[2]), h], dim=1)  # (B, T, H)
         kept = h[:, -logits_to_keep:] if logits_to_keep else h
         logits = self.draft.lm_head(kept)

@@ -36,6 +36,7 @@ from acchead.data_gen.responses import (
     skip_message,
 )
 from acchead.errors import AccheadError, cli_errors
+from acchead.feature_draft import is_feature_draft
 
 CACHE_AUTO_LIMIT = 4 * 2**30  # bytes: auto caches features if the estimated float16 cache is at most this
 
@@ -96,6 +97,12 @@ class Job:
     prompts: dict
     extra: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+def _chain(args: GenDataArgs, draft) -> dict:
+    """The run's `feature_chain` setting where it changes the labels (a feature draft, N > 1): absent
+    otherwise, so runs that label first candidates keep the identity they always had."""
+    return {"feature_chain": args.feature_chain} if args.feature_chain > 1 and is_feature_draft(draft) else {}
 
 
 def _prompts_job(args: GenDataArgs, prompt_ids: list[list[int]], context: int) -> Job:
@@ -262,6 +269,7 @@ def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict
         "device_type": target.device.type,  # CPU and CUDA kernels and RNGs differ: no mixing within one run
         "sampling": args.sampling.to_dict(),
         "mix_ratio": args.mix_ratio,
+        **_chain(args, draft),
         "seed": args.seed,
         "max_new_tokens": args.max_new_tokens,
         "eos_ids": eos,
@@ -280,6 +288,7 @@ def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict
         "draft": draft_id,
         "sampling": args.sampling.to_dict(),
         "mix_ratio": args.mix_ratio,
+        **_chain(args, draft),
         "seed": args.seed,
         "max_new_tokens": args.max_new_tokens,
         "prompts": job.prompts,
@@ -313,6 +322,7 @@ def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         eos_ids=eos,
+        feature_chain=args.feature_chain,
         pad_id=target_tok.pad_token_id if target_tok.pad_token_id is not None else eos[0],
         cache_features=cache,
     )

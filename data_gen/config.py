@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"S for the default lookahead head ({', '.join(f'{k} {v:g}' for k, v in DEFAULT_MIX_RATIO.items())}; "
         "docs/heads.md); a candidate (paper's) head needs r < 1, e.g. 0.15",
     )
+    g.add_argument(
+        "--feature-chain",
+        type=int,
+        help="feature (EAGLE) drafts: label a round's first N candidates, position j as the candidate of "
+        "depth j mod N, which reads the draft's own states as decoding does (acchead.feature_chain); "
+        "1 = first candidates only (every state the target's); ignored for other drafts",
+    )
     g.add_argument("--seed", type=int, help="run seed; prompt i's random streams derive from (seed, i)")
     g.add_argument(
         "--cache-features",
@@ -197,6 +204,7 @@ class GenDataArgs:
     process_gpus: list[list[int]] | None = None
     emit_responses: Path | None = None
     pair: str = DEFAULT_PAIR  # whose models `target` / `draft` default to (acchead.pairs)
+    feature_chain: int = 1  # a feature draft's candidates labelled per round (TargetFedDraft's levels)
 
     @property
     def from_responses(self) -> bool:
@@ -249,6 +257,7 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         "flush_seconds": float(get("flush_seconds", 60.0)) >= 0,
         "num_prompts": int(get("num_prompts") or 0) >= 0,
         "mix_ratio": 0.0 <= mix_ratio <= 1.0,
+        "feature_chain": int(get("feature_chain") or 1) >= 1,
     }
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
@@ -275,6 +284,7 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         sampling=sampling,
         max_new_tokens=int(get("max_new_tokens", 128)),
         mix_ratio=mix_ratio,
+        feature_chain=int(get("feature_chain") or 1),
         seed=int(get("seed", 0)),
         cache_features=cache,
         batch_size=int(get("batch_size", 16)),

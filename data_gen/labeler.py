@@ -185,11 +185,13 @@ class Labeler:
         eos_ids: tokens that end a response.
         pad_id: token fed in padding positions (masked, so any valid id works).
         cache_features: also compute the draft's hidden states over prompt+Z.
+        feature_chain: a feature draft's candidates labelled per round (`TargetFedDraft`'s `levels`).
 
     A feature (EAGLE) draft (`acchead.feature_draft`) is read through `TargetFedDraft`: X is sampled by the
     target alone and labelled teacher-forced (the draft needs the target's states of X), and its states
-    over prompt + Z read the target's states of Z. Rows are those of any draft; the labels are the first
-    candidate's of a round (later candidates read the draft's own states while decoding).
+    over prompt + Z read the target's states of Z. Rows are those of any draft; with `feature_chain` = 1
+    the labels are the first candidate's of a round, with N > 1 position j's are the depth-(j mod N)
+    candidate's, which reads the draft's own states as decoding does (labels and states alike).
     """
 
     def __init__(
@@ -204,11 +206,12 @@ class Labeler:
         eos_ids: list[int],
         pad_id: int,
         cache_features: bool,
+        feature_chain: int = 1,
     ) -> None:
         # A feature (EAGLE) draft reads the target's states: it labels teacher-forced, through the target.
         self.feature = is_feature_draft(draft)
         self.target, self.sampling = target, sampling
-        self.draft = TargetFedDraft(draft, target) if self.feature else draft
+        self.draft = TargetFedDraft(draft, target, levels=feature_chain) if self.feature else draft
         self.mix_ratio, self.seed, self.max_new_tokens = mix_ratio, seed, max_new_tokens
         self.eos_ids, self.pad_id, self.cache_features = list(eos_ids), pad_id, cache_features
 

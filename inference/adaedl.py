@@ -82,7 +82,7 @@ class AdaEDL(StopPolicy):
         self.target, self.eps, self.beta1, self.beta2 = target, eps, beta1, beta2
 
     def start_decode(
-        self, previous: PolicyRun | None = None, reference: list[bool] | None = None
+        self, previous: PolicyRun | None = None, reference: list[list[bool]] | None = None
     ) -> AdaEDLRun:
         return AdaEDLRun(self)
 

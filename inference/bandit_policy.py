@@ -113,7 +113,7 @@ class BanditPolicy(StopPolicy):
                              reward=self.reward)  # fmt: skip
 
     def start_decode(
-        self, previous: PolicyRun | None = None, reference: list[bool] | None = None
+        self, previous: PolicyRun | None = None, reference: list[list[bool]] | None = None
     ) -> BanditRun:
         if self.carry and isinstance(previous, BanditRun) and previous.policy is self:
             return BanditRun(self, previous.selector, previous.arm_runs)

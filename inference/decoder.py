@@ -44,7 +44,8 @@ from transformers import PreTrainedModel
 
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
-from acchead.feature_draft import TargetFedDraft, is_feature_draft
+from acchead.feature_chain import chain_hidden_states
+from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.device_path import DevicePath, PhaseClock, upload
 from acchead.inference.draft_round import draft_round
@@ -332,13 +333,15 @@ class SpeculativeDecoder:
 
     # --------------------------------------------------------------------------------------------- helpers
 
-    def _reference(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int]) -> list[bool]:
-        """The oracle's hindsight: agree[i] = (draft's greedy token == target's) at generated position i.
+    def _reference(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int]) -> list[list[bool]]:
+        """The oracle's hindsight (`OracleRun`): agree[k][i] = (the draft's greedy candidate of depth k at
+        generated position i == the target's token).
 
         The target decodes greedily (cached, one token per forward); the draft is teacher-forced over that
-        output in one forward, which is exactly the context it sees under the oracle (no rejections). A
-        feature draft reads the target's states there, as every round's first candidate does (its later
-        candidates read its own: for it the bound is the first candidates' agreement).
+        output, which is exactly the context it sees under the oracle (no rejections): in one forward for a
+        draft whose candidates do not depend on their depth (one level), level by level for a feature draft,
+        whose later candidates read its own states (`acchead.feature_chain`), until no run of agreeing
+        candidates reaches the next level.
         """
         if self.draft_model is None:
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
@@ -346,11 +349,29 @@ class SpeculativeDecoder:
         seq.feed(prompt[None])
         # Host-driven: one read per reference token (the loop's stop check), and one for the tokens.
         ref: list[int] = read(decode(seq, max_new_tokens, eos_ids=eos, host_read=read)[0])
-        full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]
-        # A feature draft reads the target's states of the reference (as a round's first candidate does).
-        draft = TargetFedDraft(self.draft_model, self.target) if self.reads_states else self.draft_model
-        logits = draft(input_ids=full).logits[0, prompt.numel() - 1 : -1]
-        return read(logits.argmax(-1) == torch.tensor(ref, device=logits.device))
+        full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]  # (1, T)
+        n = prompt.numel()
+        target_ids = torch.tensor(ref, device=full.device)
+        if not self.reads_states:
+            logits = self.draft_model(input_ids=full).logits[0, n - 1 : -1]
+            return [read(logits.argmax(-1) == target_ids)]
+        states = self.target.get_decoder()(input_ids=full.to(self.target.device)).last_hidden_state
+        levels: list[torch.Tensor] = []  # (len(ref),) bool per depth
+        alive = torch.ones(len(ref), dtype=torch.bool, device=full.device)  # runs still agreeing, by position
+
+        def agree(k: int, h: torch.Tensor) -> bool:  # h (1, T - 1, H): pair j draws token j + 2
+            nonlocal alive
+            drafted = self.draft_model.lm_head(h[0, max(n - 2, 0) : -1]).argmax(-1)  # (len(ref) or 1 fewer,)
+            hit = torch.zeros_like(alive)
+            hit[len(ref) - drafted.numel() :] = drafted == target_ids[len(ref) - drafted.numel() :]
+            levels.append(hit)
+            # a depth-k run ending at i started at i - k: alive there at depth k - 1 and a hit here
+            alive = hit if k == 0 else torch.cat([alive.new_zeros(1), alive[:-1]]) & hit
+            return bool(alive.any())
+
+        chain_hidden_states(self.draft_model, full[:, 1:], states[:, :-1].to(full.device),
+                            torch.ones_like(full[:, 1:]), len(ref), keep_going=agree)  # fmt: skip
+        return [read(level) for level in levels]
 
     def _draft_calls(self) -> int:
         """Draft forwards since the drafter's `begin` (0 without a drafter)."""

@@ -94,7 +94,7 @@ class StopPolicy:
         return self.config.max_cap
 
     def start_decode(
-        self, previous: PolicyRun | None = None, reference: list[bool] | None = None
+        self, previous: PolicyRun | None = None, reference: list[list[bool]] | None = None
     ) -> PolicyRun:
         """A fresh run for one decode. `previous`: the run of the decoder's last decode (a bandit that
         carries its statistics across prompts continues it); `reference`: the oracle's hindsight."""
@@ -350,10 +350,12 @@ class Entropy(StopPolicy):
 
 
 class OracleRun(PolicyRun):
-    """The oracle's decode: `agree[i]` = the draft's greedy token at generated position i equals the
-    target's (the hindsight reference the decoder computed before decoding)."""
+    """The oracle's decode: `agree[k][i]` = the draft's greedy candidate of depth k (the (k+1)-th of a
+    round) at generated position i equals the target's token (the hindsight reference the decoder computed
+    before decoding). A draft whose candidates do not depend on their depth has one level, used at every
+    depth; a feature draft has one per depth its runs reach (`acchead.feature_chain`)."""
 
-    def __init__(self, policy: Oracle, agree: list[bool]) -> None:
+    def __init__(self, policy: Oracle, agree: list[list[bool]]) -> None:
         super().__init__(policy)
         self.agree = agree
 
@@ -376,13 +378,21 @@ class Oracle(StopPolicy):
         self.max_draft = max_draft
 
     def start_decode(
-        self, previous: PolicyRun | None = None, reference: list[bool] | None = None
+        self, previous: PolicyRun | None = None, reference: list[list[bool]] | None = None
     ) -> PolicyRun:
         return OracleRun(self, list(reference or ()))
 
     def start_round(self, run: PolicyRun, position: int) -> int:
         assert isinstance(run, OracleRun), "an oracle round needs the oracle's run"
         agree, length = run.agree, 0
-        while position + length < len(agree) and agree[position + length] and length < self.max_draft:
+        if not agree:
+            return 0
+        last = len(agree) - 1  # a run past the deepest level computed reads that level (the reference stops
+        # computing levels once no run reaches them, so a feature draft's runs never get that far)
+        while (
+            position + length < len(agree[0])
+            and agree[min(length, last)][position + length]
+            and length < self.max_draft
+        ):
             length += 1
         return length

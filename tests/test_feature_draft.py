@@ -130,6 +130,22 @@ def test_greedy_equals_the_targets_greedy(feature_pair, spec):
     assert sum(res.accepted_per_round) > 0  # the draft's candidates do get accepted
 
 
+def test_the_oracle_of_a_feature_draft_never_drafts_a_rejected_candidate(feature_pair):
+    """The hindsight bound reads each candidate at its depth: every drafted token is accepted, runs past
+    the first candidate included (with first-candidate agreement alone, later ones would be rejected)."""
+    target, draft = feature_pair
+    prompt = torch.tensor([[2, 9, 3]])
+    ar = SpeculativeDecoder(target, draft, policy="autoregressive", fast=False)
+    ref = ar.generate(prompt, max_new_tokens=60, temperature=0).new_ids  # a 60-token decode meets float ties
+    dec = SpeculativeDecoder(target, draft, policy="oracle", fast=False)  # with HF's: compare our own
+    res = dec.generate(prompt, max_new_tokens=60, temperature=0)
+    assert res.new_ids.tolist() == ref.tolist()
+    assert res.drafted_per_round == res.accepted_per_round
+    assert max(res.accepted_per_round) >= 2, res.accepted_per_round
+    reference = dec._reference(prompt[0], 60, set())  # agree[k][i], one level per depth its runs reach
+    assert len(reference) >= 2 and reference[0] != reference[1]  # depth changes what the draft proposes
+
+
 @pytest.mark.parametrize(("spec", "verifier"), [("specdec:k=2", "token"), ("specdecpp:h=0.5,max=3", "block")])
 def test_sampling_stays_exact(feature_pair, spec, verifier):
     target, draft = feature_pair
@@ -280,7 +296,9 @@ def test_gen_data_train_and_decode_take_a_feature_draft(tiny_pair_dirs, tiny_tok
     prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(6)))
     data = tmp_path / "data"
     assert gen_cli.main(["--target", str(target_dir), "--draft", str(tmp_path / "draft"), "--prompts",
-                         str(prompts), "--max-new-tokens", "8", "--out", str(data)]) == 0  # fmt: skip
+                         str(prompts), "--max-new-tokens", "8", "--feature-chain", "2",
+                         "--out", str(data)]) == 0  # fmt: skip
+    assert json.loads((data / "gen_config.json").read_text())["feature_chain"] == 2
     card = ["--data", str(data), "--w-rej", "6", "--depth", "3", "--out", str(tmp_path / "head")]
     assert train_cli.main(card) == 0
     draft = load_causal_lm(tmp_path / "draft")
