@@ -56,7 +56,7 @@ def chain_hidden_states(
     """The draft's outputs at chain depths 0..levels-1 (module docstring).
 
     draft: a `FeatureDraftForCausalLM`; input_ids (B, T): t_{j+1} per pair j; states (B, T, H): the
-    target's f_j; pair_mask (B, T): 1 on real pairs (left padding only). Returns one (B, T, H) tensor per
+    target's f_j; pair_mask (B, T): 1 on real pairs (left or right padding). Returns one (B, T, H) tensor per
     level computed: level k's column j is the depth-k candidate's h of the round that started at pair j - k.
     `keep_going(k, h_k)`, when given, is asked after each level whether to compute the next (the oracle
     stops once no run of agreeing candidates is that long)."""

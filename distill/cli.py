@@ -144,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--soft-labels", action="store_true",
                    help="a feature draft learns the target's distribution over its vocabulary at every "
                    "position, prompt included (default: the greedy token on response positions)")  # fmt: skip
-    t.add_argument("--chain", action="store_true",
-                   help="a feature draft also learns from its own guesses of the states, as it drafts past "
-                   "a round's first candidate (a second forward per step)")  # fmt: skip
+    t.add_argument("--chain", type=int, nargs="?", const=2, default=1, metavar="N",
+                   help="a feature draft also learns as the candidates 2..N of a round, which read its own "
+                   "guesses of the states as decoding does (N forwards per step; --chain alone: N = 2; "
+                   "default 1: first candidates only)")  # fmt: skip
     t.add_argument("--cls-weight", type=float, default=None,
                    help="a feature draft's token loss weight, beside the state regression (0.1)")  # fmt: skip
     t.add_argument(

@@ -25,6 +25,7 @@ import torch
 
 from acchead.distill.draft import IGNORE, Objective
 from acchead.distill.responses import ResponseShard
+from acchead.feature_chain import chain_hidden_states
 
 
 def pack_feature_examples(
@@ -67,7 +68,7 @@ def collate_features(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, 
 
 def feature_loss(
     draft, batch: tuple[torch.Tensor, ...], cls_weight: float = 0.1, noise: float = 0.1,
-    teacher_rows: torch.Tensor | None = None, chain: bool = False,
+    teacher_rows: torch.Tensor | None = None, chain: int = 1,
 ) -> tuple[torch.Tensor, float]:  # fmt: skip
     """(regression + cls_weight × cross-entropy, top-1 accuracy at labelled positions) of a batch.
 
@@ -76,21 +77,22 @@ def feature_loss(
     f_{j+1} · rowsᵀ, the target's next-token distribution renormalised on V_d (soft labels, as EAGLE-3 and
     HASS distil), instead of the greedy token on response positions only.
 
-    `chain`: a second forward in which every pair reads the draft's own guess of its state (h_{j-1},
-    detached) in place of f_j, with the same targets, its loss added: what decoding feeds every candidate
-    after a round's first (EAGLE-3's training-time test, one step; here the context's states are guesses
-    too, harsher than decoding, where only the round's own candidates are)."""
+    `chain` = N > 1: every pair also as the candidate of depths 1..N-1 of a round, reading the draft's own
+    guesses of the states as decoding does (`acchead.feature_chain`, exact: the context of a depth-k
+    candidate is the target-fed pairs up to its round's start and its round's candidates), with the same
+    targets, each depth's loss added, the gradient flowing through the chain (EAGLE-3's training-time
+    test). N forwards per step over one cache; the accuracy reported is depth 0's."""
     ids, mask, _, read, _ = batch
     if noise:
         read = read + (torch.rand_like(read) * 2 - 1) * noise
     with torch.autocast(ids.device.type, torch.bfloat16):
-        hidden = draft.hidden_states(ids, read, attention_mask=mask)  # (B, T, H)
-    loss, acc = _step_loss(draft, hidden, batch, cls_weight, teacher_rows)
-    if chain:
-        guess = torch.cat([read[:, :1], hidden[:, :-1].detach().float()], dim=1)  # pair j reads h_{j-1}
-        with torch.autocast(ids.device.type, torch.bfloat16):
-            chained = draft.hidden_states(ids, guess, attention_mask=mask)
-        loss = loss + _step_loss(draft, chained, batch, cls_weight, teacher_rows)[0]
+        if chain > 1:
+            levels = chain_hidden_states(draft, ids, read, mask, chain)  # N × (B, T, H)
+        else:
+            levels = [draft.hidden_states(ids, read, attention_mask=mask)]  # (B, T, H)
+    loss, acc = _step_loss(draft, levels[0], batch, cls_weight, teacher_rows)
+    for hidden in levels[1:]:
+        loss = loss + _step_loss(draft, hidden, batch, cls_weight, teacher_rows)[0]
     return loss, acc
 
 
@@ -115,25 +117,35 @@ def _step_loss(
     return reg + cls_weight * cls, float((scored.argmax(-1) == labels[keep]).float().mean())
 
 
-@torch.inference_mode()
 def feature_agreement(draft, examples: list[tuple], pad_id: int, batch_size: int = 8) -> float:
     """Top-1 agreement with the target's greedy tokens given the target's true states (float32): the
     share of response positions where the draft's argmax is the target's token (outside its head: a
-    miss). It is the first candidate's agreement in decoding; later candidates read the draft's states."""
-    hits = total = 0
+    miss). It is the first candidate's agreement in decoding; later candidates read the draft's states
+    (`agreement_by_depth`)."""
+    return agreement_by_depth(draft, examples, pad_id, 1, batch_size)[0]
+
+
+@torch.inference_mode()
+def agreement_by_depth(
+    draft, examples: list[tuple], pad_id: int, levels: int, batch_size: int = 8
+) -> list[float]:
+    """`feature_agreement` of every response position as the candidate of depth k = 0..levels-1 of a round
+    (`acchead.feature_chain`: candidate k + 1 reads the draft's own guesses since the round's start), each
+    over all positions, not conditioned on the candidates before it being accepted."""
+    hits, total = [0] * levels, 0
     for b in range(0, len(examples), batch_size):
         batch = collate_features(examples[b : b + batch_size], pad_id)
         ids, mask, labels, read, _ = (t.to(draft.device) for t in batch)
-        hidden = draft.hidden_states(ids, read, attention_mask=mask)
         scored = labels != IGNORE
-        pred = draft.lm_head.draft_logits(hidden[scored]).argmax(-1)
-        hits += int((pred == labels[scored]).sum())
+        for k, hidden in enumerate(chain_hidden_states(draft, ids, read, mask, levels)):
+            pred = draft.lm_head.draft_logits(hidden[scored]).argmax(-1)
+            hits[k] += int((pred == labels[scored]).sum())
         total += int(scored.sum())
-    return hits / max(total, 1)
+    return [h / max(total, 1) for h in hits]
 
 
 def feature_objective(
-    cls_weight: float = 0.1, noise: float = 0.1, teacher_rows: torch.Tensor | None = None, chain: bool = False
+    cls_weight: float = 0.1, noise: float = 0.1, teacher_rows: torch.Tensor | None = None, chain: int = 1
 ) -> Objective:
     """The `Objective` of a feature draft (module docstring); `teacher_rows` (soft labels) and `chain`: see
     `feature_loss`."""

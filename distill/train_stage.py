@@ -17,6 +17,10 @@ from pathlib import Path
 from acchead.distill.stages import check_positive, to_device
 from acchead.errors import AccheadError
 
+# A feature draft's eval sets are scored at the depths of a round's first candidates too (later ones read
+# its own states): agreement_by_depth_<set> in the summary.
+EVAL_DEPTHS = 4
+
 
 def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
     """Token counts of the assistant turns of the first `conversations` ShareGPT records."""
@@ -46,7 +50,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
         raise AccheadError("--minutes and --lr must be > 0, --held-out-shards and --vocab-background >= 0")
     feature = args.features is not None
-    if (args.soft_labels or args.chain or args.cls_weight is not None) and not feature:
+    if args.chain < 1:
+        raise AccheadError(f"--chain must be >= 1, got {args.chain}")
+    if (args.soft_labels or args.chain > 1 or args.cls_weight is not None) and not feature:
         raise AccheadError("--soft-labels, --chain and --cls-weight train a feature draft: add --features")
     args.cls_weight = 0.1 if args.cls_weight is None else args.cls_weight
     if args.cls_weight <= 0:
@@ -118,7 +124,11 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     )  # fmt: skip
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if feature:
-        from acchead.distill.feature_training import feature_objective, pack_feature_examples
+        from acchead.distill.feature_training import (
+            agreement_by_depth,
+            feature_objective,
+            pack_feature_examples,
+        )
 
         rows = None
         if args.soft_labels:  # the target's head rows of the draft's vocabulary: its distribution on V_d
@@ -152,6 +162,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         shards = load_responses(directory)
         examples = pack(directory, sorted(directory.glob(SHARD_GLOB)), shards, to_draft, args.max_len)
         state[f"agreement_{directory.name}"] = round(objective.agreement(draft, examples, pad), 4)
+        if feature:  # candidates 1..4 of a round: the later ones read the draft's own states
+            by_depth = agreement_by_depth(draft, examples, pad, EVAL_DEPTHS)
+            state[f"agreement_by_depth_{directory.name}"] = [round(a, 4) for a in by_depth]
         state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
     state["train_examples"] = len(train)
     state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full.cpu()), 4)

@@ -188,7 +188,7 @@ def test_examples_pair_each_token_with_the_state_before_it():
     assert mask.sum() == 6 and torch.equal(labels_b[0], labels)
 
 
-@pytest.mark.parametrize(("soft", "chain"), [(False, False), (True, False), (False, True)],
+@pytest.mark.parametrize(("soft", "chain"), [(False, 1), (True, 1), (False, 3)],
                          ids=["greedy-token", "soft-labels", "chain"])  # fmt: skip
 def test_training_lowers_the_loss_and_raises_agreement(feature_pair, tmp_path, soft, chain):
     target, _ = feature_pair
@@ -245,8 +245,10 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     assert "carry no target states" in capsys.readouterr().err
     # soft labels: the target's distribution at every position, continuing the run from its draft
     soft = [*train[:6], str(tmp_path / "run-soft"), *train[7:], "--init", str(tmp_path / "run" / "draft"),
-            "--soft-labels", "--chain", "--cls-weight", "0.5"]  # fmt: skip
-    assert cli.main(soft) == 0 and "agreement_resp=" in capsys.readouterr().out
+            "--soft-labels", "--chain", "3", "--cls-weight", "0.5"]  # fmt: skip
+    assert cli.main(soft) == 0
+    out = capsys.readouterr().out
+    assert "agreement_resp=" in out and "agreement_by_depth_resp=" in out
     assert cli.main([*train[:-4], "--cls-weight", "0.5"]) == 2  # without --features
     assert "train a feature draft" in capsys.readouterr().err
     with pytest.raises(AccheadError, match="features"):
@@ -256,7 +258,7 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
 
 @torch.inference_mode()
 def test_teacher_forced_states_are_the_first_candidates_of_a_round(feature_pair):
-    """`TargetFedDraft` (gen-data's and the oracle's view) gives, at position i, the state from which the
+    """`TargetFedDraft` (gen-data's view) gives, at position i, the state from which the
     drafter draws a round's first candidate after seq[: i + 1]; left padding changes nothing."""
     target, draft = feature_pair
     seq = [1, 4, 7, 2, 9, 5, 0, 3]
