@@ -6,7 +6,8 @@ every pair: the states carry the prompt's meaning too) and its head towards t_{j
 token, on response positions (cross-entropy over the head's rows; a token outside them is a sure miss).
 Loss = regression + `cls_weight` × cross-entropy, the EAGLE recipe (weights 1 and 0.1), with uniform noise
 of half-width `noise` added to the states read (EAGLE's augmentation: while drafting, the draft reads its
-own imperfect states after the first candidate).
+own imperfect states after the first candidate). `chain` = N trains the candidates of depths 1..N-1 of a
+round too, each reading the draft's own guesses exactly as decoding feeds them (`acchead.feature_chain`).
 
 Forwards and backwards run under bfloat16 autocast on the CPU as on a GPU (AMX makes it ~2× faster on
 recent Xeons); the weights and the optimizer stay float32, and `agreement` runs in float32, as decoding
