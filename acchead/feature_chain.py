@@ -25,6 +25,8 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache
 
+from acchead.cache_keyword import CACHE_ARG
+
 
 def chain_mask(pair_mask: torch.Tensor, level: int, dtype: torch.dtype) -> torch.Tensor:
     """The additive attention mask of level `level`'s pairs over the keys of levels 0..level.
@@ -60,9 +62,6 @@ def chain_hidden_states(
     level computed: level k's column j is the depth-k candidate's h of the round that started at pair j - k.
     `keep_going(k, h_k)`, when given, is asked after each level whether to compute the next (the oracle
     stops once no run of agreeing candidates is that long)."""
-    # imported here: acchead.models imports acchead.feature_draft, which imports this module
-    from acchead.models import CACHE_ARG
-
     position_ids = (pair_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
     cache = DynamicCache()
     outs: list[torch.Tensor] = []

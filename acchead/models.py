@@ -3,15 +3,14 @@
 Everything that reads a model from disk goes through `load_causal_lm` / `load_tokenizer`, so a missing path
 or a directory that holds no model is one `AccheadError` line, not a transformers traceback.
 `model_identity` is what a head records about the draft it was trained on; `final_hidden` is the one
-place that decides which hidden state the head reads; `CACHE_ARG` the one place that names the keyword a
-forward takes its KV cache by.
+place that decides which hidden state the head reads; `CACHE_ARG` (from `acchead.cache_keyword`) the one
+place that names the keyword a forward takes its KV cache by.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -20,22 +19,18 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    LlamaModel,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
+# re-exported: the keyword a forward takes its cache by (a module of its own: the drafts below use it too)
+from acchead.cache_keyword import CACHE_ARG as CACHE_ARG
 from acchead.errors import AccheadError
 from acchead.feature_draft import register_auto_classes as register_feature_draft
 from acchead.reduced_vocab import register_auto_classes
 
 register_auto_classes()  # a reduced-vocabulary draft directory loads like any other
 register_feature_draft()  # and so does a feature (EAGLE) draft
-
-# The keyword every forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
-# across all models at once (the old name warns, and goes in 5.40). Read off the public signature of one
-# model class, not the version number; a constant, so a compiled graph sees a plain keyword.
-CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

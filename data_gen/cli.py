@@ -36,7 +36,6 @@ from acchead.data_gen.responses import (
     skip_message,
 )
 from acchead.errors import AccheadError, cli_errors
-from acchead.feature_draft import is_feature_draft
 
 CACHE_AUTO_LIMIT = 4 * 2**30  # bytes: auto caches features if the estimated float16 cache is at most this
 
@@ -102,6 +101,8 @@ class Job:
 def _chain(args: GenDataArgs, draft) -> dict:
     """The run's `feature_chain` setting where it changes the labels (a feature draft, N > 1): absent
     otherwise, so runs that label first candidates keep the identity they always had."""
+    from acchead.feature_draft import is_feature_draft  # here: --help imports no torch
+
     return {"feature_chain": args.feature_chain} if args.feature_chain > 1 and is_feature_draft(draft) else {}
 
 

@@ -126,15 +126,16 @@ class World:
         rec((), 1.0)
         return out
 
-    def agreement(self) -> list[bool]:
-        """The oracle's hindsight in a greedy world: draft argmax == target argmax along the output."""
+    def agreement(self) -> list[list[bool]]:
+        """The oracle's hindsight in a greedy world (one level: the draft's candidates do not depend on their
+        depth): draft argmax == target argmax along the output."""
         gen: tuple[int, ...] = ()
         agree = []
         while len(gen) < self.length and not (gen and gen[-1] in self.eos):
             x = int(self.p(PROMPT + gen).argmax())
             agree.append(int(self.q(PROMPT + gen).argmax()) == x)
             gen = (*gen, x)
-        return agree
+        return [agree]
 
 
 class ScriptedDrafter(Drafter):
