@@ -16,6 +16,10 @@ see the candidate, through inputs that cost no forward:
     token     the draft's output-embedding row of Y_k    (H,)  (its LM head's weight row)
     topk      the TOPK_WIDTH largest log-probs of q_k,     (8,)
               sorted, clamped like log q (the shape of the draft's doubt: one rival or many)
+    depth     one-hot of min(k - 1, DEPTH_WIDTH - 1)      (4,)
+              the candidate's place in its round: a feature (EAGLE) draft's later candidates read its own
+              guesses of the target's states and pass less often (`acchead.feature_chain`); trained on
+              gen-data `--feature-chain N` labels, where position j is the depth-(j mod N) candidate
 
 q_k here is the distribution S(q) the candidate was drawn from; under greedy decoding S(q) is one-hot,
 so `logq`, `entropy` and `topk` read softmax(logits) instead (the draft's real confidence, as the
@@ -35,9 +39,10 @@ from acchead.sampling import SamplingConfig, probs_from_logits
 
 HEAD_KINDS = ("candidate", "lookahead")
 # Canonical order = layout order; new inputs go last so heads trained before them keep their layout.
-LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token", "topk")
+LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token", "topk", "depth")
 LOGQ_FLOOR = 30.0  # log q is clamped at -30: top-k/top-p zeros never reach the head as -inf
 TOPK_WIDTH = 8  # how many of q's largest log-probs the "topk" input reads
+DEPTH_WIDTH = 4  # the "depth" input's one-hot: candidates 1, 2, 3 and 4-or-later of a round
 
 
 def check_kind(kind: str, inputs: Sequence[str]) -> tuple[str, ...]:
@@ -63,7 +68,15 @@ def parse_inputs(text: str) -> tuple[str, ...]:
 
 def input_width(name: str, hidden_size: int) -> int:
     """Width of one input in the head's vector: H for the state and the token's row, else its stats."""
-    return hidden_size if name in ("state", "token") else {"logq": 1, "entropy": 1, "topk": TOPK_WIDTH}[name]
+    if name in ("state", "token"):
+        return hidden_size
+    return {"logq": 1, "entropy": 1, "topk": TOPK_WIDTH, "depth": DEPTH_WIDTH}[name]
+
+
+def depth_one_hot(depth: torch.Tensor) -> torch.Tensor:
+    """(N,) int64 depths (0 = a round's first candidate) -> (N, DEPTH_WIDTH) float32 one-hot, the last
+    column for every depth past it."""
+    return torch.nn.functional.one_hot(depth.long().clamp(0, DEPTH_WIDTH - 1), DEPTH_WIDTH).float()
 
 
 def input_size(inputs: Sequence[str], hidden_size: int) -> int:
@@ -119,10 +132,11 @@ def assemble_inputs(
     token: torch.Tensor,
     out_emb: torch.Tensor | None,
     stats: torch.Tensor | None,
+    depth: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Concatenate the head's inputs in canonical order: state (N, H), token (N,), out_emb (V, H) (read only
     for "token"), stats (N, W) from `candidate_stats(..., inputs)` (read only for "logq", "entropy" and
-    "topk") -> (N, D) float32.
+    "topk"), depth (N,) int64 (read only for "depth") -> (N, D) float32.
 
     The one place that lays the vector out; training (`lookahead_inputs`, the cached dataset) goes through
     it, and the decoder's one-row version (`acchead.inference.head_call.HeadCall`) is pinned to it by tests.
@@ -132,9 +146,16 @@ def assemble_inputs(
     for x in stats_inputs:
         lo = input_offset(stats_inputs, x, 0)
         cols[x] = slice(lo, lo + input_width(x, 0))
+    if "depth" in inputs and depth is None:
+        raise AccheadError("a head reading 'depth' needs each candidate's depth in its round")
     parts = [state.float()]
     for name in inputs[1:]:
-        parts.append(out_emb[token.long()].float() if name == "token" else stats[:, cols[name]])
+        if name == "token":
+            parts.append(out_emb[token.long()].float())
+        elif name == "depth":
+            parts.append(depth_one_hot(depth).to(state.device))
+        else:
+            parts.append(stats[:, cols[name]])
     return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
 
@@ -145,6 +166,7 @@ def lookahead_inputs(
     out_emb: torch.Tensor,
     sampling: SamplingConfig,
     logits: torch.Tensor | None = None,
+    depth: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The head's input vectors for N candidates.
 
@@ -156,6 +178,7 @@ def lookahead_inputs(
         sampling: the decoding configuration S the candidates were drawn under.
         logits: (N, V) the draft's logits at those states; None computes `state @ out_emb.T` (training from
             cached states: exact for LM heads without bias or soft-capping, e.g. Llama).
+        depth: (N,) int64 each candidate's depth in its round (0: the first), read only for "depth".
     Returns:
         (N, input_size(inputs, H)) float32.
     """
@@ -164,4 +187,4 @@ def lookahead_inputs(
         if logits is None:
             logits = state.float() @ out_emb.float().T  # (N, V)
         stats = candidate_stats(feature_logprobs(logits, sampling), token, inputs)  # (N, W)
-    return assemble_inputs(inputs, state, token, out_emb, stats)
+    return assemble_inputs(inputs, state, token, out_emb, stats, depth)

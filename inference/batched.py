@@ -119,8 +119,8 @@ class BatchedDecoder:
                                f"entropy, not {self.policy.spec!r}")  # fmt: skip
         if draft is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
-        if is_feature_draft(draft):  # it needs the target's states per row: not built yet
-            raise AccheadError("batched decoding does not take a feature (EAGLE) draft yet")
+        if is_feature_draft(draft) or (head is not None and "depth" in head.inputs):  # not built yet
+            raise AccheadError("batched decoding takes no feature (EAGLE) draft and no head reading 'depth'")
         self.target, self.draft, self.verifier = target, draft, verifier
         self._verify = VERIFIERS[verifier]
         self._vocab = target.get_output_embeddings().weight.shape[0]

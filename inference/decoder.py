@@ -162,6 +162,9 @@ class SpeculativeDecoder:
         self, policy: str | PolicySpec | StopPolicy, head: AcceptanceHead | str | Path | None
     ) -> None:
         head_module = self._resolve_head(head)
+        if head_module is not None and self.fast and "depth" in head_module.inputs:
+            # a compiled draft step would trace the candidate's index as a constant (a graph per depth)
+            raise AccheadError("a head reading 'depth' runs on the eager path only: pass fast=False")
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
         if self.drafter is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.lookahead import LOGQ_FLOOR, TOPK_WIDTH, input_offset, needs_stats
+from acchead.lookahead import DEPTH_WIDTH, LOGQ_FLOOR, TOPK_WIDTH, input_offset, needs_stats
 from acchead.models import output_embedding_table
 
 TOKEN_TABLE_MAX = 1 << 24  # elements (64 MB in float32): the largest folded token table built
@@ -71,6 +71,8 @@ class HeadCall:
         self._b_out = head.out.bias.detach()[0]  # 0-d: a float() here would read the device
         self._proj: tuple[torch.Tensor, torch.Tensor] | None = None  # (H, D), (H,)
         self._token_table: torch.Tensor | None = None  # (V, H)
+        # the "depth" input's one-hot rows, on the head's device: row min(k - 1, 3) for candidate k
+        self._depth_rows = torch.eye(DEPTH_WIDTH, device=self._w_out.device)
         self._proj_rest: torch.Tensor | None = None  # (H, D - H): proj's columns other than the token's
         if head.proj is None:
             return
@@ -114,6 +116,8 @@ class HeadCall:
             parts.append(rows(self._out_emb, step.token)[0].float())
         if "topk" in inputs:
             parts.append(logq.topk(TOPK_WIDTH).values)
+        if "depth" in inputs:  # step.index is a host int (1-based): a row of a cached table, no kernel
+            parts.append(self._depth_rows[min(step.index, DEPTH_WIDTH) - 1].to(step.state.device))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def logit(self, step: DraftStep) -> torch.Tensor:

@@ -116,3 +116,13 @@ def test_gen_data_labels_a_chain_s_candidates_at_their_depths(pair):
                 np.testing.assert_allclose(row1.lookahead_features[i], row3.lookahead_features[i], atol=2e-3)
     assert depths == {0, 1, 2}
     assert any((a.draft_ids != b.draft_ids).any() for a, b in zip(first, chain, strict=True))
+
+
+def test_training_reads_each_label_s_depth_as_gen_data_wrote_it():
+    """`acchead.train.data.candidate_depth`: response token i of a row with a P-token prompt is drawn by
+    pair P + i - 2, of depth (P + i - 2) mod N (the labeller's test above pins that pair)."""
+    from acchead.train.data import candidate_depth
+
+    prompt_len, position = np.array([3, 3, 3, 3, 2]), np.array([0, 1, 2, 3, 0])
+    assert candidate_depth(prompt_len, position, 3).tolist() == [1, 2, 0, 1, 0]
+    assert candidate_depth(prompt_len, position, 1).tolist() == [0] * 5

@@ -168,7 +168,7 @@ def test_the_fast_path_and_a_plain_forward_are_refused(feature_pair):
     assert not SpeculativeDecoder(target, draft, policy="specdec:k=2", device_path=True).fast
     from acchead.inference.batched import BatchedDecoder
 
-    with pytest.raises(AccheadError, match="batched decoding does not take a feature"):
+    with pytest.raises(AccheadError, match="batched decoding takes no feature"):
         BatchedDecoder(target, draft, policy="specdec:k=2")
     with pytest.raises(TypeError, match="hidden_states"):
         draft(input_ids=torch.tensor([[1, 2]]))
@@ -301,15 +301,22 @@ def test_gen_data_train_and_decode_take_a_feature_draft(tiny_pair_dirs, tiny_tok
                          str(prompts), "--max-new-tokens", "8", "--feature-chain", "2",
                          "--out", str(data)]) == 0  # fmt: skip
     assert json.loads((data / "gen_config.json").read_text())["feature_chain"] == 2
-    card = ["--data", str(data), "--w-rej", "6", "--depth", "3", "--out", str(tmp_path / "head")]
+    # a head that also reads each candidate's depth in its round (the chain labels teach it)
+    card = ["--data", str(data), "--w-rej", "6", "--depth", "3", "--inputs", "state+logq+depth",
+            "--out", str(tmp_path / "head")]  # fmt: skip
     assert train_cli.main(card) == 0
     draft = load_causal_lm(tmp_path / "draft")
     head = tmp_path / "head"
     dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=4", head=head, fast=False)
+    assert dec.policy.head.inputs == ("state", "logq", "depth")
     prompt = torch.tensor([[5, 6, 7]])
     ref = target.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0)[0, 3:]
     res = dec.generate(prompt, max_new_tokens=10, temperature=0)
     assert res.new_ids.tolist() == ref.tolist() and res.head_calls > 0
+    first = tmp_path / "data-first"  # first-candidate labels only: nothing to learn a depth from
+    assert gen_cli.main(["--target", str(target_dir), "--draft", str(tmp_path / "draft"), "--prompts",
+                         str(prompts), "--max-new-tokens", "4", "--out", str(first)]) == 0  # fmt: skip
+    assert train_cli.main([*card[:1], str(first), *card[2:-1], str(tmp_path / "head-first")]) == 2
     oracle = SpeculativeDecoder(target, draft, policy="oracle", fast=False)  # hindsight through the target
     assert oracle.generate(prompt, max_new_tokens=10, temperature=0).new_ids.tolist() == ref.tolist()
 

@@ -115,6 +115,14 @@ def test_lookahead_head_round_trips_and_old_heads_load_as_candidate(tmp_path):
             depth=2, hidden_size=8, w_acc=1, w_rej=3, draft={}, sampling=SamplingConfig().to_dict()))
 
 
+def test_the_depth_input_is_a_one_hot_of_the_candidates_place():
+    x = assemble_inputs(("state", "depth"), torch.zeros(6, 2), torch.zeros(6), None, None,
+                        depth=torch.tensor([0, 1, 2, 3, 4, 9]))  # fmt: skip
+    assert x[:, 2:].argmax(-1).tolist() == [0, 1, 2, 3, 3, 3] and input_size(("state", "depth"), 2) == 6
+    with pytest.raises(AccheadError, match="depth"):
+        assemble_inputs(("state", "depth"), torch.zeros(1, 2), torch.zeros(1), None, None)
+
+
 # ------------------------------------------------------------------- decoding: inputs match training
 
 
@@ -138,7 +146,8 @@ def test_decoder_inputs_equal_the_training_inputs(tiny_llama_pair, cfg):
 
 
 @pytest.mark.parametrize("fold", [True, False], ids=["token-table", "no-table"])
-@pytest.mark.parametrize("inputs", [("state", "token"), ALL_INPUTS, ("state", "logq", "topk")], ids="+".join)
+@pytest.mark.parametrize("inputs", [("state", "token"), ALL_INPUTS, ("state", "logq", "topk"),
+                                    ("state", "depth"), (*ALL_INPUTS, "depth")], ids="+".join)  # fmt: skip
 @pytest.mark.parametrize("cfg", [SamplingConfig(0.0), SamplingConfig(1.0, top_k=20)], ids=str)
 def test_head_call_logit_is_the_head_on_the_training_inputs(tiny_llama_pair, cfg, inputs, fold, monkeypatch):
     """`HeadCall.logit` (the decoder's per-candidate path: views, the token folded into the first layer)
@@ -153,13 +162,32 @@ def test_head_call_logit_is_the_head_on_the_training_inputs(tiny_llama_pair, cfg
     call.attach_draft(draft)
     assert (call._token_table is not None) == (fold and "token" in inputs)
     out_emb = draft.get_output_embeddings().weight.detach()
-    for k in range(1, 4):
-        step = drafter.propose(torch.tensor([3, 5, 7, 9, 11][: 2 + k]), k, want_hidden=False, want_state=True)
-        x = lookahead_inputs(inputs, step.state[None], torch.tensor([step.token]), out_emb, cfg)
+    for k in range(1, 6):  # candidate k's depth is k - 1 (the 4th and later share the last one-hot column)
+        step = drafter.propose(torch.tensor([3, 5, 7, 9, 11, 2, 4][: 2 + k]), k, want_hidden=False,
+                               want_state=True)  # fmt: skip
+        x = lookahead_inputs(inputs, step.state[None], torch.tensor([step.token]), out_emb, cfg,
+                             depth=torch.tensor([k - 1]))  # fmt: skip
         with torch.no_grad():
             want = float(head(x)[0])
         assert float(call.logit(step)) == pytest.approx(want, abs=1e-4)
         assert float(call.logit_of(x[0])) == pytest.approx(want, abs=1e-5)
+
+
+def test_a_depth_head_runs_on_the_eager_path_only(tiny_llama_pair):
+    """The candidate's index is a host int: a compiled draft step would trace it as a constant, and the
+    batched decoder does not carry it, so both refuse such a head in one line."""
+    from acchead.inference.batched import BatchedDecoder
+
+    target, draft = tiny_llama_pair
+    head = lookahead_head(32, ("state", "depth"))
+    with pytest.raises(AccheadError, match="eager path only"):
+        SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5", head=head, fast=True)
+    with pytest.raises(AccheadError, match="depth"):
+        BatchedDecoder(target, draft, policy="specdecpp:h=0.5", head=head)
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=4", head=head, fast=False)
+    ref = target.generate(torch.tensor([[3, 5, 7]]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert dec.generate(torch.tensor([[3, 5, 7]]), max_new_tokens=12, temperature=0).new_ids.tolist() == \
+        ref[0, 3:].tolist()
 
 
 def test_lookahead_round_can_end_after_one_draft_forward(tiny_llama_pair):

@@ -59,8 +59,10 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                         "fed (DESIGN §3.1; default lookahead: it trains on any data, a candidate head "
                         "needs data generated with --mix-ratio < 1)")
     p.add_argument("--inputs",
-                   help="a lookahead head's inputs joined by +, from state, logq, entropy, token, topk "
-                        "(default: state+token for a lookahead head, state for a candidate head)")
+                   help="a lookahead head's inputs joined by +, from state, logq, entropy, token, topk, "
+                        "depth (the candidate's place in its round: needs data from gen-data "
+                        "--feature-chain N > 1 and cached states) (default: state+token for a lookahead "
+                        "head, state for a candidate head)")
     p.add_argument("--default-h", type=float,
                    help="stop threshold h recorded in the head, used by `specdecpp` without h= "
                         "(default 0.8, measured best for the shipped heads)")

@@ -48,6 +48,7 @@ class GenData:
         kind: the head kind the positions are for. "candidate": the Y-positions (Z_i = Y_i), read at Z_i;
             "lookahead": every response position, read one input index earlier (the state producing q_i).
         candidate: (N,) int64 Y_i of each position (the token a lookahead head judges).
+        depth: (N,) int64 the depth in its round of the candidate each label is for (`candidate_depth`).
         token_embeddings: (V, H) float32 draft output embedding (lookahead, cached mode), else None.
     """
 
@@ -67,6 +68,7 @@ class GenData:
     kind: str = "candidate"
     candidate: np.ndarray | None = None
     token_embeddings: np.ndarray | None = None
+    depth: np.ndarray | None = None
 
     @property
     def state_shift(self) -> int:
@@ -164,6 +166,16 @@ def _open_features(path: Path, cfg: dict[str, Any], n_positions: int, key: str =
     return arr
 
 
+def candidate_depth(prompt_len: np.ndarray, position: np.ndarray, chain: int) -> np.ndarray:
+    """(N,) the depth in its round of the candidate each label is for. gen-data `--feature-chain N` labels
+    response token i of a feature draft as the candidate of depth (pair index mod N), the pair that draws
+    it being prompt_len + i - 2 (`acchead.feature_draft.TargetFedDraft`); without it every label is a
+    first candidate's (depth 0). prompt_len, position: (N,) of each label's row and its index i."""
+    if chain <= 1:
+        return np.zeros(len(position), dtype=np.int64)
+    return ((prompt_len + position - 2) % chain).astype(np.int64)
+
+
 def load_gen_data(path: str | Path, mode: FeatureMode = "auto", kind: HeadKind = "candidate") -> GenData:
     """Load and validate a gen-data directory; flatten the positions a head of `kind` trains on.
 
@@ -256,6 +268,7 @@ def load_gen_data(path: str | Path, mode: FeatureMode = "auto", kind: HeadKind =
         kind=kind,
         candidate=candidate,
     )
+    data.depth = candidate_depth(prompt_len.astype(np.int64)[row], position, int(cfg.get("feature_chain", 1)))
     if mode == "cached" and kind == "lookahead":
         data.features = _open_features(path, cfg, len(labels), cache_key)
         data.feature_index = np.arange(len(labels), dtype=np.int64)  # one state per position, in order

@@ -152,7 +152,8 @@ class CachedPositions(Dataset):
         if self.inputs != ("state",):
             token = torch.from_numpy(self.data.candidate[idx])
             stats = None if self.stats is None else self.stats[torch.from_numpy(idx)]
-            feats = assemble_inputs(self.inputs, feats, token, self.out_emb, stats)
+            depth = torch.from_numpy(self.data.depth[idx]) if "depth" in self.inputs else None
+            feats = assemble_inputs(self.inputs, feats, token, self.out_emb, stats, depth)
         return {
             "features": feats,
             "labels": torch.from_numpy(self.data.labels[idx]),

@@ -257,6 +257,14 @@ def train_head(
         data = load_gen_data(settings.data, settings.features, settings.kind)  # type: ignore[arg-type]
     elif data.kind != settings.kind:
         raise AccheadError(f"the data was loaded for {data.kind} heads; this run trains {settings.kind}")
+    if "depth" in settings.input_names:
+        if int(data.config.get("feature_chain", 1)) <= 1:
+            raise AccheadError(
+                "--inputs with depth needs labels of later candidates: gen-data --feature-chain N > 1 "
+                "with a feature draft (this data labels first candidates only)"
+            )
+        if data.mode != "cached":
+            raise AccheadError("--inputs with depth trains on cached states: drop --features on-the-fly")
     draft = resolve_draft(settings, data)
     ckpt = _resume_path(settings)
     L.seed_everything(settings.seed, verbose=False)

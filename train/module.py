@@ -95,6 +95,8 @@ class AcceptanceHeadModule(L.LightningModule):
         mask = batch["target_mask"]
         features = hidden[mask]  # (N, H)
         if self.head.inputs != ("state",):
+            if "depth" in self.head.inputs:  # refused before training by acchead.train.fit
+                raise RuntimeError("a head reading 'depth' trains on cached states only")
             out_emb = output_embedding_table(self.draft.model)  # (V, H)
             features = lookahead_inputs(
                 self.head.inputs, features, batch["candidates"][mask], out_emb, self.sampling
