@@ -126,7 +126,10 @@ class SpeculativeDecoder:
         self._device: torch.device = target.device
         vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
         self._verifier = RoundVerifier(
-            self._runner, VERIFIERS[verifier], vocab, self._device, key_tensors=self.fast and compile
+            self._runner, VERIFIERS[verifier], vocab, self._device, key_tensors=self.fast and compile,
+            # a graph per verification width on the device path (CUDA graphs), one symbolic graph for
+            # every count >= 3 when compiled; the uncompiled static runner pads, to test the padding
+            padded=self.fast and (self.path.on or not compile), symbolic=self.fast and compile,
         )
         if is_feature_draft(draft):
             if self.fast:
@@ -267,7 +270,7 @@ class SpeculativeDecoder:
         out: list[int] = []
         n = prompt.numel()  # committed length
         runner = self._runner  # the target's KV cache: holds runner.length tokens
-        runner.reset(n + max_new_tokens)
+        runner.reset(n + max_new_tokens + self._verifier.slack)  # room for a padded round
         if streamer is not None:
             streamer.put(prompt[None])
         done = False

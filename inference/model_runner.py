@@ -48,6 +48,7 @@ class ModelRunner(Protocol):
         post_args: tuple = (),
         post_feeds: int = 0,
         all_hidden: bool = False,
+        symbolic: int = 0,
     ) -> Any:
         """Append `tokens` ((n,) int64, any device) after the cached prefix.
 
@@ -61,6 +62,8 @@ class ModelRunner(Protocol):
         cache (a fixed-K draft round), counted in `length`.
         `all_hidden`: `hidden` is (n, H), every fed position's final hidden state (the states a feature
         draft reads, `acchead.inference.feature_drafter`); the eager path only.
+        `symbolic` > 0: on the fast path, one compiled graph serves every count n ≥ `symbolic`
+        (`StaticRunner.feed`). `keep` = 0 keeps every position. Eager: nothing to do.
         """
         ...
 
@@ -106,7 +109,9 @@ class EagerRunner:
         post_args: tuple = (),
         post_feeds: int = 0,
         all_hidden: bool = False,
+        symbolic: int = 0,
     ) -> Any:
+        keep = keep or tokens.numel()  # 0: every position
         logits, hidden = self.seq.feed(tokens[None], keep, want_hidden, all_hidden=all_hidden)
         # Tokens `post` feeds itself (a fixed-K draft round) went through the same cache.
         self.seq.length += post_feeds

@@ -5,13 +5,30 @@
 keys of the verifier's draws. `verify` runs ONE unit (`acchead.inference.units.verify_post`): the
 target's forward over [x_n, X_1..X_L] (plus any committed tokens the cache has not seen, e.g. the
 prompt), S's processing of its L + 1 rows, the verifier, and the packed status [τ, next token,
-X_1..X_L], the one value the host reads per round. `warm_up` compiles, on the fast path, that unit for
-every candidate count a decode can verify.
+X_1..X_L], the one value the host reads per round.
+
+On the fast path a graph with the token count as a constant would mean cap + 1 graphs (21 for SpecDec++'s
+default cap, 35-50 s of Inductor each for the demo target on the CPU: issue 32). Instead the count of real
+candidates enters the unit as a tensor (`acchead.inference.verification`, `num`), so one graph serves every
+L and every policy, fixed K or adaptive, of a given S and verifier:
+
+- symbolic (the compiled fast path): static graphs for 1..4 tokens fed (L = 0..3, the common rounds) and
+  one graph for every longer round, whose token count is a symbol (`torch._dynamo.mark_dynamic`). On the
+  CPU a symbolic graph decodes ~1.5x slower than a static one (Inductor's kernels for a static row
+  count, measured: K = 2 at 245 against 366 tokens/s), so it takes only the rarer long rounds;
+- padded (the device path): a CUDA graph is captured per shape, so the round is padded up to the next of a
+  few widths (`VERIFY_WIDTHS`: 1, 2, 3, 4, 6, 8, 12, 16, 24, ...): compiled once, captured per width. The
+  padded positions' keys and values land past the committed prefix in the static cache, where the causal
+  mask hides them until the next round overwrites them (the decoder rolls back after every round).
+
+`warm_up` compiles (and captures) what a decode can use.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -19,8 +36,26 @@ from acchead.errors import AccheadError
 from acchead.inference.device_random import NEXT, TAU, Word, key_hash, key_input
 from acchead.inference.drafters import DraftStep
 from acchead.inference.model_runner import ModelRunner
+from acchead.inference.static_runner import MAX_SYMBOLIC_COUNT
 from acchead.inference.units import verify_post
 from acchead.sampling import SamplingConfig
+
+# The widths (tokens fed: the last committed token + candidates) a padded verification is compiled for:
+# dense where rounds are common and a padded row costs most (the CPU's few-row forwards), ~1.5x apart
+# beyond. A round of f tokens runs the graph of the smallest width >= f.
+VERIFY_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+# Tokens fed from which one symbolic graph verifies (below it: a static graph per count).
+SYMBOLIC_FROM = 5
+
+# The most padding any round gets: the cache room a padded round may write past the tokens it verifies.
+PAD_SLACK = max(b - a for a, b in itertools.pairwise(VERIFY_WIDTHS)) - 1
+
+
+def verify_width(fed: int) -> int:
+    """The padded width of a verification that feeds `fed` tokens (past the ladder: `fed` itself)."""
+    return next((w for w in VERIFY_WIDTHS if w >= fed), fed)
 
 
 def _verify_with_states(logits, hidden, model, cache, *args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,16 +74,32 @@ class RoundVerifier:
         device: the target's device, where the sequence, q and the status live.
         key_tensors: pass the draws' keys as tensors (a compiled unit: an int would be a constant of its
             graph, one recompile per round); else Python ints.
+        padded: pad each round to its `verify_width`: the device path, where a CUDA graph is captured per
+            shape, and the uncompiled static runner (its tests then run the padding); else feed exactly the
+            round's tokens.
+        symbolic: compile one graph for every count of `SYMBOLIC_FROM` or more fed tokens (the count a
+            symbol), a static one per smaller count: the compiled fast path. Padded and symbolic: the
+            longer widths compiled once, captured per width.
     """
 
     def __init__(
-        self, runner: ModelRunner, verify: Callable, vocab: int, device: torch.device, key_tensors: bool
-    ) -> None:
+        self, runner: ModelRunner, verify: Callable, vocab: int, device: torch.device, key_tensors: bool,
+        padded: bool = False,
+        symbolic: bool = False,
+    ) -> None:  # fmt: skip
         self.runner = runner
         self.verify_fn = verify
         self.vocab = vocab
         self.device = device
         self.key_tensors = key_tensors
+        self.padded = padded
+        self.symbolic = symbolic
+
+    @property
+    def slack(self) -> int:
+        """Cache room a padded round may write past the tokens it verifies (the same for every cap, so
+        every decoder of the model sizes its shared static cache alike, and shares its graphs)."""
+        return PAD_SLACK if self.padded else 0
 
     def verify(
         self, seq: torch.Tensor, n: int, steps: list[DraftStep], sampling: SamplingConfig, seed: int,
@@ -63,44 +114,79 @@ class RoundVerifier:
         """
         num = len(steps)
         keys = [self.key(seed, purpose, n) for purpose in (TAU, NEXT)]
-        post_args = (seq[n : n + num], self.stack_q(steps), sampling, self.verify_fn, *keys)
-        out = self.runner.feed(
-            seq[self.runner.length : n + num], keep=num + 1, all_hidden=states,
-            post=_verify_with_states if states else verify_post, post_args=post_args,
-        )  # fmt: skip
+        fed = n + num - self.runner.length
+        if (self.padded or self.symbolic) and self.runner.length > 0 and fed == num + 1 and not states:
+            # [x_n, X_1..X_L (, 0...)] (up to the width); the prompt's forward (length 0) runs eager
+            out = self.runner.feed(**self._unit_inputs(seq[n - 1 : n + num], steps, sampling, keys))
+        else:
+            post_args = (seq[n : n + num], self.stack_q(steps), sampling, self.verify_fn, *keys)
+            out = self.runner.feed(
+                seq[self.runner.length : n + num], keep=num + 1, all_hidden=states,
+                post=_verify_with_states if states else verify_post, post_args=post_args,
+            )  # fmt: skip
         status = out[0]
         seq.index_copy_(0, status[:1] + n, status[1:2])  # the next token, after the τ accepted
         return (status, out[1]) if states else status
+
+    def _unit_inputs(
+        self, ids: torch.Tensor, steps: list[DraftStep], sampling: SamplingConfig, keys: list[Word]
+    ) -> dict[str, Any]:
+        """`runner.feed`'s arguments for the verification of [x_n, X_1..X_L] (`ids`, (L + 1,)) as a
+        padded and/or symbolic unit: the real candidate count enters as a 0-d tensor, so neither L nor
+        the width is a constant of the graph."""
+        num = len(steps)
+        width = verify_width(num + 1) if self.padded else num + 1
+        ids = torch.nn.functional.pad(ids, (0, width - num - 1))
+        tokens, q = ids[1:], self.stack_q(steps, width - 1)
+        symbolic = SYMBOLIC_FROM if self.symbolic and width >= SYMBOLIC_FROM else 0
+        if symbolic:
+            for t in (tokens, q):
+                torch._dynamo.mark_dynamic(t, 0, min=symbolic - 1, max=MAX_SYMBOLIC_COUNT - 1)
+        real = torch.full((), num, dtype=torch.long, device=self.device)
+        post_args = (tokens, q, sampling, self.verify_fn, *keys, real)
+        return {"tokens": ids, "keep": 0, "post": verify_post, "post_args": post_args, "symbolic": symbolic}
 
     def key(self, seed: int, purpose: int, n: int) -> Word:
         """The key of a verifier draw in the round starting at n."""
         return key_input(key_hash(seed, purpose, n, 0), self.device, self.key_tensors)
 
-    def stack_q(self, steps: list[DraftStep]) -> torch.Tensor:
-        """(L, V) draft distributions on the target's device, zero-padded to its vocabulary width."""
+    def stack_q(self, steps: list[DraftStep], rows: int | None = None) -> torch.Tensor:
+        """(L, V) draft distributions on the target's device, zero-padded to its vocabulary width (and
+        with zero rows to `rows` rows: a padded round's empty slots)."""
         v = self.vocab
+        extra = 0 if rows is None else rows - len(steps)
         if not steps:
-            return torch.zeros(0, v, device=self.device)
+            return torch.zeros(extra, v, device=self.device)
         q = torch.stack([s.q for s in steps]).to(device=self.device, dtype=torch.float32)
         if q.shape[-1] > v:
             raise AccheadError(f"the drafter's vocabulary ({q.shape[-1]}) is wider than the target's ({v})")
-        return torch.nn.functional.pad(q, (0, v - q.shape[-1])) if q.shape[-1] < v else q
+        if q.shape[-1] < v or extra:
+            q = torch.nn.functional.pad(q, (0, v - q.shape[-1], 0, extra))
+        return q
 
     def warm_up(self, max_length: int, max_cap: int, sampling: SamplingConfig) -> None:
         """Run (fast path: compile) the verification of 0..`max_cap` candidates under S, for sequences
-        of up to `max_length` tokens; leaves the cache empty."""
+        of up to `max_length` tokens (padded: the widths they round up to); leaves the cache empty."""
         runner = self.runner
-        runner.reset(max_length)
-        dummy = torch.zeros(max(max_cap + 1, 2), dtype=torch.long, device=self.device)
+        capacity = max_length + self.slack
+        runner.reset(capacity)
+        if self.padded:
+            counts = sorted({verify_width(fed) for fed in range(1, max_cap + 2)})
+        elif self.symbolic:
+            counts = sorted({min(fed, SYMBOLIC_FROM) for fed in range(1, max_cap + 2)})  # one for >= 5
+        else:
+            counts = list(range(1, max_cap + 2))
+        dummy = torch.zeros(max(counts[-1], 2), dtype=torch.long, device=self.device)
         runner.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
-        runner.rollback(1)
         keys = [self.key(0, purpose, 0) for purpose in (TAU, NEXT)]
-        for num in range(max_cap + 1):
+        q = torch.zeros(self.vocab, device=self.device)
+        q[0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
+        for fed in counts:
             runner.rollback(1)
-            q = torch.zeros(num, self.vocab, device=self.device)
-            q[:, 0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
-            runner.feed(
-                dummy[: num + 1], keep=num + 1, post=verify_post,
-                post_args=(dummy[1 : num + 1], q, sampling, self.verify_fn, *keys),
-            )  # fmt: skip
-        runner.reset(max_length)
+            steps = [DraftStep(token=0, q=q, hidden=None, index=i + 1) for i in range(fed - 1)]
+            if self.padded or self.symbolic:
+                runner.feed(**self._unit_inputs(dummy[:fed], steps, sampling, keys))
+            else:
+                post_args = (dummy[1:fed], self.stack_q(steps), sampling, self.verify_fn, *keys)
+                runner.feed(dummy[:fed], keep=fed, post=verify_post, post_args=post_args)
+        runner.reset(capacity)

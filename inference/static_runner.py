@@ -30,6 +30,7 @@ import functools
 import inspect
 import logging
 import time
+import types
 import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
@@ -61,6 +62,10 @@ def _skip_guards_stance() -> Callable | None:
 
 _SKIP_GUARDS = _skip_guards_stance()
 
+# The upper bound of a symbolic token count (a bound is needed with a lower one: torch 2.13's
+# `mark_dynamic(min=...)` fails on max=None).
+MAX_SYMBOLIC_COUNT = 1 << 16
+
 # Static caches are sized in multiples of this many tokens: few distinct sizes (each compiles its own
 # graphs), yet little attention over empty slots (a captured step attends over the whole capacity).
 _CAPACITY_STEP = 128
@@ -81,12 +86,13 @@ def step_forward(
     Runs the decoder stack and the LM head separately (public `get_decoder` / `get_output_embeddings`),
     because the hidden states `output_hidden_states` returns are collected by hooks that a captured graph
     cannot hold. `StaticRunner` checks once that this equals the model's own forward.
-    Returns logits (keep, V) and the final hidden state (H,) of the last position (or None); with `post`,
+    Returns logits (keep, V) (keep = 0: every position's, (n, V)) and the final hidden state (H,) of the
+    last position (or None); with `post`,
     `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (a draft step's
     sampling and stop rule, a verification's acceptance and next token: `acchead.inference.units`).
     """
     hidden = model.get_decoder()(input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True).last_hidden_state
-    hidden = hidden[0, -keep:]  # (keep, H): after the final norm, what the LM head reads
+    hidden = hidden[0, -keep:] if keep else hidden[0]  # (keep or n, H): what the LM head reads
     logits = model.get_output_embeddings()(hidden)
     last = hidden[-1] if want_hidden else None
     return (logits, last) if post is None else post(logits, last, model, cache, *post_args)
@@ -102,6 +108,14 @@ def _arg_key(arg: Any) -> Hashable:
     except TypeError:
         return ("id", id(arg))
     return arg
+
+
+def _own_frame(fn: Callable) -> Callable:
+    """A copy of `fn` with a code object of its own. Dynamo keeps compiled graphs per code object, and a
+    call is served by the first cached graph whose guards pass: one copy per runner keeps a target's
+    graphs (some symbolic in the token count) and its draft's from serving, or shadowing, each other."""
+    code = fn.__code__.replace()  # a new code object, equal in everything but identity
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 class RollbackStaticLayer(StaticLayer):
@@ -235,7 +249,9 @@ class StaticRunner:
         # Static shapes. Automatic dynamic shapes (one graph symbolic in the token count) cut SpecDec++'s
         # warm-up 4x, but which graph serves a call then depends on every unit compiled before it in the
         # process: the full suite saw decodes compile after a complete warm-up (docs/speed.md, issue 32).
-        compiled = torch.compile(step_forward, mode=mode, fullgraph=True, dynamic=False)
+        # `symbolic` feeds mark their token count dynamic (`torch._dynamo.mark_dynamic`), which dynamic=False
+        # still honours: one graph for the longer verifications, static shapes everywhere else.
+        compiled = torch.compile(_own_frame(step_forward), mode=mode, fullgraph=True, dynamic=False)
         dynamo = torch._dynamo.config
 
         def limits() -> contextlib.AbstractContextManager:
@@ -315,7 +331,12 @@ class StaticRunner:
         post_args: tuple = (),
         post_feeds: int = 0,
         all_hidden: bool = False,
+        symbolic: int = 0,
     ) -> Any:
+        """See `ModelRunner.feed`. `symbolic` > 0: the compiled graph serves every token count n ≥
+        `symbolic` (n is a symbol of it, guarded to that range so that it never shadows the static graphs
+        of smaller counts; the caller marks the matching dimensions of `post_args` with
+        `torch._dynamo.mark_dynamic`, and passes keep = 0, every position, rather than a constant n)."""
         if all_hidden:
             raise AccheadError("every position's hidden state is read on the eager path only")
         n = tokens.numel()
@@ -324,6 +345,8 @@ class StaticRunner:
         # The prompt (a new length every call) runs eager; decode-time counts replay their graph.
         prefill = self.length == 0 and n > 1
         fn = step_forward if self._compiled is None or prefill else self._compiled
+        if symbolic and fn is not step_forward:
+            torch._dynamo.mark_dynamic(ids, 1, min=symbolic, max=MAX_SYMBOLIC_COUNT)
         out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args)
         self.length += n + post_feeds
         if self._compiled is None or prefill or not self.path.copy_outputs:

@@ -170,6 +170,7 @@ def verify_post(
     verify: Callable,
     key_tau: Word,
     key_next: Word,
+    num: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor]:
     """A verification after the target's forward: the round's packed status.
 
@@ -179,9 +180,11 @@ def verify_post(
         tokens: (L,) int64 the candidates; q: (L, V) float32 their draft distributions.
         verify: `verify_token` or `verify_block` (acchead.inference.verification).
         key_tau, key_next: the keys of the τ and next-token draws.
+        num: a padded round's count of real candidates (0-d int64; the rest of `tokens` is padding, its
+            q rows zero), so one graph of width L + 1 verifies every count up to L; None: all L are real.
     Returns:
-        ((2 + L,) int64 [τ, next token, X_1..X_L],): everything the host needs after the round.
+        ((2 + L,) int64 [τ, next token, X_1..X_L],): everything the host needs after the round (τ ≤ num).
     """
     p = probs_from_logits(logits, sampling)  # (L+1, V)
-    tau, nxt = verify(tokens, q, p, sampling.greedy, key_tau, key_next)
+    tau, nxt = verify(tokens, q, p, sampling.greedy, key_tau, key_next, num)
     return (torch.cat([tau.view(1), nxt.view(1), tokens]),)

@@ -159,7 +159,7 @@ def compiled_pair(tiny_pair_dirs):
     """(target, draft): the `tiny_pair_dirs` models loaded once per session, for the tests that compile the
     fast path (tests/test_fast_path.py, tests/test_bench.py).
 
-    A model's compiled fast-path runner lives on the model object (`make_runner`) and compiling one forward
+    A model's compiled fast-path runner is kept per model object (`make_runner`) and compiling one forward
     shape costs seconds on the CPU even for these tiny models, so the tests that compile share these two
     objects: each shape is compiled once per test run. Never modify them: their weights are frozen into
     the compiled graphs.

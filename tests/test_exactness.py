@@ -37,6 +37,8 @@ from acchead.inference.verification import (
     block_tau_probs,
     token_next_dist,
     token_tau_probs,
+    verify_block,
+    verify_token,
 )
 from acchead.sampling import SamplingConfig, probs_from_logits
 
@@ -388,6 +390,36 @@ def test_block_rho_log_space_survives_tiny_ratios():
     rho = block_rho(torch.zeros(40, dtype=torch.long), q, p)
     assert torch.isclose(rho[-1], torch.tensor(1e-120, dtype=torch.float64), rtol=1e-9)
     assert torch.isfinite(block_tau_probs(torch.zeros(40, dtype=torch.long), q, p)).all()
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_padded_round_has_the_laws_and_draws_of_its_real_candidates(verifier):
+    """A round padded to a wider verification (`num` real candidates, zero q rows, junk tokens and p rows
+    after them: the fast path's one graph per width) has the unpadded round's laws of τ and of the next
+    token, and its samplers draw the same (τ, token) under the same keys."""
+    tau_probs, next_dist = VERIFIERS[verifier]
+    sampler = {"token": verify_token, "block": verify_block}[verifier]
+    g = torch.Generator().manual_seed(0)
+    v, width = 7, 6
+    for trial in range(40):
+        num = trial % width  # 0..5 real candidates, padded to 5 slots
+        tokens = torch.randint(0, v, (width - 1,), generator=g)
+        q = torch.rand(width - 1, v, generator=g, dtype=torch.float64) ** 3
+        q = q / q.sum(-1, keepdim=True)
+        q[num:] = 0.0
+        p = torch.rand(width, v, generator=g, dtype=torch.float64) ** 3
+        p = p / p.sum(-1, keepdim=True)
+        real = (tokens[:num], q[:num], p[: num + 1])
+        law = tau_probs(*real)
+        padded = tau_probs(tokens, q, p, torch.tensor(num) if trial % 2 else num)
+        assert torch.allclose(padded[: num + 1], law, atol=1e-12) and not padded[num + 1 :].any()
+        for tau in range(num + 1):
+            args = (tau, num) if verifier == "block" else (tau,)
+            assert torch.allclose(next_dist(tokens, q, p, *args), next_dist(*real, tau), atol=1e-12)
+        for key in range(5):
+            want = sampler(*real, False, 3 * key, 3 * key + 1)
+            got = sampler(tokens, q, p, False, 3 * key, 3 * key + 1, torch.tensor(num))
+            assert [int(x) for x in got] == [int(x) for x in want]
 
 
 # ----------------------------------------------------------------------------- tiny transformer tests

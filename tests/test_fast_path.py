@@ -208,6 +208,18 @@ def test_a_new_specdecpp_threshold_compiles_nothing(compiled_pair):
     assert lengths[0] != lengths[1], "the thresholds should stop differently (else the test proves nothing)"
 
 
+def test_every_k_reuses_the_verifications_of_specdecpp(compiled_pair):
+    """The candidate count is an input of the target's verification unit, not a constant of it: after
+    SpecDec++ (cap 6) warmed up, autoregressive decoding and every fixed K up to the cap decode the eager
+    tokens compiling nothing (issue 32: a graph per K + 1 before). Rounds of 1-4 tokens fed run their own
+    static graphs, longer ones (K = 4..6 here) one graph symbolic in the count
+    (`acchead.inference.round_verifier.SYMBOLIC_FROM`)."""
+    target, draft = compiled_pair
+    (head,) = _token_heads(draft.config.hidden_size, [("state", "token")])
+    specs = ["autoregressive", *(f"specdec:k={k}" for k in range(1, 7))]
+    _new_thresholds_replay(target, draft, "specdecpp:h=0.5,max=6", specs, head)
+
+
 @pytest.mark.slow
 def test_new_confidence_and_entropy_thresholds_compile_nothing(compiled_pair):
     """The confidence and entropy rules' tau are inputs of the compiled step too (they were constants: a
