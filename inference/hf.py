@@ -12,9 +12,11 @@ the output is distributed as transformers' own sampling from the target (greedy:
 greedy output). Keyword arguments of our own: `draft` (the draft model), `stream_to` (a streamer),
 `head` (an `AcceptanceHead` or a head file; None on the demo pair: its shipped head for the requested S),
 `policy` (any spec of ours, default "specdecpp": the head's measured threshold), `verifier` ("token" or
-"block"), `seed` and `fast` (as for `SpeculativeDecoder`). Repeated calls reuse one decoder per
-(target, draft, policy, head, verifier, fast), kept by `acchead.inference.hf_decoders.DECODERS` (the 8
-most recently used; `DECODERS.release(model)` lets a model go).
+"block"), `seed` and `fast` (as for `SpeculativeDecoder`), or `spec`, one `DecodingSpec` (or its string)
+in place of policy, verifier, fast and head, as `acchead-decode` and the bench take it. Repeated calls
+reuse one decoder per (target, draft, policy, head, verifier, fast), kept by
+`acchead.inference.hf_decoders.DECODERS` (the 8 most recently used; `DECODERS.release(model)` lets a model
+go).
 The same loop ships as a directory for `custom_generate=custom_generate_dir(), trust_remote_code=True`,
 which takes `generate`'s own `assistant_model=`, `streamer=`, `stop_strings=` and `tokenizer=`.
 
@@ -80,7 +82,7 @@ from acchead.inference.hf_decoders import decoder_for, pair_head_default
 from acchead.inference.policies import StopPolicy
 from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec
 from acchead.inference.results import GenerationResult
-from acchead.inference.spec import as_policy_spec
+from acchead.inference.spec import DecodingSpec, as_policy_spec
 from acchead.sampling import SamplingConfig
 
 # The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
@@ -123,10 +125,11 @@ def generate(
     draft: PreTrainedModel | None = None,
     stream_to: Any = None,
     head: AcceptanceHead | str | Path | None = None,
-    policy: str | PolicySpec | StopPolicy = "specdecpp",
-    verifier: str = "token",
+    policy: str | PolicySpec | StopPolicy | None = None,
+    verifier: str | None = None,
     seed: int | None = None,
     fast: bool | None = None,
+    spec: DecodingSpec | str | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeGenerateOutput:
     """The decoding loop `model.generate(..., custom_generate=generate)` runs (see the module docstring).
@@ -136,9 +139,13 @@ def generate(
         logits_processor, stopping_criteria, generation_config: as `generate` prepared them.
         draft: the draft model (`generate`'s `assistant_model` never reaches a callable: see above).
         stream_to: a streamer (`put`/`end`), fed as `generate` feeds its `streamer`.
-        head, policy, verifier, fast: as for `SpeculativeDecoder`; head None with a named pair's draft
-            (the demo draft, the shipped SmolLM2 draft): its shipped head for the requested S
-            (`pair_head_default`).
+        head, policy, verifier, fast: as for `SpeculativeDecoder` (policy None: "specdecpp", verifier
+            None: "token"); head None with a named pair's draft (the demo draft, the shipped SmolLM2
+            draft): its shipped head for the requested S (`pair_head_default`).
+        spec: the typed decoding configuration (`acchead.inference.spec.DecodingSpec`, or its string
+            form) instead of policy, verifier, fast and head: passing both is refused, as are a spec's
+            DRAFTER+ (model-free drafters decode through `acchead-decode` and the bench) and a spec's
+            sampling that differs from the generation config's.
         seed: keys every sampled draw; None draws one from torch's global generator.
         model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
 
@@ -150,12 +157,16 @@ def generate(
         raise AccheadError("call acchead.inference.hf.generate as model.generate(..., custom_generate=...)")
     _check_config(generation_config)
     _check_inputs(input_ids, model_kwargs)
+    sampling = sampling_from(logits_processor, generation_config)
+    if spec is not None:
+        policy, verifier, fast, head = _from_spec(spec, sampling, policy, verifier, fast, head)
+    policy = "specdecpp" if policy is None else policy
+    verifier = "token" if verifier is None else verifier
     if draft is None and not _is_autoregressive(policy):
         raise AccheadError(
             f"policy {_spec(policy)!r} needs a draft: pass draft=DRAFT to generate (a custom_generate "
             "callable never receives assistant_model)"
         )
-    sampling = sampling_from(logits_processor, generation_config)
     prompt_len = input_ids.shape[1]
     max_length, eos, others = split_criteria(stopping_criteria)
     max_length = generation_config.max_length if max_length is None else max_length
@@ -316,6 +327,22 @@ def _check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None
     extra = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
     if extra:
         raise AccheadError(f"model inputs the speculative decoder cannot feed: {', '.join(extra)}")
+
+
+def _from_spec(
+    spec: DecodingSpec | str, sampling: SamplingConfig, *separate: Any
+) -> tuple[PolicySpec, str, bool | None, str | None]:
+    """(policy, verifier, fast, head) of a `DecodingSpec`; one line if `separate` (the same four passed as
+    their own arguments) are given too, or the spec asks what `generate` cannot do."""
+    if any(x is not None for x in separate):
+        raise AccheadError("pass either spec= or policy= / verifier= / fast= / head=, not both")
+    spec = DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
+    if spec.uses_drafters:
+        raise AccheadError(f"spec {spec.to_spec()!r} names a model-free drafter: decode it with "
+                           "acchead-decode")  # fmt: skip
+    if spec.sampling is not None and spec.sampling != sampling:
+        raise AccheadError(f"spec's sampling {spec.sampling} differs from the generation config's {sampling}")
+    return spec.policy, spec.verifier, spec.fast, spec.head
 
 
 def _typed(policy: str | PolicySpec | StopPolicy) -> PolicySpec:

@@ -176,11 +176,12 @@ def test_host_event_times_like_perf_counter():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["specdec:k=2", "specdecpp:h=0.5,max=3"])
+@pytest.mark.parametrize("spec", ["specdec:k=2", "specdecpp:h=0.5,max=6"])
 def test_compiled_device_path_round_and_stop_units(tiny_tokenizer, spec):
     """The whole CUDA default on the CPU: fixed K's compiled round unit and SpecDec++'s compiled draft steps
     with the head inside, graph-replay mode, greedy and sampled, nothing compiled after `warm_up`; greedy
     tokens are autoregressive decoding's, sampled ones the eager path's (the same counter-keyed draws).
+    SpecDec++'s cap of 6 takes its longer rounds through the padded widths 6 and 8 of the symbolic graph.
     Slow: about 60 s (SpecDec++) to 5 min (fixed K, contended box) of compilation on 2 CPU cores."""
     vocab = len(tiny_tokenizer)
     target = make_tiny_llama(vocab, hidden_size=64, num_layers=2, seed=1)

@@ -28,6 +28,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference import hf, hf_decoders
+from acchead.inference.spec import DecodingSpec
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 PROMPT = "def f(x):"
@@ -69,6 +70,32 @@ def test_greedy_equals_transformers_greedy(pair, head, prompt, policy, verifier)
     t = prompt["input_ids"].shape[1]
     by_length = _ours(target, draft, prompt, head=head, policy=policy, max_new_tokens=None, max_length=t + 9)
     assert by_length.tolist() == ref[:, : t + 9].tolist()
+
+
+@pytest.mark.parametrize(
+    "spec", [DecodingSpec.from_spec("specdec:k=4", verifier="block"), "confidence:tau=0.4", "autoregressive"]
+)
+def test_a_decoding_spec_stands_for_policy_and_verifier(pair, prompt, spec):
+    """`spec=` takes the one typed configuration `acchead-decode` and the bench take (issue 34)."""
+    target, draft = pair
+    ref = target.generate(**prompt, max_new_tokens=24, do_sample=False)
+    assert _ours(target, draft, prompt, spec=spec).tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(spec="specdec:k=2", policy="specdec:k=3"), "either spec= or policy="),
+        (dict(spec="specdec:k=2", verifier="block"), "either spec= or policy="),
+        (dict(spec="mag+specdec:k=4"), "model-free drafter: decode it with acchead-decode"),
+        (dict(spec=DecodingSpec.from_spec("specdec:k=2", sampling=SamplingConfig(1.0))), "differs from"),
+    ],
+)
+def test_decoding_spec_refusals_are_one_line(tiny_llama_pair, prompt, kw, message):
+    target, draft = tiny_llama_pair
+    with pytest.raises(AccheadError, match=message) as e:
+        target.generate(**prompt, custom_generate=hf.generate, draft=draft, max_new_tokens=4, **kw)
+    assert "\n" not in str(e.value)
 
 
 def test_autoregressive_needs_no_assistant(pair, prompt):

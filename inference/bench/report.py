@@ -246,7 +246,10 @@ def _render_loop_profile(results: dict[str, Any]) -> list[str]:
 
 
 def _render_notes(results: dict[str, Any]) -> list[str]:
-    notes = results["notes"]
+    notes = list(results["notes"])
+    if results.get("warm_up_s") is not None:
+        notes.append(f"fast path: every decoder's units compiled in {results['warm_up_s']:.1f} s before the "
+                     "first timed run (`warm_up`)")  # fmt: skip
     return ["", "## Notes", "", *[f"- {n}" for n in notes]] if notes else []
 
 

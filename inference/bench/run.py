@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,7 @@ class Bench:
         self.prompt_ids = prompt_ids
         self.eos = eos
         self.sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+        self.warm_up_s: float | None = None  # seconds the fast path's warm-up took (compilation), if it ran
 
     def decoder(self, setting: Setting):
         """A fresh decoder for `setting`'s decoding spec. Its head is a path, not a loaded module: the
@@ -149,9 +151,13 @@ class Bench:
         """One short untimed decode per method family, so first-call costs stay out of the timings; on the
         fast path, every forward shape of every decoder compiled first (decoders of one model share them)."""
         longest = max(ids.shape[1] for ids in self.prompt_ids) + self.args.max_new_tokens
+        start = time.perf_counter()
         for s in settings:
             if s.fast:
                 decoders[s.key].warm_up(longest, **self.sampling.to_dict())
+        if any(s.fast for s in settings):
+            self.warm_up_s = time.perf_counter() - start
+            print(f"fast path: every decoder's units compiled in {self.warm_up_s:.1f} s")
         seen: set[str] = set()
         for s in settings:
             if s.family not in seen:
@@ -311,6 +317,7 @@ def _run_and_report(
     ]
     results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids), fits)
     results["loop_profile"] = loop
+    results["warm_up_s"] = bench.warm_up_s  # None when resumed past it or without fast-path settings
     return results
 
 
