@@ -127,9 +127,10 @@ class SpeculativeDecoder:
         vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
         self._verifier = RoundVerifier(
             self._runner, VERIFIERS[verifier], vocab, self._device, key_tensors=self.fast and compile,
-            # a graph per verification width on the device path (CUDA graphs), one symbolic graph for
-            # every count >= 3 when compiled; the uncompiled static runner pads, to test the padding
-            padded=self.fast and (self.path.on or not compile), symbolic=self.fast and compile,
+            # the fast path pads each round to a verification width (a graph per width; the uncompiled
+            # static runner too, so its tests run the padding); on the device path the longer widths
+            # share one symbolic graph, captured per width (on the CPU a symbolic graph runs ~2x slower)
+            padded=self.fast, symbolic=self.fast and compile and self.path.on,
         )
         if is_feature_draft(draft):
             if self.fast:

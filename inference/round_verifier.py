@@ -9,17 +9,17 @@ X_1..X_L], the one value the host reads per round.
 
 On the fast path a graph with the token count as a constant would mean cap + 1 graphs (21 for SpecDec++'s
 default cap, 35-50 s of Inductor each for the demo target on the CPU: issue 32). Instead the count of real
-candidates enters the unit as a tensor (`acchead.inference.verification`, `num`), so one graph serves every
-L and every policy, fixed K or adaptive, of a given S and verifier:
+candidates enters the unit as a tensor (`acchead.inference.verification`, `num`) and the round is padded up
+to the next of a few widths (`VERIFY_WIDTHS`: 1, 2, 3, 4, 6, 8, 12, 16, 24, ...), so one graph per width
+serves every L and every policy, fixed K or adaptive, of a given S and verifier. The padded positions' keys
+and values land past the committed prefix in the static cache, where the causal mask hides them until the
+next round overwrites them (the decoder rolls back after every round).
 
-- symbolic (the compiled fast path): static graphs for 1..4 tokens fed (L = 0..3, the common rounds) and
-  one graph for every longer round, whose token count is a symbol (`torch._dynamo.mark_dynamic`). On the
-  CPU a symbolic graph decodes ~1.5x slower than a static one (Inductor's kernels for a static row
-  count, measured: K = 2 at 245 against 366 tokens/s), so it takes only the rarer long rounds;
-- padded (the device path): a CUDA graph is captured per shape, so the round is padded up to the next of a
-  few widths (`VERIFY_WIDTHS`: 1, 2, 3, 4, 6, 8, 12, 16, 24, ...): compiled once, captured per width. The
-  padded positions' keys and values land past the committed prefix in the static cache, where the causal
-  mask hides them until the next round overwrites them (the decoder rolls back after every round).
+On the device path (CUDA graphs: one capture per shape anyway) the widths from `SYMBOLIC_FROM` on share
+one compiled graph whose token count is a symbol (`torch._dynamo.mark_dynamic`, guarded to that range so
+that it never serves the static widths), compiled once and captured per width. Not on the CPU: there
+Inductor's kernels for a symbolic row count ran the verification about twice as slow (fixed K = 4, whose
+5-token rounds took it, decoded 295 against K = 3's 447 tokens/s; docs/speed.md).
 
 `warm_up` compiles (and captures) what a decode can use.
 """
@@ -46,7 +46,7 @@ from acchead.sampling import SamplingConfig
 VERIFY_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-# Tokens fed from which one symbolic graph verifies (below it: a static graph per count).
+# On the device path, the width from which one symbolic graph verifies (below it: a static graph each).
 SYMBOLIC_FROM = 5
 
 # The most padding any round gets: the cache room a padded round may write past the tokens it verifies.
@@ -74,12 +74,10 @@ class RoundVerifier:
         device: the target's device, where the sequence, q and the status live.
         key_tensors: pass the draws' keys as tensors (a compiled unit: an int would be a constant of its
             graph, one recompile per round); else Python ints.
-        padded: pad each round to its `verify_width`: the device path, where a CUDA graph is captured per
-            shape, and the uncompiled static runner (its tests then run the padding); else feed exactly the
-            round's tokens.
-        symbolic: compile one graph for every count of `SYMBOLIC_FROM` or more fed tokens (the count a
-            symbol), a static one per smaller count: the compiled fast path. Padded and symbolic: the
-            longer widths compiled once, captured per width.
+        padded: pad each round to its `verify_width` (the fast path, compiled or not); else feed exactly
+            the round's tokens.
+        symbolic: the widths from `SYMBOLIC_FROM` on share one graph symbolic in the token count (the
+            device path: compiled once, captured per width).
     """
 
     def __init__(
@@ -92,6 +90,8 @@ class RoundVerifier:
         self.vocab = vocab
         self.device = device
         self.key_tensors = key_tensors
+        if symbolic and not padded:
+            raise ValueError("a symbolic verification graph serves padded rounds: pass padded=True too")
         self.padded = padded
         self.symbolic = symbolic
 
@@ -115,7 +115,7 @@ class RoundVerifier:
         num = len(steps)
         keys = [self.key(seed, purpose, n) for purpose in (TAU, NEXT)]
         fed = n + num - self.runner.length
-        if (self.padded or self.symbolic) and self.runner.length > 0 and fed == num + 1 and not states:
+        if self.padded and self.runner.length > 0 and fed == num + 1 and not states:
             # [x_n, X_1..X_L (, 0...)] (up to the width); the prompt's forward (length 0) runs eager
             out = self.runner.feed(**self._unit_inputs(seq[n - 1 : n + num], steps, sampling, keys))
         else:
@@ -132,10 +132,10 @@ class RoundVerifier:
         self, ids: torch.Tensor, steps: list[DraftStep], sampling: SamplingConfig, keys: list[Word]
     ) -> dict[str, Any]:
         """`runner.feed`'s arguments for the verification of [x_n, X_1..X_L] (`ids`, (L + 1,)) as a
-        padded and/or symbolic unit: the real candidate count enters as a 0-d tensor, so neither L nor
-        the width is a constant of the graph."""
+        padded unit (symbolic from `SYMBOLIC_FROM` when `symbolic`): the real candidate count enters as a 0-d
+        tensor, so L is no constant of the graph."""
         num = len(steps)
-        width = verify_width(num + 1) if self.padded else num + 1
+        width = verify_width(num + 1)
         ids = torch.nn.functional.pad(ids, (0, width - num - 1))
         tokens, q = ids[1:], self.stack_q(steps, width - 1)
         symbolic = SYMBOLIC_FROM if self.symbolic and width >= SYMBOLIC_FROM else 0
@@ -172,8 +172,6 @@ class RoundVerifier:
         runner.reset(capacity)
         if self.padded:
             counts = sorted({verify_width(fed) for fed in range(1, max_cap + 2)})
-        elif self.symbolic:
-            counts = sorted({min(fed, SYMBOLIC_FROM) for fed in range(1, max_cap + 2)})  # one for >= 5
         else:
             counts = list(range(1, max_cap + 2))
         dummy = torch.zeros(max(counts[-1], 2), dtype=torch.long, device=self.device)
@@ -184,7 +182,7 @@ class RoundVerifier:
         for fed in counts:
             runner.rollback(1)
             steps = [DraftStep(token=0, q=q, hidden=None, index=i + 1) for i in range(fed - 1)]
-            if self.padded or self.symbolic:
+            if self.padded:
                 runner.feed(**self._unit_inputs(dummy[:fed], steps, sampling, keys))
             else:
                 post_args = (dummy[1:fed], self.stack_q(steps), sampling, self.verify_fn, *keys)

@@ -211,9 +211,8 @@ def test_a_new_specdecpp_threshold_compiles_nothing(compiled_pair):
 def test_every_k_reuses_the_verifications_of_specdecpp(compiled_pair):
     """The candidate count is an input of the target's verification unit, not a constant of it: after
     SpecDec++ (cap 6) warmed up, autoregressive decoding and every fixed K up to the cap decode the eager
-    tokens compiling nothing (issue 32: a graph per K + 1 before). Rounds of 1-4 tokens fed run their own
-    static graphs, longer ones (K = 4..6 here) one graph symbolic in the count
-    (`acchead.inference.round_verifier.SYMBOLIC_FROM`)."""
+    tokens compiling nothing (issue 32: a graph per K + 1 before). Each round is padded to its width
+    (`acchead.inference.round_verifier.VERIFY_WIDTHS`: K = 4 and 5 run width 6, K = 6 width 8)."""
     target, draft = compiled_pair
     (head,) = _token_heads(draft.config.hidden_size, [("state", "token")])
     specs = ["autoregressive", *(f"specdec:k={k}" for k in range(1, 7))]

@@ -297,9 +297,7 @@ def _run_and_report(
     done = run_grid(bench, settings, out, fingerprint)
 
     fits = path_fits(settings, done)
-    if not fits.get("eager", fits.get("fast")):
-        raise AccheadError(f"the cost fit needs runs of at least one of {', '.join(FIT_FAMILIES)}")
-    fit = fits.get("eager") or fits["fast"]  # prices the eager rows (and every other row but fast ones)
+    fit = base_fit(fits)
     overhead = {
         family: time_head_overhead(draft, head, prompt_ids[0], calls=args.overhead_calls, sampling=sampling)
         for family, head in heads.items()
@@ -362,6 +360,15 @@ def path_fits(settings: list[Setting], done: dict[str, list[PromptRun]]) -> dict
         except AccheadError:
             fits[name] = None
     return fits
+
+
+def base_fit(fits: dict[str, CostFit | None]) -> CostFit:
+    """The fit that prices every row but the fast path's: the eager decoders', else (a `--paths fast`
+    bench) the fast path's; one line when neither could be fitted."""
+    fit = fits.get("eager") or fits.get("fast")
+    if fit is None:
+        raise AccheadError(f"the cost fit needs runs of at least one of {', '.join(FIT_FAMILIES)}")
+    return fit
 
 
 @cli_errors
