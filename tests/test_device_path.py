@@ -24,8 +24,10 @@ from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.device_path import DevicePath, HostEvent, PhaseClock
-from acchead.inference.drafters import ModelDrafter
+from acchead.inference.drafters import DraftStep, ModelDrafter
 from acchead.inference.model_runner import EagerRunner, StaticRunner, make_runner
+from acchead.inference.round_verifier import SYMBOLIC_FROM, RoundVerifier, verify_width
+from acchead.inference.verification import verify_token
 from acchead.sampling import SamplingConfig
 
 PROMPT = torch.tensor([5, 9, 17, 33, 2])
@@ -197,3 +199,34 @@ def test_compiled_device_path_round_and_stop_units(tiny_tokenizer, spec):
         sampled = dec.generate(PROMPT, max_new_tokens=24, temperature=1.0, seed=3).new_ids.tolist()
     assert greedy == _ar_greedy(target, PROMPT, 24)
     assert sampled == eager.generate(PROMPT, max_new_tokens=24, temperature=1.0, seed=3).new_ids.tolist()
+
+
+@torch.inference_mode()
+def test_symbolic_verification_branch_on_the_cpu(tiny_tokenizer):
+    """The device path's long rounds (from `SYMBOLIC_FROM` tokens fed) go to one graph symbolic in the count:
+    run uncompiled here, the branch marks its inputs dynamic, feeds the padded width, and returns the status
+    of the padded static unit and of the unpadded eager verification alike; a symbolic verifier that does
+    not pad is refused."""
+    target = make_tiny_llama(len(tiny_tokenizer), hidden_size=32, num_layers=2, seed=1)
+    vocab = target.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    seq = torch.cat([PROMPT, torch.randint(0, vocab, (7,), generator=g)])
+    n, num = PROMPT.numel() + 1, 5  # one committed token after the prompt, then 5 candidates: 6 fed
+    assert verify_width(num + 1) >= SYMBOLIC_FROM
+    q = torch.softmax(torch.randn(num, vocab, generator=g), -1)
+    steps = [DraftStep(token=int(seq[n + i]), q=q[i], hidden=None, index=i + 1) for i in range(num)]
+    statuses, fed = [], []
+    for padded, symbolic in ((False, False), (True, False), (True, True)):
+        runner = StaticRunner(target, compile=False)
+        runner.reset(64)
+        runner.feed(seq[: n - 1])  # the prompt's forward, as a decode's first round makes it
+        feed = runner.feed
+        runner.feed = lambda *a, _feed=feed, **kw: fed.append(kw.get("symbolic", 0)) or _feed(*a, **kw)
+        verifier = RoundVerifier(runner, verify_token, vocab, target.device, key_tensors=False,
+                                 padded=padded, symbolic=symbolic)  # fmt: skip
+        status = verifier.verify(seq.clone(), n, steps, SamplingConfig(1.0), seed=3)
+        statuses.append(status[: 2 + num].tolist())
+    assert statuses[0] == statuses[1] == statuses[2]
+    assert fed == [0, 0, SYMBOLIC_FROM]  # only the symbolic verifier asked its runner for a symbolic count
+    with pytest.raises(ValueError, match="pass padded=True"):
+        RoundVerifier(runner, verify_token, vocab, target.device, key_tensors=False, symbolic=True)
