@@ -51,16 +51,26 @@ class HeadCall:
         self.lookahead = head.kind == "lookahead"
         self._needs_stats = needs_stats(self.inputs)
         self._out_emb: torch.Tensor | None = None  # (V, H) the draft's LM-head weight (lookahead "token")
+        # A reduced-vocabulary draft's head rows: (V_d,) their token ids, (V,) each id's row or -1.
+        self._vocab: tuple[torch.Tensor, torch.Tensor] | None = None
         self._cache_weights()
 
     def attach_draft(self, model: torch.nn.Module) -> None:
-        """Read the draft's output embedding (a head reading "token") and fold it into the first layer."""
+        """Read the draft's output embedding (a head reading "token") and fold it into the first layer; for
+        a reduced-vocabulary draft (`acchead.reduced_vocab`), which token ids its head has rows for."""
         if "token" in self.inputs:
             self._out_emb = output_embedding_table(model)
             self._cache_weights()
+        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if self._needs_stats and hasattr(out, "to_full") and hasattr(out, "to_draft"):
+            # log q, its entropy and top-k over the V_d rows only: every other logit is -inf (q = 0), and
+            # a log-softmax and top-k over 49,152 entries cost ~6x those over 8,192 (the real pair)
+            self._vocab = (out.to_full.detach(), out.to_draft.detach())
 
     def to(self, device: torch.device | str) -> HeadCall:
         self.head.to(device)
+        if self._vocab is not None:
+            self._vocab = (self._vocab[0].to(device), self._vocab[1].to(device))
         self._cache_weights()
         return self
 
@@ -106,10 +116,14 @@ class HeadCall:
         parts = [step.state.float()]
         if self._needs_stats:
             # feature_logprobs: greedy keeps the logits (q is one-hot), sampling keeps q = S(q).
-            logq = torch.log_softmax(step.logits.float(), -1) if step.logits is not None else step.q.log()
-            logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,)
+            source, token = step.logits.float() if step.logits is not None else step.q, step.token
+            if self._vocab is not None:  # (V_d,): the entries outside add exp(-inf) = 0 to every statistic
+                source = source.index_select(-1, self._vocab[0].to(source.device))
+                token = rows(self._vocab[1], token)[0]
+            logq = torch.log_softmax(source, -1) if step.logits is not None else source.log()
+            logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,) or (V_d,)
             if "logq" in inputs:
-                parts.append(rows(logq, step.token))
+                parts.append(rows(logq, token))
             if "entropy" in inputs:
                 parts.append(torch.dot(logq.exp(), logq).neg_()[None])
         if "token" in inputs and with_token:

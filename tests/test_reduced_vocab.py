@@ -166,3 +166,28 @@ def test_gen_data_and_training_take_a_reduced_draft(tiny_pair_dirs, tiny_tokeniz
                            ("logq", "entropy"))  # fmt: skip
     # float16 rounding of the cached table only; zeros instead of -inf would move the entropy by whole nats
     torch.testing.assert_close(cached.stats, want, rtol=5e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_head_statistics_over_the_head_rows_equal_the_full_vocabulary_ones(reduced_pair, greedy):
+    """A head reading log q, the entropy and the top log-probs computes them over the draft's V_d head rows
+    (`HeadCall`), not the full vocabulary where every other entry is -inf (q = 0): the same input vector,
+    ~6x cheaper on the real pair's 8,192 of 49,152."""
+    from acchead.head import AcceptanceHead
+    from acchead.inference.drafters import DraftStep
+    from acchead.inference.head_call import HeadCall
+
+    _, draft = reduced_pair
+    head = AcceptanceHead(32, depth=1, kind="lookahead", inputs=("state", "logq", "entropy", "topk"))
+    reduced, full = HeadCall(head), HeadCall(head)
+    reduced.attach_draft(draft)
+    assert reduced._vocab is not None and full._vocab is None
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        state = torch.randn(32, generator=g)
+        logits = draft.lm_head(state)  # (V,), -inf outside KEPT
+        q = torch.softmax(logits / 0.7, -1)
+        token = KEPT[int(torch.randint(0, DRAFT_VOCAB, (1,), generator=g))]
+        kept = logits if greedy else None  # greedy decoders keep the logits (q is one-hot), sampling q
+        step = DraftStep(token=token, q=q, hidden=None, index=1, logits=kept, state=state)
+        torch.testing.assert_close(reduced.input(step), full.input(step), rtol=1e-5, atol=1e-5)
