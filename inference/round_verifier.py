@@ -165,26 +165,21 @@ class RoundVerifier:
         return q
 
     def warm_up(self, max_length: int, max_cap: int, sampling: SamplingConfig) -> None:
-        """Run (fast path: compile) the verification of 0..`max_cap` candidates under S, for sequences
-        of up to `max_length` tokens (padded: the widths they round up to); leaves the cache empty."""
+        """Compile the fast path's (padded) verification of 0..`max_cap` candidates under S, i.e. of the
+        widths they round up to, for sequences of up to `max_length` tokens; leaves the cache empty."""
+        if not self.padded:
+            raise ValueError("warm_up compiles the fast path's padded verification units: padded=True")
         runner = self.runner
         capacity = max_length + self.slack
         runner.reset(capacity)
-        if self.padded:
-            counts = sorted({verify_width(fed) for fed in range(1, max_cap + 2)})
-        else:
-            counts = list(range(1, max_cap + 2))
-        dummy = torch.zeros(max(counts[-1], 2), dtype=torch.long, device=self.device)
+        widths = sorted({verify_width(fed) for fed in range(1, max_cap + 2)})
+        dummy = torch.zeros(max(widths[-1], 2), dtype=torch.long, device=self.device)
         runner.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
         keys = [self.key(0, purpose, 0) for purpose in (TAU, NEXT)]
         q = torch.zeros(self.vocab, device=self.device)
         q[0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
-        for fed in counts:
+        for width in widths:
             runner.rollback(1)
-            steps = [DraftStep(token=0, q=q, hidden=None, index=i + 1) for i in range(fed - 1)]
-            if self.padded:
-                runner.feed(**self._unit_inputs(dummy[:fed], steps, sampling, keys))
-            else:
-                post_args = (dummy[1:fed], self.stack_q(steps), sampling, self.verify_fn, *keys)
-                runner.feed(dummy[:fed], keep=fed, post=verify_post, post_args=post_args)
+            steps = [DraftStep(token=0, q=q, hidden=None, index=i + 1) for i in range(width - 1)]
+            runner.feed(**self._unit_inputs(dummy[:width], steps, sampling, keys))
         runner.reset(capacity)

@@ -230,3 +230,6 @@ def test_symbolic_verification_branch_on_the_cpu(tiny_tokenizer):
     assert fed == [0, 0, SYMBOLIC_FROM]  # only the symbolic verifier asked its runner for a symbolic count
     with pytest.raises(ValueError, match="pass padded=True"):
         RoundVerifier(runner, verify_token, vocab, target.device, key_tensors=False, symbolic=True)
+    with pytest.raises(ValueError, match="padded verification units"):  # only the fast path warms up
+        RoundVerifier(runner, verify_token, vocab, target.device, key_tensors=False).warm_up(
+            64, 3, SamplingConfig(0.0))
