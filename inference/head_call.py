@@ -118,7 +118,7 @@ class HeadCall:
             # feature_logprobs: greedy keeps the logits (q is one-hot), sampling keeps q = S(q).
             source, token = step.logits.float() if step.logits is not None else step.q, step.token
             if self._vocab is not None:  # (V_d,): the entries outside add exp(-inf) = 0 to every statistic
-                source = source.index_select(-1, self._vocab[0].to(source.device))
+                source = source.index_select(-1, self._vocab[0])  # on the draft's device (`to`)
                 token = rows(self._vocab[1], token)[0]
             logq = torch.log_softmax(source, -1) if step.logits is not None else source.log()
             logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,) or (V_d,)
