@@ -93,10 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "features",
         help="the target's final hidden states over its responses (a feature draft's training input)",
         description="Run the target teacher-forced over each prompt + response of a responses directory "
-        "and store its final hidden states (float16), one features file per shard; resumable.",
+        "(or each exchange of a teacher directory) and store its final hidden states (float16), one "
+        "features file per shard; resumable.",
     )  # fmt: skip
     _add_target(fe)
-    fe.add_argument("--responses", type=Path, required=True, help="a directory of response shards")
+    text = fe.add_mutually_exclusive_group(required=True)
+    text.add_argument("--responses", type=Path, help="a directory of response shards (`responses`)")
+    text.add_argument("--teacher", type=Path,
+                      help="a directory of teacher shards (`teacher`): ShareGPT's exchanges")  # fmt: skip
     fe.add_argument("--out", type=Path, required=True, help="directory of the features files")
     fe.add_argument("--batch-tokens", type=int, default=3072, help="tokens per forward, padding included")
     fe.add_argument(
@@ -128,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--responses", type=Path, required=True, help="a directory of response shards")
     t.add_argument("--teacher", type=Path, action="append", default=[],
                    help="a directory of `teacher` label shards, trained on beside the responses "
-                   "(repeatable)")  # fmt: skip
+                   "(repeatable; a feature draft reads their states from --features too)")  # fmt: skip
     t.add_argument("--out", type=Path, required=True, help="run directory (checkpoint.pt, draft/)")
     t.add_argument("--init", type=Path, default=None, help="a draft directory to start from (no checkpoint)")
     t.add_argument("--vocab-size", type=int, default=8192, help="V_d, the draft's vocabulary (8192)")
@@ -154,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--features",
         type=Path,
         default=None,
-        help="train a feature (EAGLE) draft: a directory holding, per responses directory (by "
-        "name, --responses and each --eval), the target's states from `features`",
+        help="train a feature (EAGLE) draft: a directory holding, per responses or teacher directory "
+        "(by name: --responses, each --teacher and --eval), the target's states from `features`",
     )
     t.add_argument("--minutes", type=float, default=60.0, help="training time of this run (60)")
     t.add_argument("--held-out-shards", type=int, default=2,

@@ -26,6 +26,7 @@ import torch
 
 from acchead.distill.draft import IGNORE, Objective
 from acchead.distill.responses import ResponseShard
+from acchead.distill.teacher import TeacherShard
 from acchead.feature_chain import chain_hidden_states
 
 
@@ -46,6 +47,27 @@ def pack_feature_examples(
             nxt = torch.tensor(seq[2:])  # (L-2,) t_{j+2}
             labels[: len(seq) - 2] = to_draft[nxt]
             labels[: max(len(p) - 2, 0)] = IGNORE  # t_{j+2} still the prompt's
+            out.append((ids, labels, torch.from_numpy(np.ascontiguousarray(f[: len(seq)]))))
+    return out
+
+
+def pack_teacher_features(
+    shards: list[TeacherShard], states: list[list[np.ndarray]], to_draft: torch.Tensor, max_len: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """`pack_feature_examples` of teacher exchanges (`acchead.distill.teacher`: text the target did not
+    write): pair j reads (t_{j+1}, f_j) and learns the target's stored argmax after t_0..t_{j+1}, i.e.
+    `labels[j + 2 - prompt_len]`, on reply positions; the states are the target's over the same text."""
+    out = []
+    for shard, shard_states in zip(shards, states, strict=True):
+        for seq, p, lab, f in zip(shard.ids, shard.prompt_len, shard.labels, shard_states, strict=True):
+            seq = seq[: max_len + 1]
+            if len(seq) <= p or len(seq) < 3 or len(f) < len(seq):
+                continue
+            labels = torch.full((len(seq) - 1,), IGNORE, dtype=torch.long)
+            first = max(p - 2, 0)  # the pair whose label is the argmax after the whole prompt (or later)
+            n = len(seq) - 1 - first
+            labels[first:] = to_draft[torch.tensor(lab[first + 2 - p : first + 2 - p + n])]
+            ids = torch.tensor(seq[1:])  # (L-1,) t_{j+1}
             out.append((ids, labels, torch.from_numpy(np.ascontiguousarray(f[: len(seq)]))))
     return out
 

@@ -6,7 +6,13 @@ response, no sampling, no LM head. Each response shard `shard-KKKKK.npz` of a re
 features file `features-KKKKK.npz` beside it in the output directory, written atomically once the shard
 is done, so a killed run loses at most one shard and a rerun resumes.
 
-    acchead-distill features --responses data/smollm2/responses --out runs/smollm2-features
+    acchead-distill features --responses data/smollm2/responses --out runs/smollm2-features/responses
+    acchead-distill features --teacher data/smollm2/teacher --out runs/smollm2-features/teacher
+
+A teacher directory (`acchead.distill.teacher`: ShareGPT's exchanges with the target's argmax at each reply
+position) works the same way, `teacher-KKKKK.npz` → `features-KKKKK.npz`: the states over text the target
+did not write, ~10x cheaper per labelled token than a response, which widens a feature draft's training set
+as the teacher labels widen an independent draft's.
 
 Why bfloat16 autocast on the CPU by default: with AMX (recent Xeons) it doubles the teacher-forced
 throughput (measured on the 2-core box, SmolLM2-135M, 16 × 192 tokens: 1,550 tokens/s against 800 in
@@ -29,21 +35,39 @@ import torch
 from tqdm import tqdm
 
 from acchead.distill.responses import SHARD_GLOB, ResponseShard, load_shard, save_npz
+from acchead.distill.teacher import SHARD_GLOB as TEACHER_GLOB
+from acchead.distill.teacher import load_teacher_shard
 from acchead.errors import AccheadError
 
 
 def features_path(out: Path, shard_path: Path) -> Path:
-    """The features file of a response shard (`shard-KKKKK.npz` → `features-KKKKK.npz`)."""
-    return Path(out) / shard_path.name.replace("shard-", "features-")
+    """The features file of a response or teacher shard (`shard-KKKKK.npz`, `teacher-KKKKK.npz` →
+    `features-KKKKK.npz`)."""
+    return Path(out) / ("features-" + shard_path.name.split("-", 1)[1])
+
+
+def shard_sequences(path: Path) -> list[list[int]]:
+    """The token ids a shard's states cover: prompt + response per response, or each exchange of a
+    teacher shard."""
+    if path.name.startswith("teacher-"):
+        return load_teacher_shard(path).ids
+    shard = load_shard(path)
+    return [p + r for p, r in zip(shard.prompts, shard.responses, strict=True)]
 
 
 @torch.inference_mode()
-def shard_features(target, shard: ResponseShard, batch_tokens: int, bf16: bool) -> list[np.ndarray]:
-    """The target's final hidden states over each prompt + response of `shard`: (T_i, H) float16 each.
+def shard_features(
+    target, shard: ResponseShard | list[list[int]], batch_tokens: int, bf16: bool
+) -> list[np.ndarray]:
+    """The target's final hidden states over each prompt + response of `shard` (or each id list given):
+    (T_i, H) float16 each.
 
     Sequences are sorted by length and right-padded into batches of about `batch_tokens` tokens (a causal
     model's states at real positions do not depend on padding after them)."""
-    seqs = [p + r for p, r in zip(shard.prompts, shard.responses, strict=True)]
+    if isinstance(shard, ResponseShard):
+        seqs = [p + r for p, r in zip(shard.prompts, shard.responses, strict=True)]
+    else:
+        seqs = shard
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list[np.ndarray | None] = [None] * len(seqs)
     device = target.device
@@ -76,10 +100,11 @@ def run_features(
     target, responses: Path, out: Path, batch_tokens: int = 3072, bf16: bool = True,
     max_seconds: float | None = None,
 ) -> dict:  # fmt: skip
-    """Write the features file of every shard of `responses` that `out` lacks; a summary dict."""
-    shards = sorted(Path(responses).glob(SHARD_GLOB))
+    """Write the features file of every shard of `responses` (a responses or a teacher directory) that
+    `out` lacks; a summary dict."""
+    shards = sorted(Path(responses).glob(SHARD_GLOB)) or sorted(Path(responses).glob(TEACHER_GLOB))
     if not shards:
-        raise AccheadError(f"{responses}: no response shards (acchead-distill responses)")
+        raise AccheadError(f"{responses}: no response or teacher shards (acchead-distill responses, teacher)")
     out.mkdir(parents=True, exist_ok=True)
     todo = [p for p in shards if not features_path(out, p).is_file()]
     tokens, start, written = 0, time.perf_counter(), 0
@@ -87,7 +112,7 @@ def run_features(
     for path in todo:
         if max_seconds is not None and time.perf_counter() - start >= max_seconds:
             break
-        states = shard_features(target, load_shard(path), batch_tokens, bf16)
+        states = shard_features(target, shard_sequences(path), batch_tokens, bf16)
         offsets = np.cumsum([0, *(len(s) for s in states)]).astype(np.int64)
         save_npz(features_path(out, path), {"features": np.concatenate(states), "offsets": offsets})
         tokens += int(offsets[-1])

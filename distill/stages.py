@@ -90,7 +90,8 @@ def run_features_stage(args: argparse.Namespace) -> dict:
 
     target = to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
     seconds = None if args.minutes is None else args.minutes * 60
-    return run_features(target, args.responses, args.out, args.batch_tokens, not args.float32, seconds)
+    text = args.responses or args.teacher
+    return run_features(target, text, args.out, args.batch_tokens, not args.float32, seconds)
 
 
 def to_device(model, device: str):

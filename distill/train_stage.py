@@ -57,8 +57,6 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     args.cls_weight = 0.1 if args.cls_weight is None else args.cls_weight
     if args.cls_weight <= 0:
         raise AccheadError(f"--cls-weight must be > 0 (got {args.cls_weight})")
-    if feature and args.teacher:
-        raise AccheadError("--teacher labels carry no target states: a feature draft trains without them")
     spec = args.layers or ("" if feature else "0,29")  # a feature draft: the target's last layer
     try:
         layers = tuple(int(x) for x in spec.split(",")) if spec else None
@@ -76,6 +74,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         train_draft,
     )
     from acchead.distill.responses import SHARD_GLOB, load_responses
+    from acchead.distill.teacher import SHARD_GLOB as TEACHER_GLOB
     from acchead.distill.teacher import load_teacher, pack_teacher
     from acchead.models import load_causal_lm, load_tokenizer
 
@@ -86,12 +85,17 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         )
     train_shards = shards[: len(shards) - args.held_out_shards]
     held_shards = shards[len(shards) - args.held_out_shards :]
-    teacher = []
+    teacher, teacher_states = [], []
     for directory in args.teacher:
         found = load_teacher(directory)
         if not found:
             raise AccheadError(f"--teacher {directory}: no teacher shards there (acchead-distill teacher)")
         teacher += found
+        if feature:  # the target's states over the exchanges, from `features --teacher` (by directory name)
+            from acchead.distill.features import load_features
+
+            root = args.features / Path(directory).name
+            teacher_states += [load_features(root, p) for p in sorted(Path(directory).glob(TEACHER_GLOB))]
     target_path = args.target or asset_path(TARGET_DIR_NAME)
     tok = load_tokenizer(target_path)
     resuming = (args.out / "checkpoint.pt").is_file()
@@ -128,6 +132,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             agreement_by_depth,
             feature_objective,
             pack_feature_examples,
+            pack_teacher_features,
         )
 
         rows = None
@@ -136,11 +141,13 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             rows = head[draft.lm_head.to_full.cpu()].float().to(args.device)
         objective = feature_objective(cls_weight=args.cls_weight, teacher_rows=rows, chain=args.chain)
         pack = partial(_pack_with_states, args.features, pack_feature_examples)
+        pack_extra = partial(pack_teacher_features, teacher, teacher_states)
     else:
         objective, pack = INDEPENDENT, (lambda directory, paths, shards, *a: pack_examples(shards, *a))
+        pack_extra = partial(pack_teacher, teacher)
     every = sorted(args.responses.glob(SHARD_GLOB))
     train = pack(args.responses, every[: len(train_shards)], train_shards, to_draft, args.max_len)
-    train += pack_teacher(teacher, to_draft, args.max_len)
+    train += pack_extra(to_draft, args.max_len)
     held_out = pack(args.responses, every[len(train_shards) :], held_shards, to_draft, args.max_len)
     draft = to_device(draft, args.device)
     start = None

@@ -20,14 +20,15 @@ same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-leve
   docs/batched.md). Rows that stop on this rule get the SpecDec++ free token like a row-level stop.
 - Rows that finish (EOS, their max tokens, their stop check) leave the batch (`batch_select_indices`),
   so the batch shrinks instead of carrying finished rows.
+- A feature draft (EAGLE, `acchead.feature_draft`) drafts from the target's states: the verification's
+  forward hands each row the states of the positions it accepted (`acchead.inference.batched_feed`).
 
 Randomness: row b draws with the keys the single-prompt decoder uses with seed `seeds[b]` (seed + b by
 default): draft sample k of a round starting at n is keyed (seed_b, DRAFT, n, k), τ and the next token
 (seed_b, TAU/NEXT, n, 0). So without the batch rule a row's tokens equal `SpeculativeDecoder.generate(
 prompt_b, seed=seed_b)` up to float ties, and every row is an exact sample from the target (chi-square in
-tests/test_batched.py). Eager only: the fast path's static caches are single-row.
-
-Policies: autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads), confidence, entropy.
+tests/test_batched.py). Eager only: the fast path's static caches are single-row. Policies:
+autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads), confidence, entropy.
 """
 
 from __future__ import annotations
@@ -47,15 +48,9 @@ from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
+from acchead.inference.batched_feed import FeatureFeed, TokenFeed
 from acchead.inference.device_random import DRAFT, NEXT, TAU, key_hash, sample_token
-from acchead.inference.policies import (
-    Autoregressive,
-    Confidence,
-    Entropy,
-    FixedK,
-    SpecDecPP,
-    StopPolicy,
-)
+from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import RaggedCache, right_aligned
@@ -119,13 +114,14 @@ class BatchedDecoder:
                                f"entropy, not {self.policy.spec!r}")  # fmt: skip
         if draft is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
-        if is_feature_draft(draft) or (head is not None and "depth" in head.inputs):  # not built yet
-            raise AccheadError("batched decoding takes no feature (EAGLE) draft and no head reading 'depth'")
+        if head is not None and "depth" in head.inputs:  # not built yet
+            raise AccheadError("batched decoding takes no head reading 'depth'")
         self.target, self.draft, self.verifier = target, draft, verifier
         self._verify = VERIFIERS[verifier]
         self._vocab = target.get_output_embeddings().weight.shape[0]
         self.t_cache = RaggedCache(target)
-        self.d_cache = RaggedCache(draft) if draft is not None else None
+        feed = FeatureFeed if is_feature_draft(draft) else TokenFeed
+        self._feed = feed(RaggedCache(draft)) if draft is not None else None
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
         if not isinstance(batch_stop, BatchStop):
             batch_stop = parse_batch_stop(batch_stop, pp.h if pp else None)
@@ -189,11 +185,13 @@ class BatchedDecoder:
         out = BatchResult(rows=[r.res for r in rows])
         start = time.perf_counter()
         self.t_cache.reset(batch)
-        if self.d_cache is not None:
-            self.d_cache.reset(batch)
+        if self._feed is not None:
+            self._feed.reset(batch)
         active = rows
         while active:
             caps = [min(self.cap, r.max_new - r.generated - 1) for r in active]
+            if self._feed is not None and not self._feed.ready:  # a feature draft before the target's states
+                caps = [0] * len(active)
             calls0, round_start = out.draft_calls, time.perf_counter()
             if max(caps) > 0:
                 cands, qs = self._draft(active, caps, sampling, out)
@@ -207,9 +205,9 @@ class BatchedDecoder:
             keep = [i for i, r in enumerate(active) if not r.done]
             if len(keep) < len(active):
                 idx = torch.tensor(keep, dtype=torch.long)
-                for cache in (self.t_cache, self.d_cache):
-                    if cache is not None:
-                        cache.select(idx.to(cache.device))
+                self.t_cache.select(idx.to(self.t_cache.device))
+                if self._feed is not None:
+                    self._feed.select(idx)
                 active = [active[i] for i in keep]
         for r in rows:
             r.res.new_ids = torch.tensor(r.ids[r.prompt_len :], dtype=torch.long)
@@ -241,20 +239,14 @@ class BatchedDecoder:
         self, rows: list[_Row], caps: list[int], sampling: SamplingConfig, out: BatchResult
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """One round's drafting for every row: ([candidates of row b], [(L_b, V) their q or None])."""
-        cache = self.d_cache
-        assert cache is not None
-        dev = cache.device
+        feed = self._feed
+        assert feed is not None
+        dev = feed.cache.device
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
         want = pp is not None  # a head reads the state (lookahead) or hidden state (candidate) of each step
         n = [len(r.ids) for r in rows]
-        # The draft cache holds a prefix of each row's committed ids; it must miss at least the last one,
-        # whose forward produces q_1 (a row whose cache holds them all re-feeds its last token).
-        cache.rollback(torch.tensor([len(r.ids) - 1 for r in rows], device=dev))
-        held = cache.length.tolist()
-        pending = [r.ids[h:] for r, h in zip(rows, held, strict=True)]
-        logits, hidden = cache.feed(*right_aligned(pending, dev), keep=1, want_hidden=want)
+        logits, state = feed.start([r.ids for r in rows], want)  # (R, V) logits of q_1, (R, H) or None
         out.draft_calls += 1
-        logits, state = logits[:, -1], hidden[:, -1] if hidden is not None else None
         n_t = torch.tensor(n, device=dev)
         seeds = torch.tensor([r.seed for r in rows], device=dev)
 
@@ -295,9 +287,8 @@ class BatchedDecoder:
             if not bool(drafting.any()):
                 break
             # Feed Y_k to the rows still drafting; the others wait (a hole).
-            logits, hidden = cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=want)
+            logits, state = feed.step(y, drafting, state, want)
             out.draft_calls += 1
-            logits, state = logits[:, -1], hidden[:, -1] if hidden is not None else None
             if pp is not None and not pp.lookahead:  # the paper's head reads e_k, after Y_k was fed
                 log_p = self._judge(state[drafting], drafting, log_p, out)
                 stop = drafting & (log_p < log_keep)
@@ -352,7 +343,10 @@ class BatchedDecoder:
         held = cache.length.tolist()
         feeds = [r.ids[h:] + c for r, h, c in zip(rows, held, cands, strict=True)]
         keep = max(len(c) for c in cands) + 1
-        logits, _ = cache.feed(*right_aligned(feeds, dev), keep=keep)
+        states = self._feed is not None and self._feed.wants_target_states
+        tokens, counts = right_aligned(feeds, dev)
+        width = tokens.shape[1]  # the states of every fed position: a feature draft reads the accepted ones
+        logits, hidden = cache.feed(tokens, counts, keep=keep, want_hidden=states, hidden_rows=width)
         if sampling.greedy:  # one-hot p and q: τ = the longest agreeing prefix, then the target's argmax
             argmax = logits.argmax(-1).tolist()
         kept = []
@@ -377,6 +371,9 @@ class BatchedDecoder:
                 new, r.done = new[:keep_n], True
             r.ids += new
             kept.append(n + tau)
+            if states:  # the target's states of the positions it accepted: held .. n + tau - 1
+                first = width - len(feeds[b])
+                self._feed.observe(b, hidden[b, first : first + n + tau - held[b]])
             res = r.res
             res.rounds += 1
             res.draft_calls += draft_calls
@@ -387,8 +384,8 @@ class BatchedDecoder:
             r.done = r.done or r.generated >= r.max_new
         kept_t = torch.tensor(kept, device=dev)
         cache.rollback(kept_t)
-        if self.d_cache is not None:
-            self.d_cache.rollback(kept_t.to(self.d_cache.device))
+        if self._feed is not None:
+            self._feed.commit(kept_t)
 
     def _pad_q(self, q: torch.Tensor | None, num: int) -> torch.Tensor:
         """(L, V) draft distributions on the target's device, zero-padded to the target's vocabulary."""

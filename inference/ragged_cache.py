@@ -67,8 +67,9 @@ class RaggedCache:
         return int(self.mask.shape[1])
 
     def feed(
-        self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False,
+        hidden_rows: int | None = None, features: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """Append each row's next tokens and run the model on them.
 
         Args:
@@ -77,8 +78,11 @@ class RaggedCache:
             counts: (B,) int64 in [0, W], how many real tokens each row feeds (0: the row waits).
             keep: how many last positions to return logits (and hidden states) for.
             want_hidden: also return the final hidden states (`acchead.models.final_hidden`).
+            hidden_rows: how many last positions to return hidden states for (default `keep`).
+            features: (B, W, H) for a feature draft (`acchead.feature_draft`): the state each pair reads
+                beside its token, aligned like `tokens` (holes: any values).
         Returns:
-            logits (B, keep, V) and hidden (B, keep, H) or None. A row's position W - 1 - i is its i-th
+            logits (B, keep, V) and hidden (B, hidden_rows, H) or None. A row's position W - 1 - i is its i-th
             last real token when i < counts[b]; other rows' positions there are holes (ignore them).
         """
         width = tokens.shape[1]
@@ -91,10 +95,14 @@ class RaggedCache:
         # Without holes (B = 1 always: its rejected tail is cropped) the causal mask alone is exact, and the
         # model skips building a (B, 1, W, T) mask from the 2-D one.
         attention = None if bool(mask.all()) else mask.long()
-        logits, hidden = lm_forward(
-            self.model, tokens.to(self.device), keep, want_hidden, attention_mask=attention, position_ids=pos,
-            **{CACHE_ARG: self.cache}, use_cache=True,
-        )  # fmt: skip
+        kwargs = {"attention_mask": attention, "position_ids": pos, CACHE_ARG: self.cache, "use_cache": True}
+        if features is None:
+            logits, hidden = lm_forward(self.model, tokens.to(self.device), keep, want_hidden, hidden_rows,
+                                        **kwargs)  # fmt: skip
+        else:  # pairs (t_{j+1}, f_j); a pair's position id is its index j, as for a token
+            h = self.model.hidden_states(tokens.to(self.device), features.to(self.device), **kwargs)
+            logits = self.model.lm_head(h[:, -keep:])  # (B, keep, V)
+            hidden = h[:, -(hidden_rows or keep) :] if want_hidden else None
         self.mask = mask
         self.length = self.length + counts
         return logits, hidden

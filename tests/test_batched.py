@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 import torch
 from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
+from test_feature_draft import trained_feature_pair
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
@@ -255,3 +256,44 @@ def test_refuses_what_it_cannot_batch(peaked_pair):
         dec.generate(PROMPTS, max_new_tokens=[3, 4])
     with pytest.raises(AccheadError, match="non-empty"):
         dec.generate([[1], []], max_new_tokens=4)
+
+
+# ------------------------------------------------------------------------------------ a feature draft
+
+@pytest.fixture(scope="module")
+def feature_pair(tmp_path_factory):
+    return trained_feature_pair(tmp_path_factory)
+
+
+FEATURE_POLICIES = [
+    ("specdec:k=1", None),
+    ("specdec:k=3", None),
+    ("specdecpp:h=0.5,max=5", "candidate"),
+    ("specdecpp:h=0.6,max=5", "lookahead"),
+    ("confidence:tau=0.6,max=5", None),
+]
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize(("spec", "kind"), FEATURE_POLICIES, ids=lambda x: str(x))
+def test_feature_draft_rows_equal_generate_and_the_single_prompt_decoder(feature_pair, spec, kind, verifier):
+    """A feature (EAGLE) draft in a ragged batch: greedy rows equal the target's `generate` on each prompt
+    alone, and sampled rows the single-prompt decoder's (its `FeatureDrafter`) under the same seeds, rounds
+    included, so the batched feed hands every row the target's states exactly as the one-row path does."""
+    target, draft = feature_pair
+    dec = _decoder(feature_pair, spec, kind, verifier=verifier)
+    res = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0, eos_token_id=5)
+    for b, prompt in enumerate(PROMPTS):
+        ref = target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW[b], do_sample=False,
+                              eos_token_id=5, pad_token_id=0)[0, len(prompt) :]  # fmt: skip
+        assert res.rows[b].new_ids.tolist() == ref.tolist(), b
+    assert sum(sum(r.accepted_per_round) for r in res.rows) > 0  # it drafted and was accepted
+    assert all(r.drafted_per_round[0] == 0 for r in res.rows)  # the first round has no states to draft from
+    single = SpeculativeDecoder(target, draft, spec, head=dec._head, verifier=verifier, fast=False)
+    res = dec.generate(PROMPTS, max_new_tokens=12, temperature=0.9, top_k=8, seed=10, eos_token_id=5)
+    for b, prompt in enumerate(PROMPTS):
+        ref = single.generate(torch.tensor(prompt), max_new_tokens=12, temperature=0.9, top_k=8, seed=10 + b,
+                              eos_token_id=5)  # fmt: skip
+        assert res.rows[b].new_ids.tolist() == ref.new_ids.tolist(), b
+        assert res.rows[b].accepted_per_round == ref.accepted_per_round
+        assert res.rows[b].drafted_per_round == ref.drafted_per_round

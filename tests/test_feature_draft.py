@@ -5,6 +5,7 @@ end (features → train → a draft directory that loads and decodes)."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -20,6 +21,7 @@ from acchead.distill.feature_training import (
     feature_loss,
     feature_objective,
     pack_feature_examples,
+    pack_teacher_features,
 )
 from acchead.distill.features import load_features, run_features, shard_features
 from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
@@ -69,6 +71,10 @@ def _greedy_text(target, count: int, seed: int = 0) -> tuple[list[ResponseShard]
 
 @pytest.fixture(scope="module")
 def feature_pair(tmp_path_factory):
+    return trained_feature_pair(tmp_path_factory)
+
+
+def trained_feature_pair(tmp_path_factory) -> tuple:
     """The target and a feature draft trained briefly on its greedy text (so candidates get accepted)."""
     target = _peaked_llama(VOCAB, seed=3)
     draft = _feature_draft(target)
@@ -166,10 +172,6 @@ def test_the_fast_path_and_a_plain_forward_are_refused(feature_pair):
         SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False)
     # the device's default path (the fast one on CUDA, forced here) falls back to eager for a feature draft
     assert not SpeculativeDecoder(target, draft, policy="specdec:k=2", device_path=True).fast
-    from acchead.inference.batched import BatchedDecoder
-
-    with pytest.raises(AccheadError, match="batched decoding takes no feature"):
-        BatchedDecoder(target, draft, policy="specdec:k=2")
     with pytest.raises(TypeError, match="hidden_states"):
         draft(input_ids=torch.tensor([[1, 2]]))
     assert is_feature_draft(draft) and not is_feature_draft(target)
@@ -241,8 +243,36 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     prompt = torch.tensor([[5, 6, 7]])
     ref_ids = target.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, 3:]
     assert dec.generate(prompt, max_new_tokens=12, temperature=0).new_ids.tolist() == ref_ids.tolist()
-    assert cli.main([*train, "--teacher", str(tmp_path)]) == 2
-    assert "carry no target states" in capsys.readouterr().err
+    # teacher exchanges (here the target's own responses, so their argmax labels are the responses' next
+    # tokens): `features --teacher` stores their states, and `train --teacher` packs them beside the
+    # responses, each pair labelled as `pack_feature_examples` labels the same text
+    from acchead.distill.responses import load_responses
+    from acchead.distill.teacher import TeacherConfig, load_teacher, run_teacher
+
+    resp = load_responses(tmp_path / "resp")
+    exchanges = [(p + r, len(p)) for sh in resp for p, r in zip(sh.prompts, sh.responses, strict=True)]
+    tconfig = TeacherConfig(target="t", num_exchanges=len(exchanges), max_len=64, shard_exchanges=2)
+    run_teacher(target, tiny_tokenizer, exchanges, tmp_path / "teacher", tconfig, batch_size=2)
+    tfeat = ["features", "--target", str(target_dir), "--teacher", str(tmp_path / "teacher"),
+             "--out", str(feats / "teacher")]  # fmt: skip
+    assert cli.main(tfeat) == 0 and "shards_written=2" in capsys.readouterr().out
+    teacher = load_teacher(tmp_path / "teacher")
+    tstates = [load_features(feats / "teacher", p) for p in sorted((tmp_path / "teacher").glob("teacher-*"))]
+    to_draft = torch.arange(len(tiny_tokenizer))
+    packed = pack_teacher_features(teacher, tstates, to_draft, 64)
+    rstates = [load_features(feats / "resp", p) for p in sorted((tmp_path / "resp").glob("shard-*"))]
+    ref = pack_feature_examples(resp, rstates, to_draft, 64)
+    assert len(packed) == len(ref) == 4
+    for (ids, lab, f), (rids, rlab, rf) in zip(packed, ref, strict=True):
+        assert ids.tolist() == rids.tolist() and torch.equal(f, rf)
+        assert lab[:-1].tolist() == rlab[:-1].tolist()  # the last pair: only the teacher knows its label
+        assert rlab[-1] == IGNORE and lab[-1] >= 0
+    with_teacher = [*train[:6], str(tmp_path / "run-t"), *train[7:], "--teacher", str(tmp_path / "teacher")]
+    assert cli.main(with_teacher) == 0
+    assert "train_examples=7" in capsys.readouterr().out  # 3 training response shards + 4 exchanges
+    shutil.copytree(tmp_path / "teacher", tmp_path / "teacher-2")  # no states stored for this one
+    assert cli.main([*with_teacher[:-1], str(tmp_path / "teacher-2")]) == 2
+    assert "acchead-distill features" in capsys.readouterr().err
     # soft labels: the target's distribution at every position, continuing the run from its draft
     soft = [*train[:6], str(tmp_path / "run-soft"), *train[7:], "--init", str(tmp_path / "run" / "draft"),
             "--soft-labels", "--chain", "3", "--cls-weight", "0.5"]  # fmt: skip
@@ -352,4 +382,7 @@ def test_bench_takes_a_feature_draft_and_skips_what_cannot(tiny_pair_dirs, tiny_
     assert res["head_overhead"]  # timed on the feature draft's own step
     assert all(r["matches_autoregressive"] for r in res["rows"] if r["method"] != "autoregressive")
     assert any("skipped with a feature draft" in n and "hf-assisted" in n for n in res["notes"])
-    assert bench_main([*argv[:-4], "--batch-size", "1,2", "--overwrite", "--overhead-calls", "5"]) == 2
+    # batched rows too (the batched feed hands each row the target's states)
+    assert bench_main([*argv[:-4], "--batch-size", "1,2", "--overwrite", "--overhead-calls", "5"]) == 0
+    batched = json.loads((out / "results.json").read_text())["batched"]
+    assert {r["batch_size"] for r in batched} == {1, 2} and all(r["greedy_matches_ar"] for r in batched)

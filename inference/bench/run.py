@@ -237,8 +237,6 @@ def run_bench(args: argparse.Namespace) -> dict:
         if dropped:
             notes.append(f"skipped with a feature draft (it reads the target's states; eager path only): "
                          f"{', '.join(dropped)}")  # fmt: skip
-        if args.batch_size:
-            raise AccheadError("--batch-size: batched decoding does not take a feature draft yet")
     for s in settings:
         if s.family == HF_METHOD:  # record the schedule transformers will use with this draft
             s.params.update(schedule_params(draft))

@@ -1,0 +1,135 @@
+"""How a batched round feeds its draft: token ids alone (an independent draft), or (token, state) pairs (a
+feature draft, EAGLE), over one `RaggedCache`.
+
+`BatchedDecoder` drafts every row of a round in lockstep: one forward starts the round (each row's
+committed ids the draft cache lacks; its last output draws candidate 1), then one forward per step feeds
+each drafting row its last candidate (the others wait: a hole). A feed object owns the draft's cache and
+knows what a forward reads:
+
+- `TokenFeed`: the draft is a causal LM over ids; after verification its cache keeps each row's committed
+  prefix (the rejected candidates become holes).
+- `FeatureFeed`: the draft (`acchead.feature_draft`) reads at pair j the token t_{j+1} and the target's
+  final hidden state f_j, exactly as `acchead.inference.feature_drafter.FeatureDrafter` drives it for one
+  row: a round starting at n committed tokens feeds the pairs up to n - 2 on the target's states (known
+  for positions 0..n-2), draws candidate 1 from the last pair's h, and candidate k + 1 reads
+  (candidate k, the h that drew it). The verification hands each row the target's states of the
+  positions it accepted (`observe`), and the pairs fed on the draft's own guesses leave the cache
+  (`commit` keeps the pairs built on true states). Before the first verification no row has states, so
+  the first round verifies no candidates (`ready`), as the single-row decoder's does.
+
+Both return, per step, the (R, V) logits and (R, H) final hidden states of each row's last fed position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from acchead.inference.ragged_cache import RaggedCache, right_aligned
+
+
+class TokenFeed:
+    """An independent draft's feeds (module docstring)."""
+
+    wants_target_states = False
+
+    def __init__(self, cache: RaggedCache) -> None:
+        self.cache = cache
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def reset(self, batch: int) -> None:
+        self.cache.reset(batch)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the rows `rows` ((R,) int64 indices): the others finished."""
+        self.cache.select(rows.to(self.cache.device))
+
+    def start(
+        self, ids: list[list[int]], want_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The round's first forward: each row's committed `ids` past what the cache holds, of which it
+        must miss at least the last (whose forward draws candidate 1). (R, V) logits, (R, H) hidden."""
+        cache = self.cache
+        cache.rollback(torch.tensor([len(r) - 1 for r in ids], device=cache.device))
+        pending = [r[h:] for r, h in zip(ids, cache.length.tolist(), strict=True)]
+        logits, hidden = cache.feed(*right_aligned(pending, cache.device), keep=1, want_hidden=want_hidden)
+        return logits[:, -1], hidden[:, -1] if hidden is not None else None
+
+    def step(
+        self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed candidate y ((R,) int64) to the `drafting` rows ((R,) bool; the others wait)."""
+        logits, hidden = self.cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=want_hidden)
+        return logits[:, -1], hidden[:, -1] if hidden is not None else None
+
+    def observe(self, row: int, states: torch.Tensor) -> None:
+        raise NotImplementedError("an independent draft reads no target states")
+
+    def commit(self, kept: torch.Tensor) -> None:
+        """After verification: each row keeps `kept[b]` ids ((R,) int64, its committed length minus one)."""
+        self.cache.rollback(kept.to(self.cache.device))
+
+
+class FeatureFeed(TokenFeed):
+    """A feature draft's feeds (module docstring). `states[b]`: (known, H) the target's final hidden states
+    of row b's positions 0..known-1."""
+
+    wants_target_states = True
+
+    def __init__(self, cache: RaggedCache) -> None:
+        super().__init__(cache)
+        self.hidden_size = int(cache.model.config.hidden_size)
+
+    @property
+    def ready(self) -> bool:
+        return all(s.shape[0] > 0 for s in self.states)
+
+    def reset(self, batch: int) -> None:
+        super().reset(batch)
+        self.states = [torch.empty(0, self.hidden_size, device=self.cache.device) for _ in range(batch)]
+        self.true_pairs = [0] * batch  # pairs in the cache built on the target's states
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        keep = rows.tolist()
+        self.states = [self.states[i] for i in keep]
+        self.true_pairs = [self.true_pairs[i] for i in keep]
+
+    def start(
+        self, ids: list[list[int]], want_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed the pairs (t_{j+1}, f_j) the cache lacks up to j = n_b - 2 (at least that last one, whose h
+        draws candidate 1) for each row of n_b committed ids."""
+        cache, dev = self.cache, self.cache.device
+        n = [len(r) for r in ids]
+        for b, s in enumerate(self.states):
+            if s.shape[0] < n[b] - 1:
+                raise RuntimeError(f"row {b}: the target's states cover {s.shape[0]} of {n[b] - 1} positions")
+        keep = [min(t, m - 2) for t, m in zip(self.true_pairs, n, strict=True)]
+        cache.rollback(torch.tensor(keep, device=dev))
+        tokens, counts = right_aligned([r[k + 1 : m] for r, k, m in zip(ids, keep, n, strict=True)], dev)
+        feats = torch.zeros(len(ids), tokens.shape[1], self.hidden_size, device=dev)  # (R, W, H), like ids
+        for b, (k, m) in enumerate(zip(keep, n, strict=True)):
+            feats[b, tokens.shape[1] - (m - 1 - k) :] = self.states[b][k : m - 1]
+        logits, hidden = cache.feed(tokens, counts, keep=1, want_hidden=True, features=feats)
+        self.true_pairs = [m - 1 for m in n]
+        return logits[:, -1], hidden[:, -1]
+
+    def step(
+        self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed (candidate y, the h that drew it: `state` (R, H)) to the drafting rows."""
+        assert state is not None
+        logits, hidden = self.cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=True,
+                                         features=state[:, None])  # fmt: skip
+        return logits[:, -1], hidden[:, -1]
+
+    def observe(self, row: int, states: torch.Tensor) -> None:
+        """The target's states (m, H) of row `row`'s next m positions, all committed."""
+        self.states[row] = torch.cat([self.states[row], states.to(self.states[row].dtype)])
+
+    def commit(self, kept: torch.Tensor) -> None:
+        """Drop the pairs fed on the draft's guesses: the cache keeps the pairs built on true states."""
+        self.cache.rollback(torch.tensor(self.true_pairs, device=self.cache.device))
