@@ -55,6 +55,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import RaggedCache, right_aligned
 from acchead.inference.results import BatchResult, GenerationResult
+from acchead.inference.spec import DecodingSpec, spec_arguments
 from acchead.inference.verification import VERIFIERS
 from acchead.lookahead import lookahead_inputs
 from acchead.models import check_prompt, output_embedding_table
@@ -91,19 +92,22 @@ class BatchedDecoder:
         batch_stop: the batch-level stop rule (specdecpp only): False (rows stop on their own only), True
             (cost ratio c = 1 − h, which adds nothing at B = 1), a float c, "measured" (c(B) timed on
             this machine at the batch sizes `generate` meets: `calibrate`), or a `BatchStop`.
+        spec: a `DecodingSpec` (or its string) in place of policy, head and verifier (its path: eager).
     """
 
     def __init__(
         self,
         target: PreTrainedModel,
         draft: PreTrainedModel | None = None,
-        policy: str | PolicySpec | StopPolicy = "specdec:k=4",
+        policy: str | PolicySpec | StopPolicy | None = None,  # None: "specdec:k=4"
         head: AcceptanceHead | str | Path | None = None,
-        verifier: str = "token",
+        verifier: str | None = None,  # None: "token"
         batch_stop: bool | float | str | BatchStop | None = False,
+        spec: DecodingSpec | str | None = None,
     ) -> None:
-        if verifier not in VERIFIERS:
-            raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
+        policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, None)
+        if fast:
+            raise AccheadError("batched decoding runs on the eager path (its static caches are single-row)")
         if head is not None and not isinstance(head, AcceptanceHead):
             from acchead.head_io import load_head
 

@@ -175,8 +175,7 @@ def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, t
     s = spec.sampling
     assert s is not None, "main resolves S before decoding"
     rule = args.batch_stop if isinstance(spec.policy, SpecDecPPSpec) else False
-    dec = BatchedDecoder(target, draft, policy=spec.policy, head=spec.head, verifier=spec.verifier,
-                         batch_stop=rule)  # fmt: skip
+    dec = BatchedDecoder(target, draft, batch_stop=rule, spec=spec)
     res = dec.generate([ids] * args.batch_size, max_new_tokens=args.max_new_tokens,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed,
                        eos_token_id=tok.eos_token_id)  # fmt: skip

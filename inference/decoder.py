@@ -58,7 +58,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.results import GenerationResult
 from acchead.inference.round_verifier import RoundVerifier
-from acchead.inference.spec import needs_head
+from acchead.inference.spec import DecodingSpec, needs_head, spec_arguments
 from acchead.inference.verification import VERIFIERS
 from acchead.kv_decode import KVSequence, decode
 from acchead.models import check_prompt
@@ -99,21 +99,22 @@ class SpeculativeDecoder:
         device_path: take the CUDA default's branches (`acchead.inference.device_path`): the fast path and
             the fixed-K round unit by default, units compiled for CUDA-graph replay. None: on CUDA only;
             True on the CPU runs them there (how the CPU suite tests them).
+        spec: a `DecodingSpec` (or its string) in place of policy, head, verifier and fast.
     """
 
     def __init__(
         self,
         target: PreTrainedModel,
         draft: PreTrainedModel | Drafter | None = None,
-        policy: str | PolicySpec | StopPolicy = "specdec:k=4",
+        policy: str | PolicySpec | StopPolicy | None = None,  # None: "specdec:k=4"
         head: AcceptanceHead | str | Path | None = None,
-        verifier: str = "token",
+        verifier: str | None = None,  # None: "token"
         fast: bool | None = None,
         compile: bool = True,
         device_path: bool | None = None,
+        spec: DecodingSpec | str | None = None,
     ) -> None:
-        if verifier not in VERIFIERS:
-            raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
+        policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         self.target = target
         self.path = DevicePath.resolve(target.device, device_path)
         if fast is None:  # the device's default; a feature draft runs eagerly (its fast path is not built)

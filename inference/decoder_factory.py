@@ -12,6 +12,7 @@ against the draft and refuses a `specdecpp` policy without one.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from transformers import PreTrainedModel
@@ -35,12 +36,12 @@ def build_decoder(
     """The decoder `spec` describes, over `target` and `draft` (the draft model: it drafts, or reviews a
     cascade's proposals). `bigram`: MaG's table, for `mag` and `cascade` drafters. A `specdecpp` policy
     without `spec.head` is refused by the decoder (one line)."""
-    head = spec.head if spec.needs_head else None
     if isinstance(spec.policy, BanditSpec) and spec.policy.has_drafters:
-        return bandit_decoder(target, draft, spec.policy, bigram=bigram, head=head,
-                              verifier=spec.verifier, fast=spec.fast, device_path=device_path)  # fmt: skip
+        head = spec.head if spec.needs_head else None
+        return bandit_decoder(target, draft, spec.policy, bigram=bigram, head=head, verifier=spec.verifier,
+                              fast=spec.fast, device_path=device_path)  # fmt: skip
     drafter: Any = draft
     if spec.drafter is not None:
         drafter = make_drafter(spec.drafter, draft=draft, bigram=bigram, vocab_size=target.config.vocab_size)
-    return SpeculativeDecoder(target, drafter, policy=spec.policy, head=head, verifier=spec.verifier,
-                              fast=spec.fast, compile=compile, device_path=device_path)  # fmt: skip
+    return SpeculativeDecoder(target, drafter, spec=replace(spec, drafter=None), compile=compile,
+                              device_path=device_path)  # fmt: skip

@@ -82,7 +82,7 @@ from acchead.inference.hf_decoders import decoder_for, pair_head_default
 from acchead.inference.policies import StopPolicy
 from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec
 from acchead.inference.results import GenerationResult
-from acchead.inference.spec import DecodingSpec, as_policy_spec
+from acchead.inference.spec import DecodingSpec, as_policy_spec, spec_arguments
 from acchead.sampling import SamplingConfig
 
 # The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
@@ -330,19 +330,15 @@ def _check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None
 
 
 def _from_spec(
-    spec: DecodingSpec | str, sampling: SamplingConfig, *separate: Any
+    spec: DecodingSpec | str, sampling: SamplingConfig, policy: Any, verifier: Any, fast: Any, head: Any
 ) -> tuple[PolicySpec, str, bool | None, str | None]:
-    """(policy, verifier, fast, head) of a `DecodingSpec`; one line if `separate` (the same four passed as
-    their own arguments) are given too, or the spec asks what `generate` cannot do."""
-    if any(x is not None for x in separate):
-        raise AccheadError("pass either spec= or policy= / verifier= / fast= / head=, not both")
+    """(policy, verifier, fast, head) of a `DecodingSpec` (`spec_arguments`: one line if the four are
+    passed too, or the spec names a model-free drafter); one line if its S is not the generation config's."""
     spec = DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
-    if spec.uses_drafters:
-        raise AccheadError(f"spec {spec.to_spec()!r} names a model-free drafter: decode it with "
-                           "acchead-decode")  # fmt: skip
     if spec.sampling is not None and spec.sampling != sampling:
         raise AccheadError(f"spec's sampling {spec.sampling} differs from the generation config's {sampling}")
-    return spec.policy, spec.verifier, spec.fast, spec.head
+    policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
+    return policy, verifier, fast, head
 
 
 def _typed(policy: str | PolicySpec | StopPolicy) -> PolicySpec:

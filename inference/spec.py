@@ -126,3 +126,23 @@ class DecodingSpec:
     def fast(self) -> bool | None:
         """The `fast` argument of `SpeculativeDecoder`: None for the device's default."""
         return None if self.path is None else self.path == "fast"
+
+
+def spec_arguments(
+    spec: DecodingSpec | str | None, policy: Any, head: Any, verifier: str | None, fast: bool | None
+) -> tuple[Any, Any, str, bool | None]:
+    """(policy, head, verifier, fast) for a decoder that takes either a `spec` or those four (`policy` None:
+    "specdec:k=4"; `verifier` None: "token"). Refuses both at once, and a spec that names a model-free
+    drafter, which `acchead.inference.decoder_factory.build_decoder` builds."""
+    if spec is None:
+        verifier = verifier or "token"
+        if verifier not in VERIFIERS:
+            raise AccheadError(f"verifier must be one of {', '.join(VERIFIERS)}, got {verifier!r}")
+        return ("specdec:k=4" if policy is None else policy), head, verifier, fast
+    if policy is not None or head is not None or verifier is not None or fast is not None:
+        raise AccheadError("pass either spec= or policy= / head= / verifier= / fast=, not both")
+    spec = DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
+    if spec.uses_drafters:
+        raise AccheadError(f"spec {spec.to_spec()!r} names a model-free drafter: decode it with "
+                           "acchead-decode or build_decoder(spec, target, draft)")  # fmt: skip
+    return spec.policy, spec.head if spec.needs_head else None, spec.verifier, spec.fast

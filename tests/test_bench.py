@@ -248,7 +248,8 @@ def test_hf_custom_row_decodes_through_generate(bench_inputs, tmp_path, monkeypa
     assert main(_argv(bench_inputs, out, "--methods", "specdec,hf-custom", "--num-prompts", "1")) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["method"] for r in rows] == ["specdec", "specdec", "hf-custom"]
-    assert specs == ["specdec:k=3", "specdec:k=3"]  # the warm-up and the prompt
+    # the warm-up and the prompt, each the twin's whole typed spec on the twin's (eager) path
+    assert [(s.to_spec(), s.verifier, s.path) for s in specs] == [("specdec:k=3", "token", "eager")] * 2
     keys = ("tokens", "target_calls", "draft_calls", "discarded", "matches_autoregressive")
     assert rows[2]["spec"] == rows[1]["spec"] and [rows[2][k] for k in keys] == [rows[1][k] for k in keys]
 
@@ -260,8 +261,8 @@ def test_hf_custom_runner_and_overhead_measurement(tiny_llama_pair):
 
     target, draft = tiny_llama_pair
     ids = torch.tensor([[3, 7, 11, 5]])
-    res = hf_custom_generate(target, draft, ids, spec="specdec:k=3", head=None, verifier="token",
-                             max_new_tokens=12, sampling=SamplingConfig(1.0, 50), seed=4)  # fmt: skip
+    res = hf_custom_generate(target, draft, ids, spec="specdec:k=3", max_new_tokens=12,
+                             sampling=SamplingConfig(1.0, 50), seed=4)  # fmt: skip
     eos = target.generation_config.eos_token_id  # what generate stops at when given no EOS id
     ref = SpeculativeDecoder(target, draft, policy="specdec:k=3").generate(
         ids, max_new_tokens=12, temperature=1.0, top_k=50, seed=4, eos_token_id=eos

@@ -12,6 +12,7 @@ import torch
 
 from acchead.errors import AccheadError
 from acchead.inference.bandit_spec import ArmSpec, BanditSpec, EXP3BanditSpec, UCBBanditSpec
+from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.decoder_factory import build_decoder
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import (
@@ -194,3 +195,30 @@ def test_built_policies_are_stateless_across_decodes(tiny_llama_pair):
         assert isinstance(dec.policy_run.policy.config, AdaEDLSpec | BanditSpec)
     assert isinstance(parse_policy_spec("exp3:arms=specdec:k=1"), EXP3BanditSpec)
     assert isinstance(parse_policy_spec("entropy:tau=1"), EntropySpec)
+
+
+def test_the_decoders_take_the_spec_alike(tiny_llama_pair):
+    """`SpeculativeDecoder(spec=...)` and `BatchedDecoder(spec=...)` decode what the four separate arguments
+    decode; a spec beside them, a model-free drafter and a batched fast path are refused in one line."""
+    from acchead.inference.batched import BatchedDecoder
+
+    target, draft = tiny_llama_pair
+    prompt = torch.tensor([3, 7, 11, 5])
+    spec = DecodingSpec.from_spec("specdec:k=3", verifier="block", path="eager")
+    by_spec = SpeculativeDecoder(target, draft, spec=spec)
+    by_args = SpeculativeDecoder(target, draft, policy="specdec:k=3", verifier="block", fast=False)
+    assert (by_spec.verifier, by_spec.fast, by_spec.policy.spec) == ("block", False, "specdec:k=3")
+    out = by_args.generate(prompt, 12, temperature=1.0, seed=3).new_ids.tolist()
+    assert by_spec.generate(prompt, 12, temperature=1.0, seed=3).new_ids.tolist() == out
+    batched = BatchedDecoder(target, draft, spec=spec)
+    assert batched.generate([prompt], 12, temperature=1.0, seed=3).rows[0].new_ids.tolist() == out
+    refusals = [
+        (lambda: SpeculativeDecoder(target, draft, policy="specdec:k=2", spec=spec), "either spec= or"),
+        (lambda: SpeculativeDecoder(target, draft, spec="mag+specdec:k=4"), "model-free drafter"),
+        (lambda: BatchedDecoder(target, draft, spec=dataclasses.replace(spec, path="fast")), "eager path"),
+        (lambda: SpeculativeDecoder(target, draft, verifier="beam"), "verifier must be"),
+    ]
+    for make, message in refusals:
+        with pytest.raises(AccheadError, match=message) as e:
+            make()
+        assert "\n" not in str(e.value)

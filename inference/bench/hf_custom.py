@@ -27,6 +27,7 @@ import torch
 from acchead.errors import cli_errors
 from acchead.inference.bench.hf_assisted import sampling_kwargs
 from acchead.inference.bench.thresholds import GoalThresholds
+from acchead.inference.spec import DecodingSpec
 from acchead.sampling import SamplingConfig
 
 METHOD = "hf-custom"
@@ -54,18 +55,14 @@ def hf_custom_generate(
     draft: Any,
     input_ids: torch.Tensor,
     *,
-    spec: str,
-    head: str | Path | None,
-    verifier: str,
+    spec: DecodingSpec | str,
     max_new_tokens: int,
     sampling: SamplingConfig,
     seed: int,
     eos_token_id: int | None = None,
-    fast: bool | None = False,
 ) -> CustomResult:
-    """Decode `input_ids` ((1, T)) with policy `spec` through `target.generate(custom_generate=...)`.
-
-    `fast` as for `SpeculativeDecoder` (False: the eager path, the path of the twin row)."""
+    """Decode `input_ids` ((1, T)) as `spec` says through `target.generate(custom_generate=...)` (its path
+    None: the device's default)."""
     from acchead.inference import hf
 
     start = time.perf_counter()
@@ -74,11 +71,8 @@ def hf_custom_generate(
         attention_mask=torch.ones_like(input_ids),
         draft=draft,
         custom_generate=hf.generate,
-        policy=spec,
-        head=head,
-        verifier=verifier,
+        spec=spec,
         seed=seed,
-        fast=fast,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,
@@ -120,8 +114,11 @@ def measure_overhead(
     load) and `generate`'s own preparation time per call.
     """
     from acchead.inference import hf
+    from acchead.inference.spec import spec_arguments
 
-    decoder = hf.decoder_for(target, draft, policy, head, "token", None)
+    spec = DecodingSpec.from_spec(policy, head=None if head is None else str(head))
+    policy_spec, head_path, verifier, fast = spec_arguments(spec, None, None, None, None)
+    decoder = hf.decoder_for(target, draft, policy_spec, head_path, verifier, fast)  # what generate reaches
     # generate falls back on the model's EOS ids when given None: the direct call must stop where it does
     eos = target.generation_config.eos_token_id if eos_token_id is None else eos_token_id
 
@@ -130,9 +127,8 @@ def measure_overhead(
         return res.new_ids.tolist()
 
     def through(ids: torch.Tensor) -> list[int]:
-        res = hf_custom_generate(target, draft, ids, spec=policy, head=head, verifier="token",
-                                 max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), seed=0,
-                                 eos_token_id=eos_token_id)  # fmt: skip
+        res = hf_custom_generate(target, draft, ids, spec=spec, max_new_tokens=max_new_tokens,
+                                 sampling=SamplingConfig(0.0), seed=0, eos_token_id=eos_token_id)  # fmt: skip
         return res.new_ids.tolist()
 
     direct(prompts[0]), through(prompts[0])  # warm-up: first calls build caches and look heads up

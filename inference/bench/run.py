@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,10 +117,7 @@ class Bench:
                 self.target,
                 self.draft,
                 ids,
-                spec=setting.spec,
-                head=setting.head,
-                verifier=setting.verifier,
-                fast=setting.fast,
+                spec=replace(setting.decoding, path="fast" if setting.fast else "eager"),
                 max_new_tokens=max_new_tokens,
                 sampling=s,
                 seed=seed,
