@@ -28,6 +28,7 @@ import torch
 from acchead.errors import AccheadError
 from acchead.inference.bandit import ArmSelector, RewardKind, make_selector
 from acchead.inference.bandit_spec import ArmSpec, BanditSpec, EXP3BanditSpec, UCBBanditSpec
+from acchead.inference.drafter_spec import DrafterSpec, as_drafter_spec
 from acchead.inference.drafters import Drafter, DraftStep
 from acchead.inference.policies import PolicyRun, StopPolicy
 from acchead.sampling import SamplingConfig
@@ -51,8 +52,8 @@ class BanditPolicy(StopPolicy):
     Args:
         arms: the candidate policies (no oracle: it needs hindsight).
         selector: "ucb" or "exp3".
-        drafters: per arm, a drafter spec (`acchead.inference.cascade.make_drafter`) or None for the draft
-            model.
+        drafters: per arm, a drafter (`acchead.inference.drafter_spec`: typed or its string) or None for
+            the draft model.
         delta: UCBSpec's confidence parameter.
         seed: EXP3Spec's own generator seed (independent of token sampling).
         reward: "tokens" or "rate".
@@ -65,7 +66,7 @@ class BanditPolicy(StopPolicy):
         arms: list[StopPolicy],
         selector: str = "ucb",
         *,
-        drafters: list[str | None] | None = None,
+        drafters: list[DrafterSpec | str | None] | None = None,
         delta: float = 0.5,
         seed: int = 0,
         reward: RewardKind = "tokens",
@@ -79,6 +80,7 @@ class BanditPolicy(StopPolicy):
         drafters = list(drafters) if drafters is not None else [None] * len(arms)
         if len(drafters) != len(arms):
             raise AccheadError("one drafter entry per bandit arm")
+        drafters = [None if d is None else as_drafter_spec(d) for d in drafters]
         arm_specs = tuple(ArmSpec(a.config, d) for a, d in zip(arms, drafters, strict=True))
         carried = True if carry else None
         rate = reward if reward != "tokens" else None

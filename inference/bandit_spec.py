@@ -15,19 +15,21 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from acchead.errors import AccheadError
+from acchead.inference.drafter_spec import DrafterSpec, parse_drafter_spec
 from acchead.inference.policy_spec import OracleSpec, PolicySpec, format_number, key_values, parse_value
 
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One bandit arm: a policy, and the drafter that drafts its rounds (None: the draft model; else a
-    `acchead.inference.cascade.make_drafter` spec such as `mag` or `cascade:k=4.2/10`)."""
+    """One bandit arm: a policy, and the drafter that drafts its rounds (None: the draft model; else an
+    `acchead.inference.drafter_spec` value such as `mag` or `cascade:k=4.2/10`)."""
 
     policy: PolicySpec
-    drafter: str | None = None
+    drafter: DrafterSpec | None = None
 
     def to_spec(self) -> str:
-        return self.policy.to_spec() if self.drafter is None else f"{self.drafter}@{self.policy.to_spec()}"
+        policy = self.policy.to_spec()
+        return policy if self.drafter is None else f"{self.drafter.to_spec()}@{policy}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +81,7 @@ class BanditSpec(PolicySpec):
         arms = []
         for item in arm_part.split("|"):
             drafter, at, policy = item.strip().rpartition("@")
-            arms.append(ArmSpec(parse(policy), drafter.strip() if at else None))
+            arms.append(ArmSpec(parse(policy), parse_drafter_spec(drafter) if at else None))
         return cls(arms=tuple(arms), **opts)  # type: ignore[arg-type]
 
     def to_spec(self) -> str:

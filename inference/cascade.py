@@ -31,6 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
+from acchead.inference.drafter_spec import DrafterSpec, MaGSpec, as_drafter_spec
 from acchead.inference.drafters import RoundBufferDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.mag import MaGDrafter, MaxGram
@@ -219,50 +220,22 @@ class CascadeDrafter(RoundBufferDrafter):
         return [*status[2 : 2 + status[0]], status[1]]
 
 
-def parse_k(text: str) -> list[list[int]]:
-    """Step-limit matrix from a compact string: rows split by '/', entries by '.', e.g. "4.2/10"."""
-    try:
-        return [[int(v) for v in row.split(".")] for row in text.split("/")]
-    except ValueError:
-        raise AccheadError(f"cannot parse cascade k {text!r}: expected rows like '4.2/10'") from None
-
-
 def make_drafter(
-    spec: str,
+    spec: str | DrafterSpec,
     *,
     draft: PreTrainedModel | None,
     bigram: torch.Tensor | Sequence[int] | object,
     vocab_size: int,
 ) -> MaGDrafter | CascadeDrafter:
-    """A model-free or cascaded drafter from its spec string (the CLIs' `--drafter`):
-
-        mag[:block=10]                  MaG alone (one-hot q, no model forwards)
-        cascade:k=4.2/10[,l=1]          the draft reviewing MaG (one reviewer: rows "a.b/c"), leniency l
-
-    Pair them with a fixed-K stop policy; `specdec:k=<sum of k's first row>` ends each target round where
-    the cascade's round ends. `bigram` is MaG's table (`build_bigram_table` / `corpus_bigram_table`).
-    """
-    name, _, body = spec.strip().partition(":")
-    params: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in body.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise AccheadError(f"cannot parse drafter {spec!r}: expected key=value, got {item!r}")
-        params[key.strip()] = value.strip()
-    allowed = {"mag": {"block"}, "cascade": {"k", "l"}}.get(name)
-    if allowed is None:
-        raise AccheadError(f"unknown drafter {name!r} in {spec!r}; expected mag[:block=N] or cascade:k=...")
-    if set(params) - allowed:
-        raise AccheadError(f"drafter {name!r} takes {', '.join(sorted(allowed))}; got {spec!r}")
+    """A model-free or cascaded drafter from its spec (`acchead.inference.drafter_spec`: `mag[:block=10]`,
+    `cascade:k=4.2/10[,l=1]`, or their typed values). Pair them with a fixed-K stop policy;
+    `specdec:k=<sum of k's first row>` ends each target round where the cascade's round ends. `bigram` is
+    MaG's table (`build_bigram_table` / `corpus_bigram_table`)."""
+    spec = as_drafter_spec(spec)
     mag = MaxGram(bigram)  # type: ignore[arg-type]
-    try:
-        if name == "mag":
-            return MaGDrafter(mag, vocab_size, block=int(params.get("block", 10)))
-        if "k" not in params:
-            raise AccheadError(f"drafter {spec!r} needs k=ROWS, e.g. cascade:k=4.2/10")
-        if draft is None:
-            raise AccheadError(f"drafter {spec!r} needs a draft model to review MaG's proposals")
-        leniency = float(params.get("l", 1.0))
-    except ValueError:
-        raise AccheadError(f"cannot parse drafter {spec!r}: block must be an integer, l a number") from None
-    return CascadeDrafter([draft], mag, parse_k(params["k"]), leniency=leniency, vocab_size=vocab_size)
+    if isinstance(spec, MaGSpec):
+        return MaGDrafter(mag, vocab_size, block=spec.block)
+    if draft is None:
+        raise AccheadError(f"drafter {spec.to_spec()!r} needs a draft model to review MaG's proposals")
+    k = [list(row) for row in spec.k]
+    return CascadeDrafter([draft], mag, k, leniency=spec.leniency, vocab_size=vocab_size)

@@ -5,8 +5,8 @@ head; and the registry of every policy a spec can name.
     spec = DecodingSpec.from_spec("mag+specdec:k=10")          # DRAFTER+POLICY: a model-free drafter
     decoder = build_decoder(spec, target, draft)               # acchead.inference.decoder_factory
 
-The string form is `[DRAFTER+]POLICY`: POLICY as `acchead.inference.policy_spec` writes it, DRAFTER a
-`acchead.inference.cascade.make_drafter` spec (`mag`, `cascade:k=4.2/10`); the other fields are typed
+The string form is `[DRAFTER+]POLICY`: POLICY as `acchead.inference.policy_spec` writes it, DRAFTER as
+`acchead.inference.drafter_spec` does (`mag`, `cascade:k=4.2/10`); the other fields are typed
 values beside it. `from_spec(s.to_spec(), ...) == s`. `acchead-decode` and the bench's settings decode
 from one. Pure data: this module imports no torch and no decoding module.
 """
@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from acchead.errors import AccheadError
 from acchead.inference.bandit_spec import BanditSpec, EXP3BanditSpec, UCBBanditSpec
+from acchead.inference.drafter_spec import DrafterSpec, parse_drafter_spec
 from acchead.inference.policy_spec import (
     AdaEDLSpec,
     AutoregressiveSpec,
@@ -68,7 +69,7 @@ class DecodingSpec:
 
     Attributes:
         policy: the stop policy and its parameters.
-        drafter: a model-free or cascaded drafter's spec (`make_drafter`), or None for the draft model.
+        drafter: a model-free or cascaded drafter (`MaGSpec`, `CascadeSpec`), or None for the draft model.
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         sampling: S, or None where the caller supplies it per call (the bench, transformers' generate).
         path: "eager", "fast" (static caches, compiled forwards), or None: the device's default.
@@ -76,7 +77,7 @@ class DecodingSpec:
     """
 
     policy: PolicySpec
-    drafter: str | None = None
+    drafter: DrafterSpec | None = None
     verifier: str = "token"
     sampling: SamplingConfig | None = None
     path: DecodePath | None = None
@@ -98,12 +99,13 @@ class DecodingSpec:
             drafter, policy = "", text
         if plus and not drafter.strip():
             raise AccheadError(f"cannot parse {text!r}: DRAFTER+POLICY needs a drafter before '+'")
-        return cls(parse_policy_spec(policy), drafter.strip() or None, **fields)
+        typed = parse_drafter_spec(drafter) if drafter.strip() else None
+        return cls(parse_policy_spec(policy), typed, **fields)
 
     def to_spec(self) -> str:
         """`[DRAFTER+]POLICY`: the policy's string, after its drafter's."""
         policy = self.policy.to_spec()
-        return policy if self.drafter is None else f"{self.drafter}+{policy}"
+        return policy if self.drafter is None else f"{self.drafter.to_spec()}+{policy}"
 
     def __str__(self) -> str:
         return self.to_spec()
@@ -115,7 +117,7 @@ class DecodingSpec:
     @property
     def name(self) -> str:
         """What the spec decodes with, in a word: its drafter's name ("mag", "cascade"), else its policy's."""
-        return self.policy.name if self.drafter is None else self.drafter.partition(":")[0].strip()
+        return self.policy.name if self.drafter is None else self.drafter.name
 
     @property
     def uses_drafters(self) -> bool:

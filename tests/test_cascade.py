@@ -11,8 +11,9 @@ from conftest import make_tiny_llama
 
 import acchead.inference.cascade as cascade_mod
 from acchead.errors import AccheadError
-from acchead.inference.cascade import CascadeDrafter, make_drafter, parse_k, review_out_dists
+from acchead.inference.cascade import CascadeDrafter, make_drafter, review_out_dists
 from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.drafter_spec import CascadeSpec, MaGSpec, parse_drafter_spec, parse_k
 from acchead.inference.drafters import Drafter
 from acchead.inference.mag import MaxGram, build_bigram_table
 from acchead.sampling import SamplingConfig, probs_from_logits
@@ -194,9 +195,17 @@ def test_bad_k_and_drafter_specs(tiny_llama_pair):
         CascadeDrafter([draft], mag, k=[[0, 0], [3]], vocab_size=vocab)  # target round drafts nothing
     with pytest.raises(AccheadError):
         CascadeDrafter([draft], mag, k=[[3, 1], [3]], leniency=0.5, vocab_size=vocab)
-    assert parse_k("4.2/10") == [[4, 2], [10]]
+    assert parse_k("4.2/10") == ((4, 2), (10,))
     with pytest.raises(AccheadError):
         parse_k("4,2/x")
+    # typed drafter specs: parsed (checked) before any model is built, written back without defaults
+    assert parse_drafter_spec("cascade:k=4.2/10,l=1.5") == CascadeSpec(((4, 2), (10,)), 1.5)
+    assert parse_drafter_spec("mag") == MaGSpec() and MaGSpec(6).to_spec() == "mag:block=6"
+    for text in ("mag", "mag:block=6", "cascade:k=4.2/10", "cascade:k=3/7,l=2.5"):
+        assert parse_drafter_spec(text).to_spec() == text
+    for bad in ("mag:block=0", "cascade:k=0/3", "cascade:k=3/4,l=0"):
+        with pytest.raises(AccheadError):
+            parse_drafter_spec(bad)
     d = make_drafter("cascade:k=4.2/10,l=1.5", draft=draft, bigram=mag.bigram, vocab_size=vocab)
     assert isinstance(d, CascadeDrafter) and d.k == [[4, 2], [10]] and d.leniency == 1.5
     assert make_drafter("mag:block=6", draft=None, bigram=mag.bigram, vocab_size=vocab).block == 6

@@ -14,6 +14,7 @@ from acchead.errors import AccheadError
 from acchead.inference.bandit_spec import ArmSpec, BanditSpec, EXP3BanditSpec, UCBBanditSpec
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.decoder_factory import build_decoder
+from acchead.inference.drafter_spec import CascadeSpec, MaGSpec
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import (
     ADAEDL_GAMMA,
@@ -72,7 +73,7 @@ def test_parsing_is_lenient_about_spacing_and_case_and_typed():
     assert parse_policy_spec("oracle") == OracleSpec() and OracleSpec().max_cap == 64
     bandit = parse_policy_spec("ucb:arms=specdec:k=2|mag@specdec:k=8")
     assert isinstance(bandit, UCBBanditSpec) and bandit.arms == (
-        ArmSpec(SpecDecSpec(k=2)), ArmSpec(SpecDecSpec(k=8), "mag"))  # fmt: skip
+        ArmSpec(SpecDecSpec(k=2)), ArmSpec(SpecDecSpec(k=8), MaGSpec()))  # fmt: skip
     assert bandit.has_drafters and bandit.max_cap == 8
 
 
@@ -145,7 +146,9 @@ def test_decoding_spec_string_form_and_fields():
 
     assert inference.DecodingSpec is DecodingSpec and inference.build_decoder is build_decoder  # public API
     spec = DecodingSpec.from_spec("cascade:k=4.2/10+specdec:k=6", verifier="block", path="eager")
-    assert spec.drafter == "cascade:k=4.2/10" and spec.policy == SpecDecSpec(k=6)
+    assert spec.drafter == CascadeSpec(k=((4, 2), (10,))) and spec.policy == SpecDecSpec(k=6)
+    with pytest.raises(AccheadError, match="unknown drafter"):  # a bad drafter fails at parse time
+        DecodingSpec.from_spec("bogus:zz=1+specdec:k=4")
     assert spec.to_spec() == "cascade:k=4.2/10+specdec:k=6" and str(spec) == spec.to_spec()
     assert DecodingSpec.from_spec(spec.to_spec(), verifier="block", path="eager") == spec
     assert spec.fast is False and DecodingSpec(AutoregressiveSpec()).fast is None

@@ -1,0 +1,93 @@
+"""A model-free or cascaded drafter as a typed value: the DRAFTER of a `DRAFTER+POLICY` spec and of a bandit
+arm's `DRAFTER@POLICY`.
+
+    mag[:block=10]              MaGSpec: Max-Gram alone (copies the context; one-hot q, no model forwards)
+    cascade:k=4.2/10[,l=1]      CascadeSpec: the draft reviewing MaG's proposals (rows "a.b/c"), leniency l
+
+`parse_drafter_spec` checks a string when a spec is parsed, before any model loads;
+`acchead.inference.cascade.make_drafter` builds the drafter from the typed value. `to_spec` writes the
+string back, defaults left out, so `parse_drafter_spec(d.to_spec()) == d`. Pure data: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from acchead.errors import AccheadError
+from acchead.inference.policy_spec import format_number
+
+
+@dataclass(frozen=True)
+class MaGSpec:
+    """Max-Gram drafting `block` candidates per lookup (`acchead.inference.mag.MaGDrafter`)."""
+
+    block: int = 10
+    name: ClassVar[str] = "mag"
+
+    def __post_init__(self) -> None:
+        if self.block < 1:
+            raise AccheadError(f"mag block must be >= 1, got {self.block}")
+
+    def to_spec(self) -> str:
+        return "mag" if self.block == 10 else f"mag:block={self.block}"
+
+
+@dataclass(frozen=True)
+class CascadeSpec:
+    """The draft model reviewing MaG (`acchead.inference.cascade.CascadeDrafter`): `k` the step-limit rows
+    (e.g. ((4, 2), (10,)) for "4.2/10"), `leniency` l of the review's acceptance min(1, l·p/r)."""
+
+    k: tuple[tuple[int, ...], ...]
+    leniency: float = 1.0
+    name: ClassVar[str] = "cascade"
+
+    def __post_init__(self) -> None:
+        if not self.k or any(not row or min(row) < 1 for row in self.k):
+            raise AccheadError(f"cascade k needs rows of positive step limits, got {self.k}")
+        if self.leniency <= 0:
+            raise AccheadError(f"cascade leniency l must be > 0, got {self.leniency}")
+
+    def to_spec(self) -> str:
+        rows = "/".join(".".join(str(x) for x in row) for row in self.k)
+        return f"cascade:k={rows}" + ("" if self.leniency == 1.0 else f",l={format_number(self.leniency)}")
+
+
+DrafterSpec = MaGSpec | CascadeSpec
+
+
+def parse_k(text: str) -> tuple[tuple[int, ...], ...]:
+    """Step-limit matrix from a compact string: rows split by '/', entries by '.', e.g. "4.2/10"."""
+    try:
+        return tuple(tuple(int(v) for v in row.split(".")) for row in text.split("/"))
+    except ValueError:
+        raise AccheadError(f"cannot parse cascade k {text!r}: expected rows like '4.2/10'") from None
+
+
+def parse_drafter_spec(text: str) -> DrafterSpec:
+    """The typed drafter of `mag[:block=N]` or `cascade:k=ROWS[,l=L]`; one-line AccheadError if malformed."""
+    name, _, body = text.strip().partition(":")
+    params: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in body.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise AccheadError(f"cannot parse drafter {text!r}: expected key=value, got {item!r}")
+        params[key.strip()] = value.strip()
+    allowed = {"mag": {"block"}, "cascade": {"k", "l"}}.get(name.strip())
+    if allowed is None:
+        raise AccheadError(f"unknown drafter {name!r} in {text!r}; expected mag[:block=N] or cascade:k=...")
+    if set(params) - allowed:
+        raise AccheadError(f"drafter {name!r} takes {', '.join(sorted(allowed))}; got {text!r}")
+    try:
+        if name.strip() == "mag":
+            return MaGSpec(int(params.get("block", 10)))
+        if "k" not in params:
+            raise AccheadError(f"drafter {text!r} needs k=ROWS, e.g. cascade:k=4.2/10")
+        return CascadeSpec(parse_k(params["k"]), float(params.get("l", 1.0)))
+    except ValueError:
+        raise AccheadError(f"cannot parse drafter {text!r}: block must be an integer, l a number") from None
+
+
+def as_drafter_spec(spec: str | DrafterSpec) -> DrafterSpec:
+    """`spec` as a typed value (parsed when a string)."""
+    return parse_drafter_spec(spec) if isinstance(spec, str) else spec
