@@ -158,7 +158,7 @@ def convert_target(gguf: Path) -> Path:
     template) and generation config are saved beside it.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     out = assets_dir() / TARGET_DIR_NAME
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
@@ -166,11 +166,10 @@ def convert_target(gguf: Path) -> Path:
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     quant = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = quant.config
-    config.quantization_config = None
-    if hasattr(config, "_pre_quantization_dtype"):
-        del config._pre_quantization_dtype
-    plain = LlamaForCausalLM(config)
+    # A plain config built from the loaded one's public dict, less what marks it quantised.
+    marks = ("quantization_config", "_pre_quantization_dtype")
+    raw = {k: v for k, v in quant.config.to_dict().items() if k not in marks}
+    plain = LlamaForCausalLM(LlamaConfig.from_dict(raw))
     plain.load_state_dict(quant.state_dict())
     plain.generation_config = quant.generation_config
     plain.save_pretrained(tmp)

@@ -3,7 +3,8 @@
 Everything in acchead that decodes token by token with transformers' eager forward goes through here:
 the data stage's labeller (the target samples X while the draft follows), the oracle's hindsight
 reference (greedy), the zoo's distillation windows (greedy or sampled, every step's logits kept), and,
-as the cache owner, the decoders' eager runner and the cascade's reviewers.
+as the cache owner, the decoders' eager runner, the cascade's reviewers and the feature drafter (whose
+pairs read the target's states beside the ids: `feed(..., features=)`).
 
 - `KVSequence`: one model over B sequences growing together in one `DynamicCache`: `feed` appends
   columns and returns the logits of the last `keep` of them; `crop` forgets columns (transformers' public
@@ -79,13 +80,15 @@ class KVSequence:
         want_hidden: bool = False,
         mask: torch.Tensor | None = None,
         all_hidden: bool = False,
+        features: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append `ids` (B, n) (any device) after the cached columns.
 
         `mask` (B, n), 1 on real tokens, is accepted on the first feed only (left-padded prompts); later
-        feeds are real tokens. Returns logits (B, min(keep, n), V) of the last positions and, if
-        `want_hidden`, the final hidden state (B, H) of the last position (`all_hidden`: (B, n, H), every
-        fed position's; else None).
+        feeds are real tokens. `features` (B, n, H): a feature draft's (`acchead.feature_draft`) states
+        read beside the ids, pair by pair. Returns logits (B, min(keep, n), V) of the last positions and,
+        if `want_hidden`, the final hidden state (B, H) of the last position (`all_hidden`: (B, n, H),
+        every fed position's; else None).
         """
         n = ids.size(1)
         kwargs: dict[str, Any] = {}
@@ -103,10 +106,13 @@ class KVSequence:
             kwargs = {"attention_mask": self._mask, "position_ids": positions}
         # The decoder stack and the head over the kept positions (`acchead.lm_forward`: the model's forward,
         # with the CPU's fast form of a few-row LM head).
-        logits, hidden = lm_forward(
-            self.model, ids.to(self.device), keep, want_hidden or all_hidden, n if all_hidden else None,
-            **kwargs, **{CACHE_ARG: self.cache}, use_cache=True,
-        )  # fmt: skip
+        kwargs |= {CACHE_ARG: self.cache, "use_cache": True}
+        if features is None:
+            logits, hidden = lm_forward(self.model, ids.to(self.device), keep, want_hidden or all_hidden,
+                                        n if all_hidden else None, **kwargs)  # fmt: skip
+        else:  # the pairs' states (B, n, H), then the head over the kept ones
+            hidden = self.model.hidden_states(ids.to(self.device), features.to(self.device), **kwargs)
+            logits = self.model.lm_head(hidden[:, -keep:])
         self.length += n
         self.logits = logits[:, -1]
         if all_hidden:

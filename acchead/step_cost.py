@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from acchead.feature_draft import FeatureDraftConfig, is_feature_draft
-from acchead.models import CACHE_ARG
+from acchead.kv_decode import KVSequence
 
 
 def step_multiply_adds(config) -> int:
@@ -34,39 +34,34 @@ def step_multiply_adds(config) -> int:
     return config.num_hidden_layers * layer + rows * h + fuse
 
 
-def _forward(model, ids: torch.Tensor, cache, keep: int | None = None) -> None:
-    """One KV-cached forward of `model` over `ids` (1, n); a feature draft reads zero states beside them
-    (its cost does not depend on their values) and its head scores the last position."""
-    if is_feature_draft(model):
-        feats = torch.zeros(*ids.shape, model.config.hidden_size, device=ids.device)
-        h = model.hidden_states(ids, feats, **{CACHE_ARG: cache}, use_cache=True)
-        model.lm_head(h[:, -1:])
-    elif keep is None:
-        model(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True)
-    else:
-        model(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=keep)
+def _feed(seq: KVSequence, ids: torch.Tensor) -> None:
+    """One KV-cached forward over `ids` (1, n) as the decoders run it (`KVSequence.feed`, the last
+    position's logits); a feature draft reads zero states beside the ids (its cost does not depend on
+    their values)."""
+    feats = None
+    if is_feature_draft(seq.model):
+        feats = torch.zeros(*ids.shape, seq.model.config.hidden_size, device=ids.device)
+    seq.feed(ids, features=feats)
 
 
 @torch.inference_mode()
 def step_seconds(model, context: int, calls: int, seed: int = 0) -> list[float]:
     """Wall seconds of `calls` one-token KV-cached forwards after a `context`-token prefill (the cache is
     cropped back after each, so every call sees the same context), synchronised on CUDA."""
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(1, model.config.vocab_size, (1, context), generator=g).to(device)
-    cache = DynamicCache()
-    _forward(model, x, cache)
+    seq = KVSequence(model)
+    _feed(seq, x)
     token, times = x[:, -1:], []
     for _ in range(calls):
         sync()
         t = time.perf_counter()
-        _forward(model, token, cache, keep=1)
+        _feed(seq, token)
         sync()
         times.append(time.perf_counter() - t)
-        cache.crop(-1)  # a negative count: remove the token just added
+        seq.crop(context)  # remove the token just added
     return times
 
 

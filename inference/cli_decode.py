@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.inference.policy_spec import SpecDecPPSpec
-from acchead.inference.spec import DecodingSpec
+from acchead.inference.spec import VERIFIERS, DecodingSpec
 from acchead.pairs import DEFAULT_PAIR, PAIR_NAMES, default_heads, resolve_pair
 from acchead.sampling import SamplingConfig
 
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--verifier",
-        choices=["token", "block"],
+        choices=VERIFIERS,
         default="token",
         help="token verification (Leviathan/Chen) or block verification (Sun et al.)",
     )

@@ -23,14 +23,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache
 
 from acchead.feature_draft import FeatureDraftForCausalLM
 from acchead.inference.device_random import DRAFT, key_hash, key_input
 from acchead.inference.drafters import Drafter
 from acchead.inference.units import SAMPLE, DraftStep, draft_post
-from acchead.kv_decode import crop_cache
-from acchead.models import CACHE_ARG
+from acchead.kv_decode import KVSequence
 from acchead.sampling import SamplingConfig
 
 if TYPE_CHECKING:
@@ -55,8 +53,7 @@ class FeatureDrafter(Drafter):
         self._reset()
 
     def _reset(self) -> None:
-        self.cache = DynamicCache()
-        self._pairs = 0  # pairs in the cache
+        self.seq = KVSequence(self.model, "the feature draft")  # its cache holds pairs
         self._true_pairs = 0  # of which the first are built on the target's states
         self._states = torch.empty(0, self.model.config.hidden_size, device=self.device)  # (known, H)
         # what the last forward left for the next position: (slot, q, token, logits, h that produced q)
@@ -82,20 +79,14 @@ class FeatureDrafter(Drafter):
     def _forward(self, ids: torch.Tensor, features: torch.Tensor, slot: tuple[int, int]) -> None:
         """Feed pairs (ids (m,), features (m, H)) after the cache; draw the candidate of `slot` from the last
         pair's h and keep it pending."""
-        m = ids.numel()
-        positions = torch.arange(self._pairs, self._pairs + m, device=self.device)[None]
-        h = self.model.hidden_states(
-            ids.to(self.device)[None], features[None], position_ids=positions,
-            **{CACHE_ARG: self.cache}, use_cache=True,
-        )[0]  # fmt: skip  # (m, H)
-        self._pairs += m
+        logits, h = self.seq.feed(ids[None], want_hidden=True, features=features[None])  # (1, 1, V), (1, H)
         self.draft_calls += 1
-        logits = self.model.lm_head(h[-1:])  # (1, V): -inf outside the draft's vocabulary
+        logits, h = logits[0], h[0]  # (1, V): -inf outside the draft's vocabulary; (H,)
         key = key_input(key_hash(self._seed, DRAFT, *slot), self.device, False)
         q, token, kept, _, _, _ = draft_post(
-            logits, h[-1], self.model, self.cache, self._sampling, key, None, SAMPLE, ids[-1], None
+            logits, h, self.model, self.seq.cache, self._sampling, key, None, SAMPLE, ids[-1], None
         )
-        self._pending = (slot, q, token, kept, h[-1])
+        self._pending = (slot, q, token, kept, h)
 
     def propose(
         self,
@@ -135,8 +126,7 @@ class FeatureDrafter(Drafter):
         if self._states.shape[0] < n0 - 1:
             raise RuntimeError(f"the target's states cover {self._states.shape[0]} of {n0 - 1} positions")
         keep = min(self._true_pairs, n0 - 2)  # at least the last pair is fed: its h draws X_1
-        crop_cache(self.cache, keep)
-        self._pairs = keep
+        self.seq.crop(keep)
         ids = context[keep + 1 : n0]  # t_{j+1} for pairs keep..n0-2
         self._forward(ids, self._states[keep : n0 - 1], (n0, 1))
         self._true_pairs = n0 - 1

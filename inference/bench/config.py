@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError
-from acchead.inference.bench.settings import FAMILIES, PATHS
+from acchead.inference.bench.settings import FAMILIES
 from acchead.inference.policy_spec import ADAEDL_GAMMA
+from acchead.inference.spec import PATHS, VERIFIERS
 from acchead.pairs import PAIR_NAMES
 from acchead.sampling import SamplingConfig
 
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(ucb:arms=specdec:k=2|specdec:k=4), or DRAFTER+POLICY with a model-free or cascaded drafter "
         "(mag+specdec:k=10, cascade:k=4.2/10+specdec:k=6)",
     )
-    a("--verifier", choices=["token", "block"], help="verification rule of our decoders")
+    a("--verifier", choices=VERIFIERS, help="verification rule of our decoders")
     a(
         "--paths",
         type=_str_list,

@@ -2,8 +2,8 @@
 
 SpecDec++ adds one head call per drafted token. The fitted t_draft absorbs it, but the fit's noise is far
 larger than the head (paper §4.2), so the bench times both directly: a draft decode step is one draft
-forward of a single token on a KV cache holding a prompt (with `output_hidden_states=True`, as SpecDec++
-needs), the cache cropped back after each call; the head call is the head on that step's final hidden
+forward of a single token on a KV cache holding a prompt (`acchead.kv_decode.KVSequence.feed` with its
+final hidden state, as the eager decoders run it for SpecDec++), the cache cropped back after each call; the head call is the head on that step's final hidden
 state plus the stop rule's update, timed through `SpecDecPP.should_stop` (the exact code the decoder
 runs per candidate). A lookahead head's call includes building its input from the candidate (log q and
 entropy from the draft's distribution, the token's output-embedding row), as in decoding. Medians over
@@ -18,13 +18,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
 from acchead.inference.policies import SpecDecPP
-from acchead.models import CACHE_ARG, final_hidden
+from acchead.kv_decode import KVSequence
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 
@@ -66,19 +65,18 @@ def time_head_overhead(
     q built as the drafter builds it under `sampling` (default greedy: one-hot q, logits kept).
     """
     sampling = sampling or SamplingConfig(temperature=0.0)
-    cache = DynamicCache()
+    seq = KVSequence(draft, "the draft")  # the draft's step as the eager decoders run it
 
     def forward(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits (V,), final hidden state (H,)) of the last position of a KV-cached forward over ids."""
+        states = None
         if is_feature_draft(draft):  # its step reads a state beside each token (zeros cost the same)
             states = torch.zeros(*ids.shape, draft.config.hidden_size, device=ids.device)
-            h = draft.hidden_states(ids, states, **{CACHE_ARG: cache}, use_cache=True)
-            return draft.lm_head(h[0, -1]), h[0, -1]
-        out = draft(input_ids=ids, **{CACHE_ARG: cache}, use_cache=True, output_hidden_states=True)
-        return out.logits[0, -1], final_hidden(out)[0, -1]
+        logits, hidden = seq.feed(ids, want_hidden=True, features=states)  # (1, 1, V), (1, H)
+        return logits[0, -1], hidden[0]
 
     logits, hidden = forward(prompt_ids)  # (V,), (H,)
-    context = cache.get_seq_length()
+    context = seq.length
     q = probs_from_logits(logits, sampling)
     token = logits.argmax(-1).view(1, 1)  # (1, 1): the greedy candidate (any token costs the same)
     # The stop decision is ignored: every call does the full head + running-product update.
@@ -95,7 +93,7 @@ def time_head_overhead(
 
     def draft_step() -> None:
         forward(token)
-        cache.crop(-1)  # drop the token just added: every call sees the same context length
+        seq.crop(context)  # drop the token just added: every call sees the same context length
         sync()
 
     def head_call() -> None:

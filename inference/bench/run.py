@@ -235,9 +235,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         if dropped:
             notes.append(f"skipped with a feature draft (it reads the target's states; eager path only): "
                          f"{', '.join(dropped)}")  # fmt: skip
-    for s in settings:
-        if s.family == HF_METHOD:  # record the schedule transformers will use with this draft
-            s.params.update(schedule_params(draft))
+    # the hf-assisted row records the schedule transformers will use with this draft
+    settings = [replace(s, params={**s.params, **schedule_params(draft)}) if s.family == HF_METHOD else s
+                for s in settings]  # fmt: skip
     tok = load_tokenizer(args.tokenizer or args.target)
     check_tokenizers_match(tok, load_tokenizer(args.tokenizer or args.draft))
     heads = used_heads(args, settings)  # (family, path, kind) of every head a setting decodes with

@@ -66,9 +66,8 @@ FIT_FAMILIES = tuple(
     if m.fitted
     for family in (HEAD_FAMILIES.values() if m.name == "specdecpp" else (m.name,))
 )
-# The paths our decoders can run on (`DecodingSpec.path`); a fast-path row's family is its eager family with
-# this suffix ("specdec@fast"), so every analysis of the eager rows is unchanged beside it.
-PATHS = ("eager", "fast")
+# A fast-path row's family is its eager family with this suffix ("specdec@fast"), so every analysis of the
+# eager rows is unchanged beside it (the paths themselves: `acchead.inference.spec.PATHS`).
 FAST_SUFFIX = "@fast"
 
 
