@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text (default: a small function stub)")
     src.add_argument("--prompt-file", type=Path, default=None, help="read the prompt from this file")
+    src.add_argument(
+        "--prompts", default=None,
+        help="with --batch-size B: B different prompts, the first of a set (humaneval, mtbench, ...) or a "
+        ".jsonl file, cycled if fewer",
+    )  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=128, help="generate at most this many tokens")
     p.add_argument(
         "--truncate-prompt",
@@ -100,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     p.add_argument(
-        "--batch-size", type=int, default=None, help="decode B rows of the prompt at once (row b: seed + b; "
-        "acchead.inference.batched, eager, no streaming); prints each row's text and the batch's counts",
+        "--batch-size", type=int, default=None, help="decode B rows at once: B copies of the prompt, or "
+        "--prompts (row b: seed + b; acchead.inference.batched, eager, no streaming); prints each row's text "
+        "and the batch's counts",
     )
     p.add_argument(
         "--batch-stop", default="on", help="with --batch-size and a specdecpp policy: the batch stop rule, "
@@ -166,8 +172,8 @@ def format_stats(res: GenerationResult) -> str:
     )
 
 
-def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, tok, ids) -> int:
-    """`--batch-size B`: the prompt as B rows of one batch (issue 33), each row's text, the batch's counts."""
+def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, tok, rows: list) -> int:
+    """`--batch-size B`: B rows of (T_b,) ids in one batch (issue 33), each row's text, the batch's counts."""
     from acchead.inference.batched import BatchedDecoder
 
     if args.batch_size < 1:
@@ -176,7 +182,7 @@ def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, t
     assert s is not None, "main resolves S before decoding"
     rule = args.batch_stop if isinstance(spec.policy, SpecDecPPSpec) else False
     dec = BatchedDecoder(target, draft, batch_stop=rule, spec=spec)
-    res = dec.generate([ids] * args.batch_size, max_new_tokens=args.max_new_tokens,
+    res = dec.generate(rows, max_new_tokens=args.max_new_tokens,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed,
                        eos_token_id=tok.eos_token_id)  # fmt: skip
     stats = {k: v for k, v in res.to_dict().items() if k != "rows"}
@@ -200,6 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_new_tokens < 1:
         raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    texts = None
+    if args.prompts is not None:  # checked before any model loads
+        if args.batch_size is None:
+            raise AccheadError("--prompts decodes a batch of different prompts: add --batch-size B")
+        from acchead.inference.bench.prompts import load_prompts
+
+        texts = load_prompts(args.prompts, max(args.batch_size, 1))
+        if not texts:
+            raise AccheadError(f"--prompts {args.prompts}: no prompts there")
     prompt = _read_prompt(args)
     # A bad spec fails before any model is loaded.
     path = None if args.fast is None else "fast" if args.fast else "eager"
@@ -246,12 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     decoder = build_decoder(spec, target, draft)
     s = _sampling(args, decoder.head_meta.sampling_config if decoder.head_meta is not None else None)
     spec = replace(spec, sampling=s)
+    if texts is not None:  # B rows: the prompts (chat ones through the template), cycled to B
+        from acchead.inference.bench.prompts import encode_prompts
+
+        enc, _ = encode_prompts(texts, tok, target, draft, args.max_new_tokens, args.device,
+                                args.truncate_prompt)  # fmt: skip
+        rows = [enc[b % len(enc)][0] for b in range(args.batch_size)]
+        return _decode_batch(args, target, draft, spec, tok, rows)
     ids = tok(prompt, return_tensors="pt").input_ids[0]
     if ids.numel() == 0:
         raise AccheadError("the prompt encodes to no tokens")
     ids, truncated_from = _fit_prompt(ids, args.max_new_tokens, [target, draft], args.truncate_prompt)
     if args.batch_size is not None:
-        return _decode_batch(args, target, draft, spec, tok, ids)
+        return _decode_batch(args, target, draft, spec, tok, [ids] * args.batch_size)
     streamer = None if args.json else TextStreamer(tok, skip_prompt=False)
     res = decoder.generate(
         ids,

@@ -102,3 +102,16 @@ def test_decode_batch_size_prints_every_row(tiny_pair_dirs, bench_inputs, capsys
     )
     assert decode_main([*base, "--batch-size", "0"]) == 2
     assert "--batch-size must be >= 1" in capsys.readouterr().err
+    # --prompts: B different prompts in one batch, each row the text its prompt decodes to alone
+    prompts = bench_inputs["prompts"]
+    texts = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()[:2]]
+    many = [*base[: base.index("--prompt")], *base[base.index("--prompt") + 2 :]]
+    assert decode_main([*many, "--prompts", str(prompts), "--batch-size", "3"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    alone = []
+    for text in texts:
+        assert decode_main([*many, "--prompt", text]) == 0
+        alone.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["text"])
+    assert len(texts) == 2 and stats["texts"] == [*alone, alone[0]]  # cycled to B = 3 rows
+    assert decode_main([*many, "--prompts", str(prompts)]) == 2
+    assert "add --batch-size" in capsys.readouterr().err
