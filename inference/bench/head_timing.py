@@ -6,8 +6,9 @@ draft forward of a single token on a KV cache holding a prompt (`acchead.kv_deco
 with the final hidden state, as the eager decoders run it for SpecDec++), the cache cropped back after
 each call; the head call is the head on that step's final hidden state plus the stop rule's update,
 timed through `SpecDecPP.should_stop` (the exact code the decoder runs per candidate). A lookahead
-head's call includes building its input from the candidate (log q and entropy from the draft's distribution, the token's output-embedding row), as in decoding. Medians over
-many calls resist scheduler noise.
+head's call includes building its input from the candidate (log q and entropy from the draft's
+distribution, the token's output-embedding row), as in decoding. Medians over many calls resist scheduler
+noise.
 """
 
 from __future__ import annotations
