@@ -110,9 +110,10 @@ def test_profile_times_every_round_and_a_bare_replay(tiny_llama_pair):
     # The first round feeds the prompt and K candidates, later ones the next token and up to K candidates.
     assert ph["verify_tokens"][0] == 3 + 3 and set(ph["verify_tokens"][1:]) <= {2, 3, 4}
     prof = profile_loop(dec, [torch.tensor([3, 7, 11])], 16, SamplingConfig(0.0), reps=2)
-    assert prof["host_reads_per_round"] == 1.0 and prof["bare_draft_ms"] > 0 and prof["bare_target_ms"] > 0
-    assert prof["verify_tokens"] in (2, 3, 4)  # a decode round's, never the prompt's prefill
-    assert "specdec:k=3" in profile_table([prof])
+    assert prof.host_reads_per_round == 1.0 and prof.bare_draft_ms > 0 and prof.bare_target_ms > 0
+    assert prof.verify_tokens in (2, 3, 4)  # a decode round's, never the prompt's prefill
+    assert prof.verify_vs_bare == prof.verify_ms / prof.bare_target_ms
+    assert "specdec:k=3" in profile_table([prof.to_dict()])
 
 
 @pytest.mark.parametrize(

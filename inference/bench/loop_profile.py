@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -50,6 +51,44 @@ def bare_feed_ms(runner: Any, prompt: torch.Tensor, count: int, reps: int = 20) 
     return statistics.median(times[2:])
 
 
+@dataclass(frozen=True)
+class LoopProfile:
+    """One decoder's loop profile (medians in ms; `*_vs_bare`: inside the decoder over the bare replay).
+
+    Attributes:
+        policy, path: what was profiled ("specdec:k=3", "eager" / "fast").
+        rounds: rounds over all prompts. host_reads_per_round: device-to-host reads per round.
+        verify_ms, draft_step_ms: a verification / a draft step inside the decoder (None: none ran).
+        verify_tokens: the verification length the decoder used most (ties: the longest), replayed bare.
+        bare_target_ms, bare_draft_ms: the bare replays (draft: None for a drafter that is no model).
+    """
+
+    policy: str
+    path: str
+    rounds: int
+    host_reads_per_round: float
+    verify_ms: float | None
+    draft_step_ms: float | None
+    verify_tokens: int
+    bare_target_ms: float
+    bare_draft_ms: float | None = None
+
+    @property
+    def verify_vs_bare(self) -> float | None:
+        return None if self.verify_ms is None else self.verify_ms / self.bare_target_ms
+
+    @property
+    def draft_step_vs_bare(self) -> float | None:
+        if self.draft_step_ms is None or self.bare_draft_ms is None:
+            return None
+        return self.draft_step_ms / self.bare_draft_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        """The results.json form: the fields and both ratios."""
+        ratios = {"verify_vs_bare": self.verify_vs_bare, "draft_step_vs_bare": self.draft_step_vs_bare}
+        return asdict(self) | ratios
+
+
 def profile_loop(
     decoder: SpeculativeDecoder,
     prompts: Sequence[torch.Tensor],
@@ -57,9 +96,9 @@ def profile_loop(
     sampling: SamplingConfig,
     seed: int = 0,
     reps: int = 20,
-) -> dict[str, Any]:
-    """Profile `decoder` over `prompts` ((T,) int64 each); returns medians in ms, their bare counterparts,
-    the ratios, and host reads per round. Call `decoder.warm_up` first on the fast path."""
+) -> LoopProfile:
+    """Profile `decoder` over `prompts` ((T,) int64 each): medians in ms, their bare counterparts, host
+    reads per round. Call `decoder.warm_up` first on the fast path."""
     draft_step, verify, verify_tokens, reads, rounds = [], [], [], 0, 0
     for i, prompt in enumerate(prompts):
         res = decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
@@ -70,26 +109,21 @@ def profile_loop(
         verify += ph["verify_ms"][1:]
         verify_tokens += ph["verify_tokens"][1:]
         reads, rounds = reads + res.host_reads, rounds + res.rounds
-    out: dict[str, Any] = {
-        "policy": decoder.policy.spec,
-        "path": "fast" if decoder.fast else "eager",
-        "rounds": rounds,
-        "host_reads_per_round": reads / max(rounds, 1),
-        "verify_ms": statistics.median(verify) if verify else None,
-        "draft_step_ms": statistics.median(draft_step) if draft_step else None,
-    }
     # The bare target replay of the verification length the decoder used most (ties: the longest).
     count = max(set(verify_tokens), key=lambda c: (verify_tokens.count(c), c)) if verify_tokens else 1
-    prompt = prompts[0]
-    out["verify_tokens"] = count
-    out["bare_target_ms"] = bare_feed_ms(decoder._runner, prompt, count, reps)
-    out["verify_vs_bare"] = out["verify_ms"] / out["bare_target_ms"] if out["verify_ms"] else None
-    if isinstance(decoder.drafter, ModelDrafter):
-        out["bare_draft_ms"] = bare_feed_ms(decoder.drafter.runner, prompt, 1, reps)
-        out["draft_step_vs_bare"] = (
-            out["draft_step_ms"] / out["bare_draft_ms"] if out["draft_step_ms"] else None
-        )
-    return out
+    drafter = decoder.drafter
+    return LoopProfile(
+        policy=decoder.policy.spec,
+        path="fast" if decoder.fast else "eager",
+        rounds=rounds,
+        host_reads_per_round=reads / max(rounds, 1),
+        verify_ms=statistics.median(verify) if verify else None,
+        draft_step_ms=statistics.median(draft_step) if draft_step else None,
+        verify_tokens=count,
+        bare_target_ms=bare_feed_ms(decoder._runner, prompts[0], count, reps),
+        bare_draft_ms=bare_feed_ms(drafter.runner, prompts[0], 1, reps) if isinstance(drafter, ModelDrafter)
+        else None,
+    )  # fmt: skip
 
 
 def pick_settings(settings: list[Any]) -> list[Any]:
@@ -108,7 +142,7 @@ def pick_settings(settings: list[Any]) -> list[Any]:
 
 
 def profile_table(rows: list[dict[str, Any]]) -> str:
-    """Markdown table of `profile_loop` results."""
+    """Markdown table of `LoopProfile.to_dict()` rows (results.json's `loop_profile`)."""
 
     def f(x: float | None, spec: str = ".3f") -> str:
         return "–" if x is None else format(x, spec)
@@ -119,9 +153,9 @@ def profile_table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        draft = f"{f(r['draft_step_ms'])} ({f(r.get('bare_draft_ms'))})"
+        draft = f"{f(r['draft_step_ms'])} ({f(r['bare_draft_ms'])})"
         verify = f"{f(r['verify_ms'])}, {r['verify_tokens']} ({f(r['bare_target_ms'])})"
-        ratios = f(r.get("draft_step_vs_bare"), ".2f"), f(r["verify_vs_bare"], ".2f")
+        ratios = f(r["draft_step_vs_bare"], ".2f"), f(r["verify_vs_bare"], ".2f")
         lines.append(
             f"| {r['path']} | `{r['policy']}` | {draft} | {ratios[0]} | {verify} | {ratios[1]} | "
             f"{r['host_reads_per_round']:.2f} |"

@@ -257,13 +257,14 @@ def run_bench(args: argparse.Namespace) -> dict:
         if truncated:
             print(f"truncated {len(truncated)} prompt(s) to their last {truncated[0]['kept']} tokens")
         results = _run_and_report(args, bench, settings, out, fingerprint, draft, loaded, notes, sampling)
-        results["truncated_prompts"] = truncated
         batched: list[BatchedRow] = []
         if args.batch_size:  # issue 33: the batchable settings again, B prompts per forward
             from acchead.inference.bench.batched_bench import run_batched, write_batched
 
             batched = run_batched(bench, settings, args.batch_size)
-            results["batched"] = [r.to_dict() for r in batched]
+        results = results | {"truncated_prompts": truncated}
+        if args.batch_size:
+            results = results | {"batched": [r.to_dict() for r in batched]}
         write_outputs(results, out)
         if batched:
             write_batched(batched, out)
@@ -309,10 +310,10 @@ def _run_and_report(
         )
         for s in settings
     ]
-    results = build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids), fits)
-    results["loop_profile"] = loop
-    results["warm_up_s"] = bench.warm_up_s  # None when resumed past it or without fast-path settings
-    return results
+    # warm_up_s: None when resumed past it or without fast-path settings
+    return build_results(args, rows, fit, overhead, notes, sampling, len(prompt_ids), fits) | {
+        "loop_profile": loop, "warm_up_s": bench.warm_up_s,
+    }  # fmt: skip
 
 
 def _profile_loops(
@@ -331,7 +332,7 @@ def _profile_loops(
     for s in pick_settings(settings):
         decoder = bench.decoder(s)
         decoder.warm_up(longest, **sampling.to_dict())
-        out.append(profile_loop(decoder, prompts, args.max_new_tokens, sampling, seed=args.seed))
+        out.append(profile_loop(decoder, prompts, args.max_new_tokens, sampling, seed=args.seed).to_dict())
     return out
 
 
