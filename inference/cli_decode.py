@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompts is not None:  # checked before any model loads
         if args.batch_size is None:
             raise AccheadError("--prompts decodes a batch of different prompts: add --batch-size B")
-        from acchead.inference.bench.prompts import load_prompts
+        from acchead.prompt_sources import load_prompts
 
         texts = load_prompts(args.prompts, max(args.batch_size, 1))
         if not texts:
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     s = _sampling(args, decoder.head_meta.sampling_config if decoder.head_meta is not None else None)
     spec = replace(spec, sampling=s)
     if texts is not None:  # B rows: the prompts (chat ones through the template), cycled to B
-        from acchead.inference.bench.prompts import encode_prompts
+        from acchead.prompt_sources import encode_prompts
 
         enc, _ = encode_prompts(texts, tok, target, draft, args.max_new_tokens, args.device,
                                 args.truncate_prompt)  # fmt: skip

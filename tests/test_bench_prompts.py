@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from acchead.errors import AccheadError
-from acchead.inference.bench.prompts import encode_prompts, load_prompts, read_jsonl_prompts
+from acchead.prompt_sources import encode_prompts, load_prompts, read_jsonl_prompts
 from acchead.prompting import is_chat
 
 

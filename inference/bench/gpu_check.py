@@ -134,9 +134,9 @@ class PairRun:
     """One pair on one device: its models per dtype, tokenizer, prompts and head."""
 
     def __init__(self, args: argparse.Namespace, name: str) -> None:
-        from acchead.inference.bench.prompts import load_prompts
         from acchead.models import load_tokenizer
         from acchead.pairs import default_heads, resolve_pair
+        from acchead.prompt_sources import load_prompts
         from acchead.prompting import encode_prompt
         from acchead.sampling import SamplingConfig
 

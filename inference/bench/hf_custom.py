@@ -211,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from acchead import demo_pair
-    from acchead.inference.bench.prompts import load_prompts
     from acchead.inference.spec import needs_head
     from acchead.models import load_causal_lm, load_tokenizer
+    from acchead.prompt_sources import load_prompts
 
     hf_logging.set_verbosity_error()
     target = load_causal_lm(args.target or demo_pair.TARGET_DIR)

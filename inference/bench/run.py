@@ -36,7 +36,6 @@ from acchead.inference.bench.partials import (
     run_key,
     save_partial,
 )
-from acchead.inference.bench.prompts import encode_prompts, load_prompts
 from acchead.inference.bench.settings import (
     FAST_SUFFIX,
     FIT_FAMILIES,
@@ -45,6 +44,7 @@ from acchead.inference.bench.settings import (
     is_fitted,
     used_heads,
 )
+from acchead.prompt_sources import encode_prompts, load_prompts
 from acchead.rundir import locked_run, mark_complete, remove_stale_tmp
 from acchead.sampling import SamplingConfig
 

@@ -1,5 +1,6 @@
-"""Prompts for the bench: a named prompt set (`acchead.prompt_sets`: code sets and the real pair's chat sets)
-or a JSON-lines file, and their token ids, checked against (or cut to) the models' context."""
+"""Prompts for the commands that decode many (the bench, `acchead-decode --prompts`): a named prompt set
+(`acchead.prompt_sets`: code sets and the real pair's chat sets) or a JSON-lines file, and their token ids,
+checked against (or cut to) the models' context."""
 
 from __future__ import annotations
 
