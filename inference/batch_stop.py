@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from acchead.errors import AccheadError
+from acchead.inference.adaedl import AdaEDL
 from acchead.inference.batch_cost import BatchCosts
 from acchead.inference.policies import Confidence, Entropy, StopPolicy
 
@@ -123,22 +124,29 @@ def parse_batch_stop(value: str | float | bool | None, h: float | None) -> Batch
 
 
 def row_rule_flags(
-    policy: StopPolicy, q: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, greedy: bool
-) -> torch.Tensor:
-    """The draft-only rules (confidence, entropy) for a batch of candidates, as their `judge` for one row.
+    policy: StopPolicy, q: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, greedy: bool,
+    lams: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The draft-only rules (confidence, entropy, AdaEDL) for a batch of candidates, as their `judge` for
+    one row.
 
     q: (R, V) the distributions the candidates were drawn from; logits: (R, V) the draft's raw logits;
-    tokens: (R,) the candidates. Under greedy decoding q is one-hot, so both rules read softmax(logits),
-    as `DraftStep.confidence` and `draft_entropy` do. Returns (R,) bool: stop after this candidate.
+    tokens: (R,) the candidates; lams: (R,) each row's AdaEDL λ this round. Under greedy decoding q is
+    one-hot, so the rules read softmax(logits), as `DraftStep.confidence` and `draft_entropy` do. Returns
+    (R,) bool: stop after this candidate.
     """
     if isinstance(policy, Confidence):
         dist = logits.float().softmax(-1) if greedy else q
         return dist.gather(-1, tokens[:, None].to(dist.device))[:, 0] < policy.tau
-    if isinstance(policy, Entropy):
+    if isinstance(policy, Entropy | AdaEDL):
         if greedy:
             logp = torch.log_softmax(logits.float(), -1)
             entropy = -(logp.exp() * logp).sum(-1)
         else:
             entropy = torch.special.entr(q).sum(-1)
-        return entropy > policy.tau
+        if isinstance(policy, Entropy):
+            return entropy > policy.tau
+        assert lams is not None, "AdaEDL's batched rule reads each row's λ"
+        bound = policy.lower_bound(entropy)
+        return bound < lams.to(device=bound.device, dtype=bound.dtype)
     raise AccheadError(f"no batched rule for {policy.spec!r}")

@@ -28,7 +28,8 @@ default): draft sample k of a round starting at n is keyed (seed_b, DRAFT, n, k)
 (seed_b, TAU/NEXT, n, 0). So without the batch rule a row's tokens equal `SpeculativeDecoder.generate(
 prompt_b, seed=seed_b)` up to float ties, and every row is an exact sample from the target (chi-square in
 tests/test_batched.py). Eager only: the fast path's static caches are single-row. Policies:
-autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads), confidence, entropy.
+autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads), confidence, entropy, adaedl (each row
+its own online λ).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,37 +47,22 @@ from transformers import PreTrainedModel
 from acchead.errors import AccheadError
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
+from acchead.inference.adaedl import AdaEDL
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
+from acchead.inference.batched_rows import Row
 from acchead.inference.device_random import DRAFT, NEXT, TAU, key_hash, sample_token
 from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import RaggedCache, right_aligned
-from acchead.inference.results import BatchResult, GenerationResult
+from acchead.inference.results import BatchResult
 from acchead.inference.spec import DecodingSpec, spec_arguments
 from acchead.inference.verification import VERIFIERS
 from acchead.lookahead import lookahead_inputs
 from acchead.models import check_prompt, output_embedding_table
 from acchead.sampling import SamplingConfig, probs_from_logits
-
-
-@dataclass
-class _Row:
-    """One prompt's decoding state: committed ids (prompt + generated) on the host."""
-
-    ids: list[int]
-    prompt_len: int
-    max_new: int
-    seed: int
-    stop_check: Callable[[list[int]], int | None] | None
-    res: GenerationResult = field(default_factory=lambda: GenerationResult(torch.empty(0, dtype=torch.long)))
-    done: bool = False
-
-    @property
-    def generated(self) -> int:
-        return len(self.ids) - self.prompt_len
 
 
 class BatchedDecoder:
@@ -86,7 +72,8 @@ class BatchedDecoder:
         target: the target causal LM (eval mode).
         draft: the draft causal LM, or None for `autoregressive`.
         policy: "autoregressive", "specdec:k=K", "specdecpp[:h=..,max=..,free=..]", "confidence:tau=..",
-            "entropy:tau=.." or such a `StopPolicy` (AdaEDL's online λ and the bandits are per sequence).
+            "entropy:tau=..", "adaedl:lam=..[,adapt=0]" (each row its own λ) or such a `StopPolicy` (not
+            the bandits: they choose a policy per round for one sequence).
         head: for specdecpp: an `AcceptanceHead` or a head file (loaded with the draft check).
         verifier: "token" or "block".
         batch_stop: the batch-level stop rule (specdecpp only): False (rows stop on their own only), True
@@ -113,9 +100,10 @@ class BatchedDecoder:
 
             head, _ = load_head(head, draft=draft)
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head)
-        if not isinstance(self.policy, Autoregressive | FixedK | SpecDecPP | Confidence | Entropy):
-            raise AccheadError("batched decoding runs autoregressive, specdec, specdecpp, confidence and "
-                               f"entropy, not {self.policy.spec!r}")  # fmt: skip
+        batchable = Autoregressive | FixedK | SpecDecPP | Confidence | Entropy | AdaEDL
+        if not isinstance(self.policy, batchable):
+            raise AccheadError("batched decoding runs autoregressive, specdec, specdecpp, confidence, "
+                               f"entropy and adaedl, not {self.policy.spec!r}")  # fmt: skip
         if draft is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
         if head is not None and "depth" in head.inputs:  # not built yet
@@ -181,7 +169,8 @@ class BatchedDecoder:
             if ids.numel() == 0 or max_new[b] < 1:
                 raise AccheadError(f"prompt {b}: need a non-empty prompt and max_new_tokens >= 1")
             check_prompt(ids, max_new[b], models)
-            rows.append(_Row(ids.tolist(), ids.numel(), max_new[b], seeds[b], checks[b]))
+            run = self.policy.start_decode() if isinstance(self.policy, AdaEDL) else None  # its own λ
+            rows.append(Row(ids.tolist(), ids.numel(), max_new[b], seeds[b], checks[b], run=run))
         eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
         rule = self.batch_stop
         if rule is not None and rule.measure and (rule.costs is None or batch > rule.costs.costs[-1].batch):
@@ -240,7 +229,7 @@ class BatchedDecoder:
     # ------------------------------------------------------------------------------------------- drafting
 
     def _draft(
-        self, rows: list[_Row], caps: list[int], sampling: SamplingConfig, out: BatchResult
+        self, rows: list[Row], caps: list[int], sampling: SamplingConfig, out: BatchResult
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """One round's drafting for every row: ([candidates of row b], [(L_b, V) their q or None])."""
         feed = self._feed
@@ -261,6 +250,9 @@ class BatchedDecoder:
             return key_hash(seeds, DRAFT, n_t, k)
 
         cap_t = torch.tensor(caps, device=dev)
+        lams = None  # AdaEDL: each row's λ, moved only between its rounds
+        if isinstance(self.policy, AdaEDL):
+            lams = torch.tensor([r.run.lam for r in rows], dtype=torch.float64, device=dev)
         drafting = cap_t > 0
         log_p = torch.zeros(len(rows), dtype=torch.float64, device=dev)
         log_keep = math.log1p(-pp.h) if pp is not None else 0.0
@@ -278,8 +270,9 @@ class BatchedDecoder:
             y = sample_token(q, sampling.greedy, draw_key(k))
             take(y, q, drafting)
             judged = drafting & (k < cap_t)  # the candidate that reaches a row's cap is not judged
-            if isinstance(self.policy, Confidence | Entropy):
-                drafting = drafting & ~(judged & row_rule_flags(self.policy, q, logits, y, sampling.greedy))
+            if isinstance(self.policy, Confidence | Entropy | AdaEDL):
+                flags = row_rule_flags(self.policy, q, logits, y, sampling.greedy, lams)
+                drafting = drafting & ~(judged & flags)
             if pp is not None and pp.lookahead and bool(judged.any()):
                 x = lookahead_inputs(pp.head.inputs, state[judged], y[judged], self._out_emb, sampling,
                                      logits[judged])  # fmt: skip
@@ -333,7 +326,7 @@ class BatchedDecoder:
 
     def _verify_round(
         self,
-        rows: list[_Row],
+        rows: list[Row],
         cands: list[list[int]],
         qs: list[torch.Tensor | None],
         sampling: SamplingConfig,
@@ -367,25 +360,11 @@ class BatchedDecoder:
                     key_hash(r.seed, TAU, n, 0), key_hash(r.seed, NEXT, n, 0),
                 )  # fmt: skip
                 tau, nxt = int(tau_t), int(nxt_t)
-            new = [*c[:tau], nxt]
-            cut = next((i for i, t in enumerate(new) if t in eos), None)
-            if cut is not None:
-                new, r.done = new[: cut + 1], True
-            if r.stop_check is not None and (keep_n := r.stop_check(new)) is not None:
-                new, r.done = new[:keep_n], True
-            r.ids += new
+            r.commit(c, tau, nxt, eos, draft_calls)
             kept.append(n + tau)
             if states:  # the target's states of the positions it accepted: held .. n + tau - 1
                 first = width - len(feeds[b])
                 self._feed.observe(b, hidden[b, first : first + n + tau - held[b]])
-            res = r.res
-            res.rounds += 1
-            res.draft_calls += draft_calls
-            res.drafted += num
-            res.discarded += num - tau
-            res.accepted_per_round.append(tau)
-            res.drafted_per_round.append(num)
-            r.done = r.done or r.generated >= r.max_new
         kept_t = torch.tensor(kept, device=dev)
         cache.rollback(kept_t)
         if self._feed is not None:

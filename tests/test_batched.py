@@ -57,6 +57,8 @@ POLICIES = [
     ("specdecpp:h=0.6,max=6", "lookahead"),
     ("confidence:tau=0.6,max=6", None),
     ("entropy:tau=1.0,max=6", None),
+    ("adaedl:lam=0.6,max=6", None),  # online λ: each row its own, moved after each of its rounds
+    ("adaedl:lam=0.3,adapt=0,max=6", None),
 ]
 
 
@@ -248,7 +250,7 @@ def test_batch_rule_saves_draft_forwards(peaked_pair):
 
 def test_refuses_what_it_cannot_batch(peaked_pair):
     with pytest.raises(AccheadError, match="batched decoding runs"):
-        _decoder(peaked_pair, "adaedl:lam=0.5", None)
+        _decoder(peaked_pair, "ucb:arms=specdec:k=1|specdec:k=3", None)
     with pytest.raises(AccheadError, match="needs a draft"):
         BatchedDecoder(peaked_pair[0], None, "specdec:k=2")
     dec = _decoder(peaked_pair, "specdec:k=2", None)
@@ -297,3 +299,23 @@ def test_feature_draft_rows_equal_generate_and_the_single_prompt_decoder(feature
         assert res.rows[b].new_ids.tolist() == ref.new_ids.tolist(), b
         assert res.rows[b].accepted_per_round == ref.accepted_per_round
         assert res.rows[b].drafted_per_round == ref.drafted_per_round
+
+
+def test_adaedl_rows_move_their_own_lambda_as_they_would_alone(peaked_pair):
+    """AdaEDL's online λ with large steps (ε = 0.2, no smoothing, target α = 0.5), so λ swings round by
+    round and changes where rounds stop: each row of a ragged batch still drafts, round by round, what the
+    single-prompt decoder drafts for its prompt (its λ is its own, moved only by its own rounds)."""
+    from acchead.inference.adaedl import AdaEDL
+
+    target, draft = peaked_pair
+    policy = AdaEDL(lam=0.2, max_draft=6, eps=0.2, beta2=0.0, target=0.5)
+    dec = BatchedDecoder(target, draft, policy)
+    single = SpeculativeDecoder(target, draft, policy, fast=False)
+    res = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=1.0, seed=3)
+    lengths = set()
+    for b, prompt in enumerate(PROMPTS):
+        ref = single.generate(torch.tensor(prompt), max_new_tokens=MAX_NEW[b], temperature=1.0, seed=3 + b)
+        assert res.rows[b].drafted_per_round == ref.drafted_per_round, b
+        assert res.rows[b].new_ids.tolist() == ref.new_ids.tolist(), b
+        lengths |= set(ref.drafted_per_round[1:])
+    assert len(lengths) > 2  # λ did move round lengths

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from acchead.errors import AccheadError
 from acchead.inference.policy_spec import (
+    AdaEDLSpec,
     AutoregressiveSpec,
     ConfidenceSpec,
     EntropySpec,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from acchead.inference.bench.run import Bench
     from acchead.inference.bench.settings import Setting
 
-BATCHABLE = (AutoregressiveSpec, SpecDecSpec, SpecDecPPSpec, ConfidenceSpec, EntropySpec)
+BATCHABLE = (AutoregressiveSpec, SpecDecSpec, SpecDecPPSpec, ConfidenceSpec, EntropySpec, AdaEDLSpec)
 PASSES = 2  # every batch runs twice per setting (the timings' spread; counts are the same each pass)
 
 
