@@ -346,6 +346,8 @@ class BatchedDecoder:
         logits, hidden = cache.feed(tokens, counts, keep=keep, want_hidden=states, hidden_rows=width)
         if sampling.greedy:  # one-hot p and q: τ = the longest agreeing prefix, then the target's argmax
             argmax = logits.argmax(-1).tolist()
+        else:  # every row's (τ, next token) at once, read back in one transfer
+            sampled = self._verify_sampled(rows, cands, qs, logits, sampling).tolist()
         kept = []
         for b, (r, c) in enumerate(zip(rows, cands, strict=True)):
             n, num = len(r.ids), len(c)
@@ -354,12 +356,7 @@ class BatchedDecoder:
                 tau = next((i for i in range(num) if c[i] != a[i]), num)
                 nxt = a[tau]
             else:
-                p = probs_from_logits(logits[b, keep - num - 1 :], sampling)  # (L+1, V)
-                tau_t, nxt_t = self._verify(
-                    torch.tensor(c, dtype=torch.long, device=dev), self._pad_q(qs[b], num), p, False,
-                    key_hash(r.seed, TAU, n, 0), key_hash(r.seed, NEXT, n, 0),
-                )  # fmt: skip
-                tau, nxt = int(tau_t), int(nxt_t)
+                tau, nxt = sampled[b]
             r.commit(c, tau, nxt, eos, draft_calls)
             kept.append(n + tau)
             if states:  # the target's states of the positions it accepted: held .. n + tau - 1
@@ -369,6 +366,30 @@ class BatchedDecoder:
         cache.rollback(kept_t)
         if self._feed is not None:
             self._feed.commit(kept_t)
+
+    def _verify_sampled(
+        self, rows: list[Row], cands: list[list[int]], qs: list[torch.Tensor | None], logits: torch.Tensor,
+        sampling: SamplingConfig,
+    ) -> torch.Tensor:  # fmt: skip
+        """(R, 2) every row's (τ, next token) from the verifier, all rows in one vectorised call: each row's
+        candidates padded to the longest L (`num`: the padded slots are rejected, and each draw is the one
+        the row alone makes: the race's exponentials depend on the key and the slot only). logits: (R, L+1,
+        V), row b's last len(cands[b]) + 1 positions its own."""
+        dev = logits.device
+        width = logits.shape[1]  # L + 1
+        nums = torch.tensor([len(c) for c in cands], device=dev)
+        tokens = torch.tensor([c + [0] * (width - 1 - len(c)) for c in cands], dtype=torch.long, device=dev)
+        q = torch.stack([F.pad(self._pad_q(qb, len(c)), (0, 0, 0, width - 1 - len(c))) for qb, c in
+                         zip(qs, cands, strict=True)])  # fmt: skip  # (R, L, V), zero rows past num
+        # Row b's p rows moved to the front: position i reads logits[b, L - num_b + i] (clamped: the rows
+        # past num_b + 1 are never read by the laws).
+        index = (torch.arange(width, device=dev)[None] + width - 1 - nums[:, None]).clamp_max(width - 1)
+        p = probs_from_logits(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), sampling)
+        seeds = torch.tensor([r.seed for r in rows], device=dev)
+        n = torch.tensor([len(r.ids) for r in rows], device=dev)
+        keys = key_hash(seeds, TAU, n, 0), key_hash(seeds, NEXT, n, 0)
+        verify = torch.func.vmap(lambda t, qq, pp, kt, kn, m: self._verify(t, qq, pp, False, kt, kn, m))
+        return torch.stack(verify(tokens, q, p, *keys, nums), dim=1)
 
     def _pad_q(self, q: torch.Tensor | None, num: int) -> torch.Tensor:
         """(L, V) draft distributions on the target's device, zero-padded to the target's vocabulary."""
