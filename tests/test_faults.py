@@ -447,7 +447,7 @@ def test_decoder_api_refuses_bad_arguments(tiny_llama_pair):
 
     target, draft = tiny_llama_pair
     with pytest.raises(AccheadError, match="policy must be a spec string"):
-        SpeculativeDecoder(target, draft, policy=None)  # type: ignore[arg-type]
+        SpeculativeDecoder(target, draft, policy=3)  # type: ignore[arg-type]
     dec = SpeculativeDecoder(target, draft, policy="specdec:k=2")
     vocab = target.get_input_embeddings().weight.shape[0]
     with pytest.raises(AccheadError, match=f"token id {vocab} in input_ids is outside the vocabulary"):
