@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
+from exact_models import _peaked_llama, _perturbed
 from test_batched import PROMPTS, _decoder
-from test_exactness import _peaked_llama, _perturbed
 
 from acchead.errors import AccheadError
 from acchead.inference.batch_cost import BatchCost, BatchCosts, calibration_sizes, measure_batch_costs

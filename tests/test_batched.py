@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
-from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
+from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
 from test_feature_draft import trained_feature_pair
 
 from acchead.errors import AccheadError

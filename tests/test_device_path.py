@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import torch
 from conftest import make_tiny_llama
-from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
+from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
 
 import acchead.inference.device_path as device_path
 import acchead.inference.host_reads as host_reads

@@ -7,8 +7,9 @@
    own branch functions; the result must equal the target's autoregressive distribution (TV < 1e-9).
    Deliberately wrong verifiers are the negative controls. Adaptive policies (AdaEDL's online λ) are also
    enumerated with each branch's own round feedback (`decoded_dist(..., feedback=True)`).
-2. Chi-square of decoded sequences from tiny random Llamas against their exact target distribution.
-3. Greedy decoding is token-for-token `transformers.generate(do_sample=False)`, for every policy.
+2. Chi-square of decoded sequences from tiny random Llamas against their exact target distribution, and
+   greedy decoding token-for-token `transformers.generate(do_sample=False)`: `test_exactness_models.py`;
+   the verifiers' laws themselves: `test_verification_laws.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import copy
 import itertools
 import math
 import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -25,7 +26,7 @@ import pytest
 import torch
 
 from acchead.head import AcceptanceHead
-from acchead.inference import SpeculativeDecoder, parse_policy
+from acchead.inference import parse_policy
 from acchead.inference.adaedl import AdaEDL, AdaEDLRun
 from acchead.inference.draft_round import draft_round
 from acchead.inference.drafters import Drafter, DraftStep
@@ -33,14 +34,10 @@ from acchead.inference.policies import PolicyRun, StopPolicy
 from acchead.inference.verification import (
     block_h,
     block_next_dist,
-    block_rho,
     block_tau_probs,
     token_next_dist,
     token_tau_probs,
-    verify_block,
-    verify_token,
 )
-from acchead.sampling import SamplingConfig, probs_from_logits
 
 # ------------------------------------------------------------------------------------------- toy world
 
@@ -350,217 +347,3 @@ def test_enumeration_catches_wrong_verifiers(wrong):
     w = WORLDS["V3-len4"]
     got = decoded_dist(w, parse_policy("specdec:k=3"), *wrong)
     assert tv(got, w.target_dist()) > 1e-4
-
-
-def test_block_scan_last_success_wins():
-    """P(τ = i) from the formula equals enumerating every success/failure pattern of the η scan."""
-    w = WORLDS["V3-len4"]
-    tokens = torch.tensor([0, 2, 1])
-    ctx = PROMPT
-    q = torch.stack([w.q(ctx + tuple(tokens[:i].tolist())) for i in range(3)])
-    q = (q + 0.1) / (q + 0.1).sum(-1, keepdim=True)  # every token draftable
-    p = torch.stack([w.p(ctx + tuple(tokens[:i].tolist())) for i in range(4)])
-    h = block_h(tokens, q, p).tolist()
-    expect = [0.0] * 4
-    for pattern in itertools.product([False, True], repeat=3):
-        prob = math.prod(h[i + 1] if s else 1 - h[i + 1] for i, s in enumerate(pattern))
-        expect[max([0] + [i + 1 for i, s in enumerate(pattern) if s])] += prob
-    assert torch.allclose(block_tau_probs(tokens, q, p), torch.tensor(expect, dtype=torch.float64))
-
-
-def test_block_accepts_at_least_as_much_as_token():
-    """E[τ] under block verification ≥ under token verification (Sun et al. 2024, Thm 2), drafts ~ q."""
-    w = WORLDS["V3-len4"]
-    e_block = e_token = 0.0
-    for drafted, p_draft, q in round_outcomes(w, parse_policy("specdec:k=3").start_decode(), ()):
-        tokens = torch.tensor(drafted)
-        p = torch.stack([w.p(PROMPT + drafted[:i]) for i in range(len(drafted) + 1)])
-        ranks = torch.arange(len(drafted) + 1, dtype=torch.float64)
-        # Not per draft: for a given draft block can accept less; only the expectation is ordered.
-        e_block += p_draft * float((block_tau_probs(tokens, q, p) * ranks).sum())
-        e_token += p_draft * float((token_tau_probs(tokens, q, p) * ranks).sum())
-    assert e_block > e_token + 1e-3
-
-
-def test_block_rho_log_space_survives_tiny_ratios():
-    """ρ is a running product of ratios; in log space 40 ratios of 1e-3 give 1e-120 (float64), not NaN."""
-    v = 2
-    q = torch.full((40, v), 0.5, dtype=torch.float64)
-    p = torch.tensor([[5e-4, 1 - 5e-4]] * 41, dtype=torch.float64)
-    rho = block_rho(torch.zeros(40, dtype=torch.long), q, p)
-    assert torch.isclose(rho[-1], torch.tensor(1e-120, dtype=torch.float64), rtol=1e-9)
-    assert torch.isfinite(block_tau_probs(torch.zeros(40, dtype=torch.long), q, p)).all()
-
-
-@pytest.mark.parametrize("verifier", ["token", "block"])
-def test_padded_round_has_the_laws_and_draws_of_its_real_candidates(verifier):
-    """A round padded to a wider verification (`num` real candidates, zero q rows, junk tokens and p rows
-    after them: the fast path's one graph per width) has the unpadded round's laws of τ and of the next
-    token, and its samplers draw the same (τ, token) under the same keys."""
-    tau_probs, next_dist = VERIFIERS[verifier]
-    sampler = {"token": verify_token, "block": verify_block}[verifier]
-    g = torch.Generator().manual_seed(0)
-    v, width = 7, 6
-    for trial in range(40):
-        num = trial % width  # 0..5 real candidates, padded to 5 slots
-        tokens = torch.randint(0, v, (width - 1,), generator=g)
-        q = torch.rand(width - 1, v, generator=g, dtype=torch.float64) ** 3
-        q = q / q.sum(-1, keepdim=True)
-        q[num:] = 0.0
-        p = torch.rand(width, v, generator=g, dtype=torch.float64) ** 3
-        p = p / p.sum(-1, keepdim=True)
-        real = (tokens[:num], q[:num], p[: num + 1])
-        law = tau_probs(*real)
-        padded = tau_probs(tokens, q, p, torch.tensor(num) if trial % 2 else num)
-        assert torch.allclose(padded[: num + 1], law, atol=1e-12) and not padded[num + 1 :].any()
-        for tau in range(num + 1):
-            args = (tau, num) if verifier == "block" else (tau,)
-            assert torch.allclose(next_dist(tokens, q, p, *args), next_dist(*real, tau), atol=1e-12)
-        for key in range(5):
-            want = sampler(*real, False, 3 * key, 3 * key + 1)
-            got = sampler(tokens, q, p, False, 3 * key, 3 * key + 1, torch.tensor(num))
-            assert [int(x) for x in got] == [int(x) for x in want]
-
-
-# ----------------------------------------------------------------------------- tiny transformer tests
-
-
-def _peaked_llama(vocab: int, seed: int, init: float = 0.3, hidden: int = 32):
-    """A random 2-layer Llama whose next-token distributions are peaked and context-dependent."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                      initializer_range=init, tie_word_embeddings=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return LlamaForCausalLM(cfg).eval()
-
-
-def _perturbed(model, scale: float, seed: int):
-    """A copy of `model` with Gaussian noise on every weight: a draft that often agrees with it."""
-    import copy
-
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for prm in out.parameters():
-            prm.add_(scale * prm.std() * torch.randn(prm.shape, generator=g))
-    return out
-
-
-@pytest.fixture(scope="module")
-def peaked_pair():
-    target = _peaked_llama(12, seed=3)
-    return target, _perturbed(target, 0.5, seed=4)
-
-
-@torch.inference_mode()
-def _exact_sequences(target, prompt: list[int], length: int, cfg: SamplingConfig) -> dict[tuple, float]:
-    """The target's exact distribution over `length`-token continuations (all prefixes, batched)."""
-    vocab = target.config.vocab_size
-    dist = {(): 1.0}
-    for _ in range(length):
-        prefixes = list(dist)
-        ids = torch.tensor([prompt + list(g) for g in prefixes])
-        probs = probs_from_logits(target(input_ids=ids).logits[:, -1].double(), cfg).tolist()
-        dist = {(*g, x): dist[g] * pr[x] for g, pr in zip(prefixes, probs, strict=True) for x in range(vocab)
-                if pr[x] > 0}
-    return dist
-
-
-def _chi_square_p_value(counts: Counter, expected: dict, n: int) -> float:
-    """Pearson chi-square of `counts` against `expected` probabilities; cells with n·p < 5 pooled."""
-    big = {k for k, pr in expected.items() if n * pr >= 5}
-    stat, cells = 0.0, 0
-    for k in big:
-        stat += (counts.get(k, 0) - n * expected[k]) ** 2 / (n * expected[k])
-        cells += 1
-    rest_e = n * (1 - sum(expected[k] for k in big))
-    rest_o = n - sum(counts.get(k, 0) for k in big)
-    if rest_e > 0:
-        stat += (rest_o - rest_e) ** 2 / rest_e
-        cells += 1
-    # Chi-square survival function with k dof = regularised upper incomplete gamma Q(k/2, x/2).
-    return float(torch.special.gammaincc(torch.tensor((cells - 1) / 2), torch.tensor(stat / 2)))
-
-
-CHI_CASES = [
-    ("specdec:k=2", "token", SamplingConfig(1.0)),
-    ("specdecpp:h=0.5,max=3", "block", SamplingConfig(1.0)),
-    ("confidence:tau=0.5,max=3", "block", SamplingConfig(0.8, top_k=5, top_p=0.9)),
-    ("specdec:k=3", "token", SamplingConfig(1.3, top_k=0, top_p=0.8)),
-    # The draft's entropies here have median ~1.5 nats. AdaEDL with exaggerated adaptation (λ ±0.3 per
-    # round: stop iff H > 1.8, then > 0.45 or never) so that its state changes the second round's stops.
-    (AdaEDL(lam=0.4, max_draft=3, eps=0.3, beta2=0.0), "token", SamplingConfig(1.0)),
-    ("entropy:tau=1.5,max=3", "block", SamplingConfig(0.9, top_k=6)),
-]
-CHI_DEFAULT = [*CHI_CASES[1:3], *CHI_CASES[4:]]
-
-
-def _chi_square_case(pair, spec, verifier, cfg, n, length=3, fast=False):
-    target, draft = pair
-    head = AcceptanceHead(draft.config.hidden_size, depth=1)
-    # fast: static KV caches, rolled back by position (compiled forwards are checked against eager ones
-    # token for token in tests/test_fast_path.py; compiling here would cost minutes).
-    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier, fast=fast,
-                             compile=False)  # fmt: skip
-    prompt = [1, 4]
-    counts = Counter(
-        tuple(dec.generate(torch.tensor(prompt), max_new_tokens=length, temperature=cfg.temperature,
-                           top_k=cfg.top_k, top_p=cfg.top_p, seed=s).new_ids.tolist())
-        for s in range(n)
-    )
-    return _chi_square_p_value(counts, _exact_sequences(target, prompt, length, cfg), n)
-
-
-@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
-@pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_DEFAULT, ids=lambda x: str(x))
-def test_chi_square_tiny_transformers(peaked_pair, spec, verifier, cfg, fast):
-    """Decoded 3-token continuations follow the target's exact distribution, on both paths (small default
-    run; the slow test below runs 4000 per case)."""
-    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=250, fast=fast) > 1e-3
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
-@pytest.mark.parametrize(("spec", "verifier", "cfg"), CHI_CASES, ids=lambda x: str(x))
-def test_chi_square_tiny_transformers_large(peaked_pair, spec, verifier, cfg, fast):
-    assert _chi_square_case(peaked_pair, spec, verifier, cfg, n=4000, fast=fast) > 1e-3
-
-
-def test_chi_square_catches_the_draft_distribution(peaked_pair):
-    """The statistic has power at the default size: 250 sequences from the draft are rejected."""
-    target, draft = peaked_pair
-    cfg = SamplingConfig(1.0)
-    drafted = _exact_sequences(draft, [1, 4], 3, cfg)
-    keys = list(drafted)
-    g = torch.Generator().manual_seed(0)
-    idx = torch.multinomial(torch.tensor([drafted[k] for k in keys]), 250, replacement=True, generator=g)
-    counts = Counter(keys[i] for i in idx.tolist())
-    assert _chi_square_p_value(counts, _exact_sequences(target, [1, 4], 3, cfg), 250) < 1e-3
-
-
-GREEDY_POLICIES = ["autoregressive", "specdec:k=1", "specdec:k=4", "specdecpp:h=0.5,max=6",
-                   "specdecpp:h=0.8,max=6,free=0", "confidence:tau=0.6,max=8", "oracle",
-                   "entropy:tau=1.5,max=8", "adaedl:lam=0.5,max=8", "adaedl:lam=0.3,adapt=0,max=8"]
-
-
-@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
-@pytest.mark.parametrize("verifier", ["token", "block"])
-@pytest.mark.parametrize("spec", GREEDY_POLICIES)
-def test_greedy_matches_transformers_generate(peaked_pair, spec, verifier, fast):
-    target, draft = peaked_pair
-    head = AcceptanceHead(draft.config.hidden_size, depth=2)
-    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, verifier=verifier, fast=fast,
-                             compile=False)  # fmt: skip
-    prompt = torch.tensor([[1, 4, 7]])
-    for eos in (None, 5):
-        ref = target.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=0)
-        res = dec.generate(prompt, max_new_tokens=24, temperature=0, eos_token_id=eos)
-        assert res.new_ids.tolist() == ref[0, 3:].tolist()
-        # Each round emits its accepted candidates + one token; only an accepted EOS drops that token.
-        assert res.tokens == res.rounds + sum(res.accepted_per_round) or res.new_ids[-1] == eos
-        assert res.drafted - res.discarded == sum(res.accepted_per_round) and res.target_calls == res.rounds
-        if spec == "oracle":
-            assert res.discarded == 0

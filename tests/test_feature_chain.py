@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_exactness import _peaked_llama
+from exact_models import _peaked_llama
 from test_feature_draft import VOCAB, _feature_draft, _states
 
 from acchead.data_gen.labeler import Labeler

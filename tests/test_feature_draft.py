@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama
+from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama
 
 from acchead.distill import cli
 from acchead.distill.draft import IGNORE, TrainConfig, init_from_target, train_draft

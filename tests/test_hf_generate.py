@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_exactness import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
+from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
 from transformers import (
     GenerationConfig,
     StoppingCriteria,

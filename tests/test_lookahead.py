@@ -9,15 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from test_exactness import (
-    VERIFIERS,
-    WORLDS,
-    World,
-    _chi_square_p_value,
-    _exact_sequences,
-    decoded_dist,
-    tv,
-)
+from exact_models import _chi_square_p_value, _exact_sequences
+from test_exactness import VERIFIERS, WORLDS, World, decoded_dist, tv
 from test_gen_data_cli import PROMPTS, base_args, write_jsonl
 
 import acchead
@@ -237,7 +230,7 @@ def test_enumeration_greedy_lookahead_is_the_target_argmax_path(verifier):
 
 @pytest.fixture(scope="module")
 def peaked_pair():
-    from test_exactness import _peaked_llama, _perturbed
+    from exact_models import _peaked_llama, _perturbed
 
     target = _peaked_llama(12, seed=3)
     return target, _perturbed(target, 0.5, seed=4)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_exactness import _chi_square_p_value, _exact_sequences
+from exact_models import _chi_square_p_value, _exact_sequences
 
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
