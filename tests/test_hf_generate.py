@@ -4,7 +4,7 @@ Greedy output equals `target.generate(do_sample=False)` token for token (with EO
 strings, a caller's stopping criterion, `max_length`); sampled 3-token continuations pass the chi-square
 test against the target's exact distribution under S; S is read from generate's logits processors exactly;
 generation config files, streamers, `return_dict_in_generate`, seeds, the refusals, the decoder cache, the
-directory form, and the demo pair's shipped head. Built on test_exactness's peaked tiny Llamas.
+directory form (the default heads: test_hf_generate_heads.py). Built on exact_models' peaked tiny Llamas.
 """
 
 from __future__ import annotations
@@ -372,42 +372,6 @@ def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatc
                           head=head, policy="specdec:k=4", max_new_tokens=24, do_sample=False,
                           stop_strings=[stop], tokenizer=tiny_tokenizer)  # fmt: skip
     assert out.tolist() == ref.tolist() and ref.shape[1] < full.shape[1]
-
-
-def test_demo_pair_uses_its_shipped_head():
-    """generate resolves the default head (the decoder never picks one): the demo draft's shipped head for
-    the call's S, looked up once per (draft, S)."""
-    from acchead import demo_pair
-    from acchead.models import load_causal_lm
-
-    target, draft = load_causal_lm(str(demo_pair.TARGET_DIR)), load_causal_lm(str(demo_pair.DRAFT_DIR))
-    ids = torch.tensor([[5, 17, 42, 9]])
-    ref = target.generate(ids, max_new_tokens=16, do_sample=False)
-    out = target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=16,
-                          do_sample=False, return_dict_in_generate=True)  # fmt: skip
-    assert out.sequences.tolist() == ref.tolist() and out.head_calls > 0
-    (decoder,) = hf_decoders.DECODERS.decoders(target)
-    assert decoder.head_meta.sampling_config.greedy and decoder.policy.h == decoder.head_meta.default_h
-    target.generate(ids, draft=draft, custom_generate=hf.generate, max_new_tokens=4, do_sample=True,
-                    temperature=1.0, top_k=50)  # fmt: skip
-    sampled = SamplingConfig(1.0, 50)
-    assert hf_decoders.pair_heads(draft) == {
-        SamplingConfig(0.0): demo_pair.head_for(SamplingConfig(0.0)),
-        sampled: demo_pair.head_for(sampled),
-    }
-    assert {d.head_meta.sampling_config for d in hf_decoders.DECODERS.decoders(target)} == {
-        SamplingConfig(0.0),
-        sampled,
-    }
-    hf_decoders.DECODERS.release(target)
-
-
-def test_no_head_for_another_draft_is_one_line(tiny_llama_pair):
-    target, draft = tiny_llama_pair
-    with pytest.raises(AccheadError, match="needs an acceptance head: pass head=") as e:
-        target.generate(torch.tensor([[5, 17, 42]]), draft=draft, custom_generate=hf.generate,
-                        max_new_tokens=4, do_sample=False)  # fmt: skip
-    assert "\n" not in str(e.value)
 
 
 def test_no_frame_reading():
