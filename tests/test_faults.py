@@ -24,13 +24,11 @@ from acchead.data_gen import cli as gen_cli
 from acchead.data_gen.labeler import Labeler
 from acchead.data_gen.part_writer import PartWriter
 from acchead.data_gen.shards import RunDir
-from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, load_head, save_head
-from acchead.inference import cli_decode
 from acchead.inference.bench import run as bench_cli
 from acchead.models import load_causal_lm, model_identity
-from acchead.rundir import LOCK_NAME, DirLock, atomic_write_text, claim, start
+from acchead.rundir import LOCK_NAME, DirLock, start
 from acchead.train import cli as train_cli
 from acchead.train.fit import RunCheckpoint
 
@@ -394,120 +392,3 @@ def test_bench_long_prompt_is_refused_or_truncated_on_request(bench_inputs, tmp_
     [cut] = res["truncated_prompts"]
     assert cut["prompt"] == 0 and cut["kept"] == 250 and cut["tokens"] > 250
     assert res["config"]["truncate_prompts"] is True
-
-
-# ------------------------------------------------------------------------------------- decode and the API
-
-
-def _decode_argv(inp, *extra: str) -> list[str]:
-    return ["--target", str(inp["target"]), "--draft", str(inp["draft"]), "--policy", "specdec:k=2",
-            "--max-new-tokens", "6", "--json", *extra]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("case", "message"),
-    [
-        ("binary-prompt", "is not UTF-8 text"),
-        ("long-prompt", "exceeds the model's 256-token context; pass --truncate-prompt"),
-        ("nan-head", "head weights contain NaN or Inf"),
-        ("typo-draft", "path does not exist"),
-    ],
-)
-def test_decode_bad_input_is_one_line(bench_inputs, tmp_path, capsys, case, message):
-    inp = bench_inputs
-    extra = {
-        "binary-prompt": ["--prompt-file", str(inp["binary"])],
-        "long-prompt": ["--prompt", "x = [" + ", ".join(map(str, range(300))) + "]"],
-        "nan-head": ["--policy", "specdecpp:h=0.5", "--head", str(inp["nan_head"]), "--prompt", "x = 1"],
-        "typo-draft": ["--draft", str(tmp_path / "runs-typo")],  # tmp_path exists, its child does not
-    }[case]
-    t0 = time.perf_counter()
-    assert cli_decode.main(_decode_argv(inp, *extra)) == 2
-    assert message in one_error_line(capsys.readouterr().err, PROG)
-    assert time.perf_counter() - t0 < 10
-
-
-def test_decode_truncates_a_long_prompt_only_when_asked(bench_inputs, capsys):
-    long = "x = [" + ", ".join(map(str, range(300))) + "]"
-    assert cli_decode.main(_decode_argv(bench_inputs, "--prompt", long, "--truncate-prompt")) == 0
-    captured = capsys.readouterr()
-    stats = json.loads(captured.out.strip().splitlines()[-1])
-    assert stats["prompt_tokens"] == 250 and stats["prompt_truncated_from"] > 250
-    assert "prompt truncated from" in captured.err
-
-
-def test_bench_binary_prompt_file_is_one_line(bench_inputs, tmp_path, capsys):
-    argv = _bench_argv(bench_inputs, tmp_path / "b", "--prompts", str(bench_inputs["binary"]))
-    assert bench_cli.main(argv) == 2
-    assert "is not UTF-8 text" in one_error_line(capsys.readouterr().err, PROG)
-
-
-def test_decoder_api_refuses_bad_arguments(tiny_llama_pair):
-    from acchead.inference.decoder import SpeculativeDecoder
-
-    target, draft = tiny_llama_pair
-    with pytest.raises(AccheadError, match="policy must be a spec string"):
-        SpeculativeDecoder(target, draft, policy=3)  # type: ignore[arg-type]
-    dec = SpeculativeDecoder(target, draft, policy="specdec:k=2")
-    vocab = target.get_input_embeddings().weight.shape[0]
-    with pytest.raises(AccheadError, match=f"token id {vocab} in input_ids is outside the vocabulary"):
-        dec.generate(torch.tensor([1, 2, vocab]), max_new_tokens=4, temperature=0)
-    with pytest.raises(AccheadError, match="outside the vocabulary"):
-        dec.generate(torch.tensor([1, -3]), max_new_tokens=4, temperature=0)
-    with pytest.raises(AccheadError, match=r"250 tokens \+ max_new_tokens 7 exceeds the model's 256"):
-        dec.generate(torch.ones(250, dtype=torch.long), max_new_tokens=7, temperature=0)
-    assert dec.generate(torch.ones(250, dtype=torch.long), max_new_tokens=6, temperature=0).tokens <= 6
-    nan_head = AcceptanceHead(32, 1)
-    with torch.no_grad():
-        nan_head.out.bias.fill_(float("inf"))
-    with pytest.raises(AccheadError, match="NaN or Inf"):
-        SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5", head=nan_head)
-
-
-def test_unreachable_hub_id_fails_fast_in_one_line(monkeypatch, tmp_path):
-    import acchead.models as models
-
-    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "runs").mkdir()
-    t0 = time.perf_counter()
-    with pytest.raises(AccheadError, match="not in the local Hugging Face cache, and the hub is unreachable"):
-        models.load_causal_lm("no-such-org-xq/no-such-model")
-    with pytest.raises(AccheadError, match="model path does not exist: runs/pycode-draf"):
-        models.load_causal_lm("runs/pycode-draf")  # runs/ exists: a mistyped path, not a hub id
-    assert time.perf_counter() - t0 < 2
-
-
-# ------------------------------------------------------------------------------------------- the helpers
-
-
-def test_claim_decides_new_resume_complete_and_refusals(tmp_path):
-    out = tmp_path / "o"
-    assert claim(out, "bench", {"a": 1}) == "new"
-    start(out, "bench", {"a": 1})
-    assert claim(out, "bench", {"a": 1}) == "resume"
-    with pytest.raises(AccheadError, match="differs in: a, b"):
-        claim(out, "bench", {"a": 2, "b": 0})
-    with pytest.raises(AccheadError, match="holds a bench run, not a train run"):
-        claim(out, "train", {"a": 1})
-    (out / "results.json").write_text("{}")
-    assert claim(out, "train", {"a": 1}, overwrite=True) == "new" and not any(out.iterdir())
-    legacy = tmp_path / "legacy"
-    (legacy / "checkpoints").mkdir(parents=True)
-    with pytest.raises(AccheadError, match="without a run manifest"):
-        claim(legacy, "train", {})
-
-
-def test_atomic_write_leaves_the_old_file_when_the_writer_dies(tmp_path):
-    path = tmp_path / "results.json"
-    atomic_write_text(path, "old")
-
-    def die(p: Path) -> None:
-        p.write_text("half")
-        raise RuntimeError("killed")
-
-    from acchead.rundir import atomic_write
-
-    with pytest.raises(RuntimeError):
-        atomic_write(path, die)
-    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
