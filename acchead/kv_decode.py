@@ -106,13 +106,10 @@ class KVSequence:
             kwargs = {"attention_mask": self._mask, "position_ids": positions}
         # The decoder stack and the head over the kept positions (`acchead.lm_forward`: the model's forward,
         # with the CPU's fast form of a few-row LM head).
-        kwargs |= {CACHE_ARG: self.cache, "use_cache": True}
-        if features is None:
-            logits, hidden = lm_forward(self.model, ids.to(self.device), keep, want_hidden or all_hidden,
-                                        n if all_hidden else None, **kwargs)  # fmt: skip
-        else:  # the pairs' states (B, n, H), then the head over the kept ones
-            hidden = self.model.hidden_states(ids.to(self.device), features.to(self.device), **kwargs)
-            logits = self.model.lm_head(hidden[:, -keep:])
+        logits, hidden = lm_forward(
+            self.model, ids.to(self.device), keep, want_hidden or all_hidden, n if all_hidden else None,
+            features, **kwargs, **{CACHE_ARG: self.cache}, use_cache=True,
+        )  # fmt: skip
         self.length += n
         self.logits = logits[:, -1]
         if all_hidden:

@@ -72,15 +72,20 @@ def lm_forward(
     keep: int,
     want_hidden: bool,
     hidden_rows: int | None = None,
+    features: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of `model` over `input_ids` (B, n) with `kwargs` (the cache, masks, positions).
 
-    Returns logits (B, keep, V) of the last `keep` positions and, if `want_hidden`, the final hidden
-    states (B, hidden_rows, H) of the last `hidden_rows` positions (default `keep`; what the LM head read
-    there), else None.
+    `features` (B, n, H): `model` is a feature draft (`acchead.feature_draft`) and these are the states its
+    pairs read beside the ids (its `hidden_states`, then its head). Returns logits (B, keep, V) of the last
+    `keep` positions and, if `want_hidden`, the final hidden states (B, hidden_rows, H) of the last
+    `hidden_rows` positions (default `keep`; what the LM head read there), else None.
     """
     rows = keep if hidden_rows is None else hidden_rows
+    if features is not None:  # a feature draft has no plain forward over ids
+        full = model.hidden_states(input_ids, features.to(input_ids.device), **kwargs)  # (B, n, H)
+        return model.lm_head(full[:, -keep:]), full[:, -rows:] if want_hidden else None
     if not splits_cleanly(model):
         out = model(input_ids=input_ids, logits_to_keep=keep, output_hidden_states=want_hidden, **kwargs)
         return out.logits[:, -keep:], final_hidden(out)[:, -rows:] if want_hidden else None

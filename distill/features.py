@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from acchead.distill.responses import SHARD_GLOB, ResponseShard, load_shard, save_npz
+from acchead.distill.responses import SHARD_GLOB, load_shard, save_npz
 from acchead.distill.teacher import SHARD_GLOB as TEACHER_GLOB
 from acchead.distill.teacher import load_teacher_shard
 from acchead.errors import AccheadError
@@ -56,18 +56,12 @@ def shard_sequences(path: Path) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def shard_features(
-    target, shard: ResponseShard | list[list[int]], batch_tokens: int, bf16: bool
-) -> list[np.ndarray]:
-    """The target's final hidden states over each prompt + response of `shard` (or each id list given):
-    (T_i, H) float16 each.
+def shard_features(target, seqs: list[list[int]], batch_tokens: int, bf16: bool) -> list[np.ndarray]:
+    """The target's final hidden states over each token-id list of `seqs` (`shard_sequences`): (T_i, H)
+    float16 each.
 
     Sequences are sorted by length and right-padded into batches of about `batch_tokens` tokens (a causal
     model's states at real positions do not depend on padding after them)."""
-    if isinstance(shard, ResponseShard):
-        seqs = [p + r for p, r in zip(shard.prompts, shard.responses, strict=True)]
-    else:
-        seqs = shard
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list[np.ndarray | None] = [None] * len(seqs)
     device = target.device

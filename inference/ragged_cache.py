@@ -95,14 +95,11 @@ class RaggedCache:
         # Without holes (B = 1 always: its rejected tail is cropped) the causal mask alone is exact, and the
         # model skips building a (B, 1, W, T) mask from the 2-D one.
         attention = None if bool(mask.all()) else mask.long()
-        kwargs = {"attention_mask": attention, "position_ids": pos, CACHE_ARG: self.cache, "use_cache": True}
-        if features is None:
-            logits, hidden = lm_forward(self.model, tokens.to(self.device), keep, want_hidden, hidden_rows,
-                                        **kwargs)  # fmt: skip
-        else:  # pairs (t_{j+1}, f_j); a pair's position id is its index j, as for a token
-            h = self.model.hidden_states(tokens.to(self.device), features.to(self.device), **kwargs)
-            logits = self.model.lm_head(h[:, -keep:])  # (B, keep, V)
-            hidden = h[:, -(hidden_rows or keep) :] if want_hidden else None
+        # a feature draft's pairs (t_{j+1}, f_j): a pair's position id is its index j, as a token's
+        logits, hidden = lm_forward(
+            self.model, tokens.to(self.device), keep, want_hidden, hidden_rows, features,
+            attention_mask=attention, position_ids=pos, **{CACHE_ARG: self.cache}, use_cache=True,
+        )  # fmt: skip
         self.mask = mask
         self.length = self.length + counts
         return logits, hidden

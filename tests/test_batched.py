@@ -152,6 +152,17 @@ def test_greedy_stop_checks_end_rows_at_different_rounds(peaked_pair):
 # ------------------------------------------------------------------------------------------- sampling
 
 
+def _assert_sampled_rows_are_the_single_decoders(dec: BatchedDecoder, single: SpeculativeDecoder, prompts):
+    """Row b of a sampled batch (seed 10 + b) has the single-prompt decoder's tokens and rounds."""
+    res = dec.generate(prompts, max_new_tokens=12, temperature=0.9, top_k=8, seed=10, eos_token_id=5)
+    for b, prompt in enumerate(prompts):
+        ref = single.generate(torch.tensor(prompt), max_new_tokens=12, temperature=0.9, top_k=8, seed=10 + b,
+                              eos_token_id=5)  # fmt: skip
+        assert res.rows[b].new_ids.tolist() == ref.new_ids.tolist(), b
+        assert res.rows[b].accepted_per_round == ref.accepted_per_round
+        assert res.rows[b].drafted_per_round == ref.drafted_per_round
+
+
 @pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[2:3]], ids=["B4", "B1"])
 @pytest.mark.parametrize("verifier", ["token", "block"])
 @pytest.mark.parametrize(("spec", "kind"), POLICIES, ids=lambda x: str(x))
@@ -162,13 +173,7 @@ def test_sampling_rows_equal_the_single_prompt_decoder(peaked_pair, spec, kind, 
     dec = _decoder(peaked_pair, spec, kind, verifier=verifier)
     single = SpeculativeDecoder(target, None if spec == "autoregressive" else draft, spec, head=dec._head,
                                 verifier=verifier, fast=False)  # fmt: skip
-    res = dec.generate(prompts, max_new_tokens=12, temperature=0.9, top_k=8, seed=10, eos_token_id=5)
-    for b, prompt in enumerate(prompts):
-        ref = single.generate(torch.tensor(prompt), max_new_tokens=12, temperature=0.9, top_k=8, seed=10 + b,
-                              eos_token_id=5)  # fmt: skip
-        assert res.rows[b].new_ids.tolist() == ref.new_ids.tolist(), b
-        assert res.rows[b].accepted_per_round == ref.accepted_per_round
-        assert res.rows[b].drafted_per_round == ref.drafted_per_round
+    _assert_sampled_rows_are_the_single_decoders(dec, single, prompts)
 
 
 @pytest.mark.parametrize(
@@ -292,13 +297,7 @@ def test_feature_draft_rows_equal_generate_and_the_single_prompt_decoder(feature
     assert sum(sum(r.accepted_per_round) for r in res.rows) > 0  # it drafted and was accepted
     assert all(r.drafted_per_round[0] == 0 for r in res.rows)  # the first round has no states to draft from
     single = SpeculativeDecoder(target, draft, spec, head=dec._head, verifier=verifier, fast=False)
-    res = dec.generate(PROMPTS, max_new_tokens=12, temperature=0.9, top_k=8, seed=10, eos_token_id=5)
-    for b, prompt in enumerate(PROMPTS):
-        ref = single.generate(torch.tensor(prompt), max_new_tokens=12, temperature=0.9, top_k=8, seed=10 + b,
-                              eos_token_id=5)  # fmt: skip
-        assert res.rows[b].new_ids.tolist() == ref.new_ids.tolist(), b
-        assert res.rows[b].accepted_per_round == ref.accepted_per_round
-        assert res.rows[b].drafted_per_round == ref.drafted_per_round
+    _assert_sampled_rows_are_the_single_decoders(dec, single, PROMPTS)
 
 
 def test_adaedl_rows_move_their_own_lambda_as_they_would_alone(peaked_pair):

@@ -23,7 +23,7 @@ from acchead.distill.feature_training import (
     pack_feature_examples,
     pack_teacher_features,
 )
-from acchead.distill.features import load_features, run_features, shard_features
+from acchead.distill.features import load_features, run_features, shard_features, shard_sequences
 from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
 from acchead.errors import AccheadError
 from acchead.feature_draft import FeatureDraftForCausalLM, TargetFedDraft, is_feature_draft
@@ -223,9 +223,7 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     assert cli.main(argv) == 0 and "shards_written=0" in capsys.readouterr().out  # resumes: nothing left
     # the stored states are the target's, float16, batching and padding aside
     shard = sorted((tmp_path / "resp").glob("shard-*.npz"))[0]
-    from acchead.distill.responses import load_shard
-
-    ref = shard_features(target, load_shard(shard), batch_tokens=10_000, bf16=False)[0]
+    ref = shard_features(target, shard_sequences(shard), batch_tokens=10_000, bf16=False)[0]
     got = load_features(feats / "resp", shard)[0]
     np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=0.05, atol=0.05)
     train = ["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
