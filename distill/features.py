@@ -46,6 +46,14 @@ def features_path(out: Path, shard_path: Path) -> Path:
     return Path(out) / ("features-" + shard_path.name.split("-", 1)[1])
 
 
+def text_shards(directory: Path) -> list[Path]:
+    """The shards of a responses or a teacher directory, in order; one line if it holds neither."""
+    shards = sorted(Path(directory).glob(SHARD_GLOB)) or sorted(Path(directory).glob(TEACHER_GLOB))
+    if not shards:
+        raise AccheadError(f"{directory}: no response or teacher shards (acchead-distill responses, teacher)")
+    return shards
+
+
 def shard_sequences(path: Path) -> list[list[int]]:
     """The token ids a shard's states cover: prompt + response per response, or each exchange of a
     teacher shard."""
@@ -96,9 +104,7 @@ def run_features(
 ) -> dict:  # fmt: skip
     """Write the features file of every shard of `responses` (a responses or a teacher directory) that
     `out` lacks; a summary dict."""
-    shards = sorted(Path(responses).glob(SHARD_GLOB)) or sorted(Path(responses).glob(TEACHER_GLOB))
-    if not shards:
-        raise AccheadError(f"{responses}: no response or teacher shards (acchead-distill responses, teacher)")
+    shards = text_shards(responses)
     out.mkdir(parents=True, exist_ok=True)
     todo = [p for p in shards if not features_path(out, p).is_file()]
     tokens, start, written = 0, time.perf_counter(), 0

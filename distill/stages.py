@@ -85,12 +85,13 @@ def run_teacher_stage(args: argparse.Namespace) -> dict:
 def run_features_stage(args: argparse.Namespace) -> dict:
     check_positive(args, ("batch_tokens",))
     from acchead.assets import TARGET_DIR_NAME, asset_path
-    from acchead.distill.features import run_features
+    from acchead.distill.features import run_features, text_shards
     from acchead.models import load_causal_lm
 
+    text = args.responses or args.teacher
+    text_shards(text)  # a directory without shards is refused before the target loads
     target = to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
     seconds = None if args.minutes is None else args.minutes * 60
-    text = args.responses or args.teacher
     return run_features(target, text, args.out, args.batch_tokens, not args.float32, seconds)
 
 

@@ -254,6 +254,8 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     tfeat = ["features", "--target", str(target_dir), "--teacher", str(tmp_path / "teacher"),
              "--out", str(feats / "teacher")]  # fmt: skip
     assert cli.main(tfeat) == 0 and "shards_written=2" in capsys.readouterr().out
+    assert cli.main([*tfeat[:4], str(tmp_path / "feats"), *tfeat[5:]]) == 2  # no shards there: one line
+    assert "no response or teacher shards" in capsys.readouterr().err
     teacher = load_teacher(tmp_path / "teacher")
     tstates = [load_features(feats / "teacher", p) for p in sorted((tmp_path / "teacher").glob("teacher-*"))]
     to_draft = torch.arange(len(tiny_tokenizer))
