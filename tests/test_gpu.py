@@ -93,7 +93,9 @@ def test_fast_path_on_cuda_synchronises_only_through_host_reads(tiny_llama_pair,
             res = fast.generate(prompt, max_new_tokens=32, temperature=1.0, seed=1)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    # Only the per-sync warnings: the first switch into the mode also warns that it is a prototype
+    # ("Synchronization debug mode is a prototype feature..."), which is no sync (an H100, 2026-11-27).
+    syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
     assert len(syncs) <= 2, [str(w.message) for w in syncs]
     if spec.startswith("specdec:"):
         assert host_reads.count - reads0 == res.rounds
