@@ -28,6 +28,7 @@ same as JSON). Exit status 1 when a test or a float32 exactness check failed.
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
@@ -84,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["default", "eager", "fast", "device"],
         help="the device's default (cuda: fast, cpu: eager), eager, fast, or device: the CUDA default's "
         "branches forced (on the CPU: acchead.inference.device_path)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved timing rounds of every method; the median is reported (default: 3)",
+    )
+    p.add_argument(
+        "--speed-first",
+        action="store_true",
+        help="time the methods before the float32 exactness check (default: exactness first)",
     )
     p.add_argument("--no-tests", action="store_true", help="skip step 1 (the test run)")
     p.add_argument(
@@ -241,42 +253,53 @@ def check_exactness(run: PairRun, dtype: str, specs: list[str], budget: Budget) 
 
 
 def measure_speed(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
-    """tokens/s per spec (all prompts' tokens over their summed wall time), after warm-up and one untimed
-    decode; warm-up seconds summed over the specs; specs that would start past the budget are listed in
-    "skipped", and the ratios need AR, a fixed K and a SpecDec++ setting among those timed."""
-    rows, warm, skipped = {}, 0.0, []
+    """tokens/s per spec: every spec is warmed up (and decoded once, untimed) first, then all are timed in
+    `--repeats` interleaved rounds (all prompts' tokens over their summed wall time, per round), and the
+    median round is reported with the rounds' range. Interleaving puts every decoder under the same drift
+    of the machine (an H100 run of one round each saw AR move 351 -> 486 tokens/s between two runs).
+    Warm-up seconds are summed over the specs; specs whose warm-up would start past the budget are listed
+    in "skipped", and the ratios need AR, a fixed K and a SpecDec++ setting among those timed."""
+    decoders, warm, skipped = {}, {}, []
     for spec in specs:
         if budget.over():
             skipped.append(spec)
             continue
         dec = run.decoder(dtype, spec, run.args.path)
-        w = _warm(dec, run)
-        warm += w
+        warm[spec] = _warm(dec, run)
         run.greedy(dec, run.prompts[0])  # first-call costs (allocator, caches) out of the timing
-        tokens, seconds = 0, 0.0
-        for p in run.prompts:
-            ids, wall = run.greedy(dec, p)
-            tokens, seconds = tokens + len(ids), seconds + wall
+        decoders[spec] = dec
+        _progress(f"{run.name} speed {dtype} {spec}: warm-up {warm[spec]:.1f} s")
+    rates: dict[str, list[float]] = {spec: [] for spec in decoders}
+    tokens: dict[str, int] = {}
+    for _ in range(run.args.repeats):
+        for spec, dec in decoders.items():
+            n, seconds = 0, 0.0
+            for p in run.prompts:
+                ids, wall = run.greedy(dec, p)
+                n, seconds = n + len(ids), seconds + wall
+            tokens[spec] = n
+            rates[spec].append(n / max(seconds, 1e-9))
+    rows = {}
+    for spec, r in rates.items():
         rows[spec] = {
-            "tokens": tokens,
-            "seconds": round(seconds, 4),
-            "tokens_per_s": tokens / max(seconds, 1e-9),
+            "tokens": tokens[spec],
+            "warm_up_s": round(warm[spec], 1),
+            "tokens_per_s": statistics.median(r),
+            "tokens_per_s_range": [min(r), max(r)],
         }
-        rate = rows[spec]["tokens_per_s"]
-        _progress(f"{run.name} speed {dtype} {spec}: warm-up {w:.1f} s, {rate:.1f} tokens/s")
+        _progress(f"{run.name} speed {dtype} {spec}: {rows[spec]['tokens_per_s']:.1f} tokens/s (median)")
+    out: dict[str, Any] = {"rows": rows, "warm_up_s": round(sum(warm.values()), 1), "skipped": skipped}
     kinds = {s: type(parse_policy_spec(s)) for s in rows}
     fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
     adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecPPSpec}
     if "autoregressive" not in rows or not fixed or not adaptive:
-        return {"rows": rows, "warm_up_s": round(warm, 1), "skipped": skipped}
+        return out
     ar = rows["autoregressive"]["tokens_per_s"]
     best_k = max(fixed, key=fixed.get)
     best_pp = max(adaptive, key=adaptive.get)
     pp = adaptive[best_pp]
     return {
-        "rows": rows,
-        "warm_up_s": round(warm, 1),
-        "skipped": skipped,
+        **out,
         "best_fixed": best_k,
         "best_specdecpp": best_pp,
         "specdecpp_over_ar": pp / ar,
@@ -296,6 +319,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     hs = _floats(args.h_grid, "--h-grid")
     if not ks or not hs:
         raise AccheadError("--k-grid and --h-grid need at least one value each")
+    if args.repeats < 1:
+        raise AccheadError(f"--repeats must be >= 1 (got {args.repeats})")
     if args.budget_s < 0:
         raise AccheadError(f"--budget-s must be >= 0 (got {args.budget_s:g})")
     speed_dtype = args.speed_dtype or ("bfloat16" if args.device == "cuda" else "float32")
@@ -305,6 +330,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         "budget_s": args.budget_s,
         "path": args.path,
         "num_prompts": args.num_prompts,
+        "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
         "pairs": {},
     }
@@ -320,11 +346,14 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
             report["pairs"][name] = {"skipped": str(e)}
             continue
         checked = ["autoregressive", fixed[len(fixed) // 2], adaptive[0]]
-        # float32 exactness first (a difference fails the check), then speed, then the other dtypes
-        exact = (
-            {"float32": check_exactness(run, "float32", checked, budget)} if "float32" in exact_dtypes else {}
-        )
+        # float32 exactness first (a difference fails the check), then speed, then the other dtypes;
+        # --speed-first puts speed first (float32 exactness already ran on this device, say)
+        exact: dict[str, Any] = {}
+        if "float32" in exact_dtypes and not args.speed_first:
+            exact["float32"] = check_exactness(run, "float32", checked, budget)
         speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive], budget)
+        if "float32" in exact_dtypes and args.speed_first:
+            exact["float32"] = check_exactness(run, "float32", checked, budget)
         for d in exact_dtypes:
             if d != "float32":
                 exact[d] = check_exactness(run, d, checked, budget)

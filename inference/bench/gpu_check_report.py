@@ -77,13 +77,15 @@ def render(report: dict[str, Any]) -> str:
             "",
             f"Speed in {pair['speed_dtype']} (warm-up {sp['warm_up_s']} s in all):",
             "",
-            "| method | tokens | seconds | tokens/s |",
-            "|---|---|---|---|",
+            f"| method | warm-up (s) | tokens per round | tokens/s (median of {report['repeats']}) | range |",
+            "|---|---|---|---|---|",
         ]
         for spec, r in sp["rows"].items():
-            lines.append(f"| `{spec}` | {r['tokens']} | {r['seconds']:.3f} | {r['tokens_per_s']:.1f} |")
+            lo, hi = r["tokens_per_s_range"]
+            rate = f"{r['tokens_per_s']:.1f} | {lo:.1f}-{hi:.1f}"
+            lines.append(f"| `{spec}` | {r['warm_up_s']} | {r['tokens']} | {rate} |")
         for spec in sp["skipped"]:
-            lines.append(f"| `{spec}` | skipped (past the {report['budget_s']:g} s budget) | | |")
+            lines.append(f"| `{spec}` | skipped (past the {report['budget_s']:g} s budget) | | | |")
         lines.append("")
         if "best_fixed" in sp:
             lines.append(
