@@ -29,7 +29,7 @@ def bandit_decoder(
     head: AcceptanceHead | str | Path | None = None,
     verifier: str = "token",
     fast: bool | None = None,
-    device_path: bool | None = None,
+    device_path: bool | DevicePath | None = None,
 ) -> SpeculativeDecoder:
     """A `SpeculativeDecoder` whose rounds a bandit assigns to (drafter, stop policy) arms.
 

@@ -98,7 +98,8 @@ class SpeculativeDecoder:
             cache logic without compilation, for tests and debugging).
         device_path: take the CUDA default's branches (`acchead.inference.device_path`): the fast path and
             the fixed-K round unit by default, units compiled for CUDA-graph replay. None: on CUDA only;
-            True on the CPU runs them there (how the CPU suite tests them).
+            True on the CPU runs them there (how the CPU suite tests them); a `DevicePath` also picks the
+            compile backend (`DevicePath(True, backend="cudagraphs")`: no Inductor).
         spec: a `DecodingSpec` (or its string) in place of policy, head, verifier and fast.
     """
 
@@ -111,7 +112,7 @@ class SpeculativeDecoder:
         verifier: str | None = None,  # None: "token"
         fast: bool | None = None,
         compile: bool = True,
-        device_path: bool | None = None,
+        device_path: bool | DevicePath | None = None,
         spec: DecodingSpec | str | None = None,
     ) -> None:
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
@@ -122,7 +123,7 @@ class SpeculativeDecoder:
         self.fast = bool(fast)
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
-        self._runner = make_runner(target, self.fast, compile, device_path=self.path.on)
+        self._runner = make_runner(target, self.fast, compile, device_path=self.path)
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self._device: torch.device = target.device
         vocab = target.get_output_embeddings().weight.shape[0]  # the width of p

@@ -21,6 +21,7 @@ from acchead.inference.bandit_decoder import bandit_decoder
 from acchead.inference.bandit_spec import BanditSpec
 from acchead.inference.cascade import make_drafter
 from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.device_path import DevicePath
 from acchead.inference.spec import DecodingSpec
 
 
@@ -31,7 +32,7 @@ def build_decoder(
     *,
     bigram: Any = None,
     compile: bool = True,
-    device_path: bool | None = None,
+    device_path: bool | DevicePath | None = None,
 ) -> SpeculativeDecoder:
     """The decoder `spec` describes, over `target` and `draft` (the draft model: it drafts, or reviews a
     cascade's proposals). `bigram`: MaG's table, for `mag` and `cascade` drafters. A `specdecpp` policy

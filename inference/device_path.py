@@ -29,28 +29,49 @@ from typing import Any
 
 import torch
 
+# How the device path compiles a unit for graph replay (`DevicePath.backend`).
+BACKENDS = ("inductor", "cudagraphs")
+
 
 @dataclass(frozen=True)
 class DevicePath:
-    """Whether a model's decoding takes the device path (see the module docstring).
+    """Whether a model's decoding takes the device path (see the module docstring), and how it compiles.
 
     Attributes:
         on: take the device path: fast path and fixed-K round unit by default, units compiled for graph
-            replay (`compile_mode`) with their outputs copied out (`copy_outputs`).
+            replay (`compile_options`) with their outputs copied out (`copy_outputs`).
+        backend: how a unit becomes a replayable graph on the device path. "inductor" (the default):
+            Inductor's fused kernels captured as CUDA graphs (`mode="reduce-overhead"`); an H100 spent
+            24-86 s compiling each decoder (docs/speed.md). "cudagraphs": torch's `cudagraphs` backend,
+            the traced graph's own (unfused) kernels captured as CUDA graphs, with no Inductor code
+            generation: a short warm-up for slower kernels (on the CPU the graph runs uncaptured, eagerly).
     """
 
     on: bool
+    backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown compile backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
+        if self.backend != "inductor" and not self.on:
+            raise ValueError(f"the {self.backend!r} backend is a device-path choice: pass on=True")
 
     @classmethod
-    def resolve(cls, device: torch.device, device_path: bool | None) -> DevicePath:
-        """`device_path`, or by default on exactly when `device` is CUDA."""
+    def resolve(cls, device: torch.device, device_path: bool | DevicePath | None) -> DevicePath:
+        """`device_path` itself when it is a `DevicePath`, else on when it says so, or by default on exactly
+        when `device` is CUDA (with the default backend)."""
+        if isinstance(device_path, DevicePath):
+            return device_path
         return cls(device.type == "cuda" if device_path is None else bool(device_path))
 
     @property
-    def compile_mode(self) -> str | None:
-        """`torch.compile`'s mode: CUDA graphs on the device path (a CPU graph runs uncaptured), else the
-        default (on the CPU the caller adds Inductor's weight freezing and C++ wrapper)."""
-        return "reduce-overhead" if self.on else None
+    def compile_options(self) -> dict[str, str]:
+        """`torch.compile`'s backend and mode: CUDA graphs on the device path (a CPU graph runs uncaptured),
+        through Inductor or the `cudagraphs` backend; else Inductor's default mode (on the CPU the caller
+        adds Inductor's weight freezing and C++ wrapper)."""
+        if self.backend == "cudagraphs":
+            return {"backend": "cudagraphs"}
+        return {"mode": "reduce-overhead"} if self.on else {}
 
     @property
     def copy_outputs(self) -> bool:

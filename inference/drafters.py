@@ -142,7 +142,8 @@ class ModelDrafter(Drafter):
             the device path only, where it saves K - 1 launches and host round trips per round. On the CPU
             a compiled K-step graph measured slower than K one-step graphs (docs/speed.md: 0.94 vs 0.62 ms
             for two steps of the demo draft), so K step units run there; the draws are the same either way.
-        device_path: take the CUDA default's branches (`acchead.inference.device_path`); None: on CUDA.
+        device_path: take the CUDA default's branches (`acchead.inference.device_path`); None: on CUDA;
+            a `DevicePath` also picks the compile backend.
     """
 
     def __init__(
@@ -151,7 +152,7 @@ class ModelDrafter(Drafter):
         fast: bool = False,
         compile: bool = True,
         round_unit: bool | None = None,
-        device_path: bool | None = None,
+        device_path: bool | DevicePath | None = None,
     ) -> None:
         self.model = model
         self.draft_calls = 0
@@ -159,7 +160,7 @@ class ModelDrafter(Drafter):
         # step in a profile of the decode loop).
         self.device: torch.device = model.device
         self.path = DevicePath.resolve(self.device, device_path)
-        self.runner = make_runner(model, fast, compile, device_path=self.path.on)
+        self.runner = make_runner(model, fast, compile, device_path=self.path)
         # A compiled unit takes its random keys as tensors (an int would be a graph constant).
         self._key_tensors = fast and compile
         self._pending: _Pending | None = None

@@ -130,7 +130,7 @@ _FAST_RUNNERS: weakref.WeakKeyDictionary[PreTrainedModel, StaticRunner] = weakre
 
 
 def make_runner(
-    model: PreTrainedModel, fast: bool, compile: bool = True, device_path: bool | None = None
+    model: PreTrainedModel, fast: bool, compile: bool = True, device_path: bool | DevicePath | None = None
 ) -> ModelRunner:
     """`EagerRunner`, or for the fast path the model's one compiled `StaticRunner`.
 
@@ -139,7 +139,8 @@ def make_runner(
     it was captured with (Inductor's freezing folds the cache's statically-addressed tensors in on the
     CPU; a CUDA graph records their addresses), and a second cache would silently replay into the first.
     `compile=False` (tests) gets a private runner. `device_path` (None: on CUDA) picks how the units compile
-    (`acchead.inference.device_path`); a model's runner serves one choice, another is refused.
+    (`acchead.inference.device_path`; a `DevicePath` also picks the compile backend); a model's runner
+    serves one choice, another is refused.
     """
     if not fast:
         return EagerRunner(model)
@@ -151,7 +152,7 @@ def make_runner(
         _FAST_RUNNERS[model] = runner
     elif runner.path != DevicePath.resolve(runner.device, device_path):
         raise AccheadError(
-            f"{type(model).__name__} already runs compiled with device_path={runner.path.on}; its graphs "
+            f"{type(model).__name__} already runs compiled with {runner.path}; its graphs "
             "are bound to that runner's cache: load another copy of the model for the other path"
         )
     return runner

@@ -157,7 +157,8 @@ class StaticRunner:
         compile: False runs the static cache eagerly (no capture): the same cache logic, testable in
             seconds; the decoders' fast path compiles.
         device_path: compile the units as the CUDA default does (`acchead.inference.device_path`: graph
-            replay, weights not frozen, outputs copied out); None: on CUDA only.
+            replay, weights not frozen, outputs copied out); None: on CUDA only; a `DevicePath` also
+            picks its compile backend.
     """
 
     def __init__(
@@ -165,7 +166,7 @@ class StaticRunner:
         model: PreTrainedModel,
         capacity: int = 256,
         compile: bool = True,
-        device_path: bool | None = None,
+        device_path: bool | DevicePath | None = None,
     ) -> None:
         self._model = weakref.ref(model)
         self.device: torch.device = model.device
@@ -245,13 +246,14 @@ class StaticRunner:
         import torch._dynamo
         import torch._inductor.config as inductor_config
 
-        mode = self.path.compile_mode
         # Static shapes. Automatic dynamic shapes (one graph symbolic in the token count) cut SpecDec++'s
         # warm-up 4x, but which graph serves a call then depends on every unit compiled before it in the
         # process: the full suite saw decodes compile after a complete warm-up (docs/speed.md, issue 32).
         # `symbolic` feeds mark their token count dynamic (`torch._dynamo.mark_dynamic`), which dynamic=False
         # still honours: one graph for the longer verifications, static shapes everywhere else.
-        compiled = torch.compile(_own_frame(step_forward), mode=mode, fullgraph=True, dynamic=False)
+        compiled = torch.compile(
+            _own_frame(step_forward), **self.path.compile_options, fullgraph=True, dynamic=False
+        )
         dynamo = torch._dynamo.config
 
         def limits() -> contextlib.AbstractContextManager:

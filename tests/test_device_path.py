@@ -45,10 +45,16 @@ def test_device_path_defaults_to_cuda_and_is_forced_by_the_flag():
     assert DevicePath.resolve(cuda, None).on and not DevicePath.resolve(cpu, None).on
     assert DevicePath.resolve(cpu, True).on and not DevicePath.resolve(cuda, False).on
     flags = [
-        (p.compile_mode, p.copy_outputs, p.fast_default, p.round_unit_default)
+        (p.compile_options, p.copy_outputs, p.fast_default, p.round_unit_default)
         for p in map(DevicePath, (True, False))
     ]
-    assert flags == [("reduce-overhead", True, True, True), (None, False, False, False)]
+    assert flags == [({"mode": "reduce-overhead"}, True, True, True), ({}, False, False, False)]
+    graphs = DevicePath(True, backend="cudagraphs")
+    assert graphs.compile_options == {"backend": "cudagraphs"} and DevicePath.resolve(cpu, graphs) is graphs
+    with pytest.raises(ValueError, match="pass on=True"):
+        DevicePath(False, backend="cudagraphs")
+    with pytest.raises(ValueError, match="unknown compile backend"):
+        DevicePath(True, backend="tvm")
 
 
 def test_decoders_take_the_device_defaults(tiny_llama_pair):
@@ -141,8 +147,38 @@ def test_compiled_unit_on_the_device_path_copies_its_outputs(tiny_tokenizer, mon
     got = dec.generate(PROMPT, max_new_tokens=12, temperature=0)
     assert got.new_ids.tolist() == _ar_greedy(target, PROMPT, 12)
     assert len(copies) == got.rounds - 1 and all(copies)  # every replay (the prompt's forward is eager)
-    with pytest.raises(AccheadError, match="device_path=True"):
+    with pytest.raises(AccheadError, match="on=True"):
         make_runner(target, fast=True, device_path=False)
+
+
+@pytest.mark.parametrize("spec", ["specdec:k=3", "specdecpp:h=0.5,max=6"])
+def test_cudagraphs_backend_compiles_without_inductor(tiny_tokenizer, monkeypatch, spec):
+    """`DevicePath(True, backend="cudagraphs")`: every unit goes to torch's `cudagraphs` backend (on CPU
+    tensors it skips the capture and runs the traced graph eagerly: the twin of the CUDA run, without
+    Inductor's minutes of code generation), fixed K through its round unit, SpecDec++ with the head inside
+    its draft steps and its long rounds through the symbolic width; nothing compiles after `warm_up`, and
+    the greedy tokens are autoregressive decoding's."""
+    vocab = len(tiny_tokenizer)
+    target = make_tiny_llama(vocab, hidden_size=64, num_layers=2, seed=1)
+    draft = make_tiny_llama(vocab, hidden_size=32, num_layers=2, seed=2)
+    head = AcceptanceHead(draft.config.hidden_size, depth=1)
+    backends, compile_ = [], torch.compile
+
+    def compile_spy(fn, **kwargs):
+        backends.append((kwargs.get("backend"), kwargs.get("mode")))
+        return compile_(fn, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    path = DevicePath(True, backend="cudagraphs")
+    dec = SpeculativeDecoder(target, draft, policy=spec, head=head, device_path=path)
+    assert dec.fast and dec.drafter.round_unit and dec._runner.path is path
+    assert backends == [("cudagraphs", None)] * 2  # the target's runner and the draft's
+    dec.warm_up(64, temperature=0.0)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        greedy = dec.generate(PROMPT, max_new_tokens=24, temperature=0).new_ids.tolist()
+    assert greedy == _ar_greedy(target, PROMPT, 24)
+    with pytest.raises(AccheadError, match="backend='cudagraphs'"):
+        make_runner(target, fast=True, device_path=True)  # a model's runner serves one backend
 
 
 def test_read_suspends_cuda_sync_debug_mode(monkeypatch):

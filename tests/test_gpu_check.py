@@ -86,3 +86,21 @@ def test_a_negative_budget_is_one_line(capsys):
     assert main(["--device", "cpu", "--no-tests", "--budget-s", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--budget-s must be >= 0" in err and err.count("\n") == 1
+
+
+def test_backend_flag_reaches_the_device_path_and_is_refused_off_it(check_argv, tmp_path, capsys):
+    """`--backend cudagraphs` compiles the device path's units with torch's cudagraphs backend (uncaptured
+    on the CPU); off the device path, or an unknown backend, is one line."""
+    out = tmp_path / "gpu-check.json"
+    argv = [*check_argv, "--path", "device", "--backend", "cudagraphs", "--exact-dtypes", "float32",
+            "--k-grid", "1", "--h-grid", "0.5", "--repeats", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["backend"] == "cudagraphs" and report["ok"]
+    checks = report["pairs"]["toy"]["exactness"]["float32"].values()
+    assert all(c["device_path"] and c["equal"] for c in checks)
+    capsys.readouterr()
+    assert main([*check_argv, "--backend", "cudagraphs"]) == 2
+    assert "use --path device" in capsys.readouterr().err
+    assert main([*check_argv, "--path", "device", "--backend", "tvm"]) == 2
+    assert "unknown compile backend" in capsys.readouterr().err

@@ -28,7 +28,6 @@ same as JSON). Exit status 1 when a test or a float32 exactness check failed.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import time
@@ -37,11 +36,9 @@ from typing import Any
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.inference.bench.gpu_check_report import environment, render
-from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec, SpecDecSpec
-from acchead.inference.spec import parse_policy_spec
+from acchead.inference.bench.gpu_check_steps import Budget, PairRun, check_exactness, measure_speed
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout, when installed editable (tests/ beside it)
-DEFAULT_PROMPTS = {"toy": "humaneval", "smollm2": "mtbench"}
 TEST_TIMEOUT_S = 300
 
 
@@ -85,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["default", "eager", "fast", "device"],
         help="the device's default (cuda: fast, cpu: eager), eager, fast, or device: the CUDA default's "
         "branches forced (on the CPU: acchead.inference.device_path)",
+    )
+    p.add_argument(
+        "--backend",
+        default="inductor",
+        help="how the device path compiles its units: inductor (default; fused kernels, CUDA graphs) or "
+        "cudagraphs (the traced kernels captured as CUDA graphs, no Inductor: a shorter warm-up)",
     )
     p.add_argument(
         "--repeats",
@@ -142,172 +145,6 @@ def run_tests(device: str) -> dict[str, Any]:
     }
 
 
-class PairRun:
-    """One pair on one device: its models per dtype, tokenizer, prompts and head."""
-
-    def __init__(self, args: argparse.Namespace, name: str) -> None:
-        from acchead.models import load_tokenizer
-        from acchead.pairs import default_heads, resolve_pair
-        from acchead.prompt_sources import load_prompts
-        from acchead.prompting import encode_prompt
-        from acchead.sampling import SamplingConfig
-
-        self.args, self.name = args, name
-        self.paths = resolve_pair(name, args.target, args.draft)  # AccheadError names what is missing
-        heads = [Path(args.head)] if args.head else default_heads(name, SamplingConfig(0.0))
-        if not heads:
-            raise AccheadError(f"pair {name}: no shipped greedy head (pass --head)")
-        self.head = heads[0]
-        self.tok = load_tokenizer(self.paths.target)
-        prompts = load_prompts(args.prompts or DEFAULT_PROMPTS[name], args.num_prompts)
-        self.prompts = [torch_ids(encode_prompt(self.tok, p)) for p in prompts]
-        self.eos = self.tok.eos_token_id
-        self._models: dict[str, tuple] = {}
-
-    def models(self, dtype: str) -> tuple:
-        if dtype not in self._models:
-            from acchead.models import load_causal_lm
-
-            dev = self.args.device
-            self._models[dtype] = (
-                load_causal_lm(self.paths.target, dtype, dev),
-                load_causal_lm(self.paths.draft, dtype, dev),
-            )
-        return self._models[dtype]
-
-    def decoder(self, dtype: str, spec: str, path: str = "eager"):
-        """A decoder of `spec` in `dtype` on `path` (see --path)."""
-        from acchead.inference.decoder import SpeculativeDecoder
-
-        target, draft = self.models(dtype)
-        policy = parse_policy_spec(spec)
-        head = self.head if policy.needs_head else None
-        fast, device_path = _PATHS[path]
-        drafter = None if isinstance(policy, AutoregressiveSpec) else draft
-        return SpeculativeDecoder(target, drafter, policy, head=head, fast=fast, device_path=device_path)
-
-    def greedy(self, dec, prompt) -> tuple[list[int], float]:
-        res = dec.generate(
-            prompt, max_new_tokens=self.args.max_new_tokens, temperature=0, eos_token_id=self.eos
-        )
-        return res.new_ids.tolist(), res.wall_time
-
-
-def torch_ids(ids: list[int]):
-    import torch
-
-    return torch.tensor(ids, dtype=torch.long)
-
-
-_PATHS = {"default": (None, None), "eager": (False, None), "fast": (True, None), "device": (None, True)}
-
-
-def _warm(dec, run: PairRun) -> float:
-    """Seconds `warm_up` took for the longest prompt (compilation, on the fast path)."""
-    start = time.perf_counter()
-    dec.warm_up(max(p.numel() for p in run.prompts) + run.args.max_new_tokens)
-    return time.perf_counter() - start
-
-
-def _progress(line: str) -> None:
-    """One line per finished check on stderr, so a run cut short still shows what it measured."""
-    print(f"[gpu-check] {line}", file=sys.stderr, flush=True)
-
-
-class Budget:
-    """The run's deadline: `over()` once `seconds` have passed since it was made."""
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.perf_counter() + seconds
-
-    def over(self) -> bool:
-        return time.perf_counter() >= self.end
-
-
-def check_exactness(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
-    """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`; a spec
-    that would start past the budget is {"skipped": True}."""
-    if budget.over():
-        return {spec: {"skipped": True} for spec in specs}
-    ref_dec = run.decoder(dtype, "autoregressive", "eager")
-    refs = [run.greedy(ref_dec, p)[0] for p in run.prompts]
-    out = {}
-    for spec in specs:
-        if budget.over():
-            out[spec] = {"skipped": True}
-            continue
-        dec = run.decoder(dtype, spec, run.args.path)
-        _warm(dec, run)
-        diffs = []
-        for i, (p, ref) in enumerate(zip(run.prompts, refs, strict=True)):
-            got = run.greedy(dec, p)[0]
-            if got != ref:
-                at = next(
-                    (j for j, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b),
-                    min(len(got), len(ref)),
-                )
-                diffs.append(f"prompt {i} from token {at}")
-        out[spec] = {"equal": not diffs, "differs": diffs, "fast": dec.fast, "device_path": dec.path.on}
-        _progress(f"{run.name} exactness {dtype} {spec}: " + ("equal" if not diffs else "differs"))
-    return out
-
-
-def measure_speed(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
-    """tokens/s per spec: every spec is warmed up (and decoded once, untimed) first, then all are timed in
-    `--repeats` interleaved rounds (all prompts' tokens over their summed wall time, per round), and the
-    median round is reported with the rounds' range. Interleaving puts every decoder under the same drift
-    of the machine (an H100 run of one round each saw AR move 351 -> 486 tokens/s between two runs).
-    Warm-up seconds are summed over the specs; specs whose warm-up would start past the budget are listed
-    in "skipped", and the ratios need AR, a fixed K and a SpecDec++ setting among those timed."""
-    decoders, warm, skipped = {}, {}, []
-    for spec in specs:
-        if budget.over():
-            skipped.append(spec)
-            continue
-        dec = run.decoder(dtype, spec, run.args.path)
-        warm[spec] = _warm(dec, run)
-        run.greedy(dec, run.prompts[0])  # first-call costs (allocator, caches) out of the timing
-        decoders[spec] = dec
-        _progress(f"{run.name} speed {dtype} {spec}: warm-up {warm[spec]:.1f} s")
-    rates: dict[str, list[float]] = {spec: [] for spec in decoders}
-    tokens: dict[str, int] = {}
-    for _ in range(run.args.repeats):
-        for spec, dec in decoders.items():
-            n, seconds = 0, 0.0
-            for p in run.prompts:
-                ids, wall = run.greedy(dec, p)
-                n, seconds = n + len(ids), seconds + wall
-            tokens[spec] = n
-            rates[spec].append(n / max(seconds, 1e-9))
-    rows = {}
-    for spec, r in rates.items():
-        rows[spec] = {
-            "tokens": tokens[spec],
-            "warm_up_s": round(warm[spec], 1),
-            "tokens_per_s": statistics.median(r),
-            "tokens_per_s_range": [min(r), max(r)],
-        }
-        _progress(f"{run.name} speed {dtype} {spec}: {rows[spec]['tokens_per_s']:.1f} tokens/s (median)")
-    out: dict[str, Any] = {"rows": rows, "warm_up_s": round(sum(warm.values()), 1), "skipped": skipped}
-    kinds = {s: type(parse_policy_spec(s)) for s in rows}
-    fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
-    adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecPPSpec}
-    if "autoregressive" not in rows or not fixed or not adaptive:
-        return out
-    ar = rows["autoregressive"]["tokens_per_s"]
-    best_k = max(fixed, key=fixed.get)
-    best_pp = max(adaptive, key=adaptive.get)
-    pp = adaptive[best_pp]
-    return {
-        **out,
-        "best_fixed": best_k,
-        "best_specdecpp": best_pp,
-        "specdecpp_over_ar": pp / ar,
-        "specdecpp_over_best_k": pp / fixed[best_k],
-        "best_k_over_ar": fixed[best_k] / ar,
-    }
-
-
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -319,6 +156,15 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     hs = _floats(args.h_grid, "--h-grid")
     if not ks or not hs:
         raise AccheadError("--k-grid and --h-grid need at least one value each")
+    from acchead.inference.device_path import DevicePath
+
+    try:
+        DevicePath(True, backend=args.backend)
+    except ValueError as e:
+        raise AccheadError(f"--backend: {e}") from None
+    on_device_path = args.path == "device" or (args.path == "default" and args.device == "cuda")
+    if args.backend != "inductor" and not on_device_path:
+        raise AccheadError(f"--backend {args.backend} compiles the device path: use --path device (or cuda)")
     if args.repeats < 1:
         raise AccheadError(f"--repeats must be >= 1 (got {args.repeats})")
     if args.budget_s < 0:
@@ -331,6 +177,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         "path": args.path,
         "num_prompts": args.num_prompts,
         "repeats": args.repeats,
+        "backend": args.backend,
         "max_new_tokens": args.max_new_tokens,
         "pairs": {},
     }

@@ -43,7 +43,8 @@ def render(report: dict[str, Any]) -> str:
         f"# acchead-gpu-check, {env['date']}",
         "",
         f"commit {env['commit']}; {env['device']}; torch {env['torch']}, transformers "
-        f"{env['transformers']}; path {report['path']}; {report['num_prompts']} prompts x "
+        f"{env['transformers']}; path {report['path']} ({report.get('backend', 'inductor')}); "
+        f"{report['num_prompts']} prompts x "
         f"{report['max_new_tokens']} new tokens, greedy",
         "",
     ]

@@ -1,37 +1,71 @@
-import sys, time, statistics
+"""The dense-widths probe of 2026-11-27 (docs/speed.md, issue 32 item 4): the toy pair on the CPU fast path,
+verification graphs for every width 1-8 when run with `dense`, three interleaved timing rounds.
+
+    python dense_widths_probe.py dense
+"""
+
+import statistics
+import sys
+import time
+
 import torch
-torch.set_num_threads(1)
+
 import acchead.inference.round_verifier as rv
-dense = len(sys.argv) > 1 and sys.argv[1] == "dense"
-if dense:
-    rv.VERIFY_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
-from acchead.pairs import resolve_pair, default_heads
+from acchead.inference.decoder import SpeculativeDecoder
 from acchead.models import load_causal_lm, load_tokenizer
-from acchead.sampling import SamplingConfig
+from acchead.pairs import default_heads, resolve_pair
 from acchead.prompt_sources import load_prompts
 from acchead.prompting import encode_prompt
-from acchead.inference.decoder import SpeculativeDecoder
-paths = resolve_pair("toy", None, None)
-tok = load_tokenizer(paths.target)
-target = load_causal_lm(paths.target, "float32", "cpu"); draft = load_causal_lm(paths.draft, "float32", "cpu")
-heads = default_heads("toy", SamplingConfig(0.0))
-prompts = [torch.tensor(encode_prompt(tok, p)) for p in load_prompts("humaneval", 12)]
-L = max(p.numel() for p in prompts) + 128
-specs = ["specdecpp:h=0.5,max=6", "autoregressive", "specdec:k=2", "specdec:k=3", "specdecpp:h=0.3,max=6", "specdecpp:h=0.7,max=6"]
-decs = {}
-t0 = time.perf_counter()
-for spec in specs:
-    t=time.perf_counter()
-    d = SpeculativeDecoder(target, None if spec == "autoregressive" else draft, spec, head=heads[0] if "pp" in spec else None, fast=True)
-    d.warm_up(L); print(spec, "warm %.1f" % (time.perf_counter()-t), flush=True); decs[spec]=d
-print("warm total %.1f" % (time.perf_counter()-t0), flush=True)
-rates = {s: [] for s in specs}; counts = {}
-for rep in range(3):
-    for spec, d in decs.items():
-        n, s, dc, tc = 0, 0.0, 0, 0
-        for p in prompts:
-            r = d.generate(p, max_new_tokens=128, temperature=0); n += len(r.new_ids); s += r.wall_time; dc += r.draft_calls; tc += r.target_calls
-        rates[spec].append(n / s); counts[spec] = (n, dc, tc)
-    print(rep, {k: round(v[-1], 1) for k, v in rates.items()}, flush=True)
-for spec in specs:
-    print(f"{spec:28s} median {statistics.median(rates[spec]):7.1f} range {min(rates[spec]):.1f}-{max(rates[spec]):.1f} tokens/draft/target {counts[spec]}")
+from acchead.sampling import SamplingConfig
+
+SPECS = [
+    "specdecpp:h=0.5,max=6",
+    "autoregressive",
+    "specdec:k=2",
+    "specdec:k=3",
+    "specdecpp:h=0.3,max=6",
+    "specdecpp:h=0.7,max=6",
+]
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    if sys.argv[1:] == ["dense"]:
+        rv.VERIFY_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+    paths = resolve_pair("toy", None, None)
+    tok = load_tokenizer(paths.target)
+    target = load_causal_lm(paths.target, "float32", "cpu")
+    draft = load_causal_lm(paths.draft, "float32", "cpu")
+    head = default_heads("toy", SamplingConfig(0.0))[0]
+    prompts = [torch.tensor(encode_prompt(tok, p)) for p in load_prompts("humaneval", 12)]
+    length = max(p.numel() for p in prompts) + 128
+    decoders = {}
+    t0 = time.perf_counter()
+    for spec in SPECS:
+        t = time.perf_counter()
+        drafter = None if spec == "autoregressive" else draft
+        dec = SpeculativeDecoder(target, drafter, spec, head=head if "pp" in spec else None, fast=True)
+        dec.warm_up(length)
+        print(spec, f"warm {time.perf_counter() - t:.1f}", flush=True)
+        decoders[spec] = dec
+    print(f"warm total {time.perf_counter() - t0:.1f}", flush=True)
+    rates: dict[str, list[float]] = {s: [] for s in SPECS}
+    counts = {}
+    for rep in range(3):
+        for spec, dec in decoders.items():
+            n, seconds, drafts, targets = 0, 0.0, 0, 0
+            for p in prompts:
+                r = dec.generate(p, max_new_tokens=128, temperature=0)
+                n, seconds = n + len(r.new_ids), seconds + r.wall_time
+                drafts, targets = drafts + r.draft_calls, targets + r.target_calls
+            rates[spec].append(n / seconds)
+            counts[spec] = (n, drafts, targets)
+        print(rep, {k: round(v[-1], 1) for k, v in rates.items()}, flush=True)
+    for spec in SPECS:
+        r = rates[spec]
+        print(f"{spec:28s} median {statistics.median(r):7.1f} range {min(r):.1f}-{max(r):.1f} "
+              f"tokens/draft/target {counts[spec]}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The steps of `acchead-gpu-check` (`acchead.inference.bench.gpu_check`): one pair's models, decoders and
+prompts (`PairRun`), greedy exactness against eager autoregressive decoding (`check_exactness`) and
+interleaved wall-clock timing (`measure_speed`), each under the run's deadline (`Budget`)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from acchead.errors import AccheadError
+from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec, SpecDecSpec
+from acchead.inference.spec import parse_policy_spec
+
+DEFAULT_PROMPTS = {"toy": "humaneval", "smollm2": "mtbench"}
+
+
+class PairRun:
+    """One pair on one device: its models per dtype, tokenizer, prompts and head."""
+
+    def __init__(self, args: argparse.Namespace, name: str) -> None:
+        from acchead.models import load_tokenizer
+        from acchead.pairs import default_heads, resolve_pair
+        from acchead.prompt_sources import load_prompts
+        from acchead.prompting import encode_prompt
+        from acchead.sampling import SamplingConfig
+
+        self.args, self.name = args, name
+        self.paths = resolve_pair(name, args.target, args.draft)  # AccheadError names what is missing
+        heads = [Path(args.head)] if args.head else default_heads(name, SamplingConfig(0.0))
+        if not heads:
+            raise AccheadError(f"pair {name}: no shipped greedy head (pass --head)")
+        self.head = heads[0]
+        self.tok = load_tokenizer(self.paths.target)
+        prompts = load_prompts(args.prompts or DEFAULT_PROMPTS[name], args.num_prompts)
+        self.prompts = [torch_ids(encode_prompt(self.tok, p)) for p in prompts]
+        self.eos = self.tok.eos_token_id
+        self._models: dict[str, tuple] = {}
+
+    def models(self, dtype: str) -> tuple:
+        if dtype not in self._models:
+            from acchead.models import load_causal_lm
+
+            dev = self.args.device
+            self._models[dtype] = (
+                load_causal_lm(self.paths.target, dtype, dev),
+                load_causal_lm(self.paths.draft, dtype, dev),
+            )
+        return self._models[dtype]
+
+    def decoder(self, dtype: str, spec: str, path: str = "eager"):
+        """A decoder of `spec` in `dtype` on `path` (see --path)."""
+        from acchead.inference.decoder import SpeculativeDecoder
+
+        target, draft = self.models(dtype)
+        policy = parse_policy_spec(spec)
+        head = self.head if policy.needs_head else None
+        fast, device_path = _PATHS[path]
+        if self.args.backend != "inductor" and path != "eager":  # checked in run_check: the device path
+            from acchead.inference.device_path import DevicePath
+
+            device_path = DevicePath(True, backend=self.args.backend)
+        drafter = None if isinstance(policy, AutoregressiveSpec) else draft
+        return SpeculativeDecoder(target, drafter, policy, head=head, fast=fast, device_path=device_path)
+
+    def greedy(self, dec, prompt) -> tuple[list[int], float]:
+        res = dec.generate(
+            prompt, max_new_tokens=self.args.max_new_tokens, temperature=0, eos_token_id=self.eos
+        )
+        return res.new_ids.tolist(), res.wall_time
+
+
+def torch_ids(ids: list[int]):
+    import torch
+
+    return torch.tensor(ids, dtype=torch.long)
+
+
+_PATHS = {"default": (None, None), "eager": (False, None), "fast": (True, None), "device": (None, True)}
+
+
+def _warm(dec, run: PairRun) -> float:
+    """Seconds `warm_up` took for the longest prompt (compilation, on the fast path)."""
+    start = time.perf_counter()
+    dec.warm_up(max(p.numel() for p in run.prompts) + run.args.max_new_tokens)
+    return time.perf_counter() - start
+
+
+def _progress(line: str) -> None:
+    """One line per finished check on stderr, so a run cut short still shows what it measured."""
+    print(f"[gpu-check] {line}", file=sys.stderr, flush=True)
+
+
+class Budget:
+    """The run's deadline: `over()` once `seconds` have passed since it was made."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.perf_counter() + seconds
+
+    def over(self) -> bool:
+        return time.perf_counter() >= self.end
+
+
+def check_exactness(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
+    """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`; a spec
+    that would start past the budget is {"skipped": True}."""
+    if budget.over():
+        return {spec: {"skipped": True} for spec in specs}
+    ref_dec = run.decoder(dtype, "autoregressive", "eager")
+    refs = [run.greedy(ref_dec, p)[0] for p in run.prompts]
+    out = {}
+    for spec in specs:
+        if budget.over():
+            out[spec] = {"skipped": True}
+            continue
+        dec = run.decoder(dtype, spec, run.args.path)
+        _warm(dec, run)
+        diffs = []
+        for i, (p, ref) in enumerate(zip(run.prompts, refs, strict=True)):
+            got = run.greedy(dec, p)[0]
+            if got != ref:
+                at = next(
+                    (j for j, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b),
+                    min(len(got), len(ref)),
+                )
+                diffs.append(f"prompt {i} from token {at}")
+        out[spec] = {"equal": not diffs, "differs": diffs, "fast": dec.fast, "device_path": dec.path.on}
+        _progress(f"{run.name} exactness {dtype} {spec}: " + ("equal" if not diffs else "differs"))
+    return out
+
+
+def measure_speed(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
+    """tokens/s per spec: every spec is warmed up (and decoded once, untimed) first, then all are timed in
+    `--repeats` interleaved rounds (all prompts' tokens over their summed wall time, per round), and the
+    median round is reported with the rounds' range. Interleaving puts every decoder under the same drift
+    of the machine (an H100 run of one round each saw AR move 351 -> 486 tokens/s between two runs).
+    Warm-up seconds are summed over the specs; specs whose warm-up would start past the budget are listed
+    in "skipped", and the ratios need AR, a fixed K and a SpecDec++ setting among those timed."""
+    decoders, warm, skipped = {}, {}, []
+    for spec in specs:
+        if budget.over():
+            skipped.append(spec)
+            continue
+        dec = run.decoder(dtype, spec, run.args.path)
+        warm[spec] = _warm(dec, run)
+        run.greedy(dec, run.prompts[0])  # first-call costs (allocator, caches) out of the timing
+        decoders[spec] = dec
+        _progress(f"{run.name} speed {dtype} {spec}: warm-up {warm[spec]:.1f} s")
+    rates: dict[str, list[float]] = {spec: [] for spec in decoders}
+    tokens: dict[str, int] = {}
+    for _ in range(run.args.repeats):
+        for spec, dec in decoders.items():
+            n, seconds = 0, 0.0
+            for p in run.prompts:
+                ids, wall = run.greedy(dec, p)
+                n, seconds = n + len(ids), seconds + wall
+            tokens[spec] = n
+            rates[spec].append(n / max(seconds, 1e-9))
+    rows = {}
+    for spec, r in rates.items():
+        rows[spec] = {
+            "tokens": tokens[spec],
+            "warm_up_s": round(warm[spec], 1),
+            "tokens_per_s": statistics.median(r),
+            "tokens_per_s_range": [min(r), max(r)],
+        }
+        _progress(f"{run.name} speed {dtype} {spec}: {rows[spec]['tokens_per_s']:.1f} tokens/s (median)")
+    out: dict[str, Any] = {"rows": rows, "warm_up_s": round(sum(warm.values()), 1), "skipped": skipped}
+    kinds = {s: type(parse_policy_spec(s)) for s in rows}
+    fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
+    adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecPPSpec}
+    if "autoregressive" not in rows or not fixed or not adaptive:
+        return out
+    ar = rows["autoregressive"]["tokens_per_s"]
+    best_k = max(fixed, key=fixed.get)
+    best_pp = max(adaptive, key=adaptive.get)
+    pp = adaptive[best_pp]
+    return {
+        **out,
+        "best_fixed": best_k,
+        "best_specdecpp": best_pp,
+        "specdecpp_over_ar": pp / ar,
+        "specdecpp_over_best_k": pp / fixed[best_k],
+        "best_k_over_ar": fixed[best_k] / ar,
+    }
