@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -373,13 +372,13 @@ def test_bench_refuses_another_run_and_overwrite_replaces_it(bench_inputs, tmp_p
 
 
 def test_bench_checks_the_cost_fit_before_running(bench_inputs, tmp_path, capsys):
-    t0 = time.perf_counter()
+    """Refused before any model loads: the target path does not exist, and the error is the cost fit's."""
     argv = _bench_argv(bench_inputs, tmp_path / "b", "--num-prompts", "1", "--methods",
                        "autoregressive,oracle", "--target", str(tmp_path / "no-such-model"))  # fmt: skip
     assert bench_cli.main(argv) == 2
     line = one_error_line(capsys.readouterr().err, PROG)
     assert "cost fit needs at least 2 runs" in line and "1 prompt(s) x 1 such setting(s)" in line
-    assert time.perf_counter() - t0 < 5 and not (tmp_path / "b").exists()
+    assert not (tmp_path / "b").exists()
 
 
 def test_bench_long_prompt_is_refused_or_truncated_on_request(bench_inputs, tmp_path, capsys):
