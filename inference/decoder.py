@@ -92,8 +92,10 @@ class SpeculativeDecoder:
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         fast: run the target (and a draft model given as a `PreTrainedModel`) on the fast path: static KV
             caches and compiled forwards (`acchead.inference.model_runner.StaticRunner`). None: on when
-            the target is on CUDA, unless the draft is a feature (EAGLE) draft, which runs eagerly
-            (`acchead.inference.feature_drafter`). Call `warm_up` before timing it.
+            the target is on CUDA, unless the draft is a feature (EAGLE) draft: with one, fast=True runs
+            the target on the fast path (its verification units also return the states the draft reads)
+            and the draft itself eagerly (`acchead.inference.feature_drafter`). Call `warm_up` before
+            timing it.
         compile: on the fast path, capture the forwards (False runs the static caches eagerly: the same
             cache logic without compilation, for tests and debugging).
         device_path: take the CUDA default's branches (`acchead.inference.device_path`): the fast path and
@@ -118,7 +120,7 @@ class SpeculativeDecoder:
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         self.target = target
         self.path = DevicePath.resolve(target.device, device_path)
-        if fast is None:  # the device's default; a feature draft runs eagerly (its fast path is not built)
+        if fast is None:  # the device's default; with a feature draft eager (its fast path: opt-in)
             fast = self.path.fast_default and not is_feature_draft(draft)
         self.fast = bool(fast)
         if self.fast and draft is target:
@@ -135,9 +137,7 @@ class SpeculativeDecoder:
             padded=self.fast, symbolic=self.fast and compile and self.path.on,
         )
         if is_feature_draft(draft):
-            if self.fast:
-                raise AccheadError("a feature (EAGLE) draft runs on the eager path only: leave fast unset")
-            draft = FeatureDrafter(draft)
+            draft = FeatureDrafter(draft)  # eager; on the fast path the target's units hand it the states
         elif isinstance(draft, PreTrainedModel):
             # The draft resolves its own default from its own device (it may sit elsewhere).
             draft = ModelDrafter(draft, fast=self.fast, compile=compile, device_path=device_path)
@@ -210,7 +210,7 @@ class SpeculativeDecoder:
         with torch.inference_mode():
             # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
             # target's token), so `max_length` is all either needs.
-            self._verifier.warm_up(max_length, self.policy.max_cap, sampling)
+            self._verifier.warm_up(max_length, self.policy.max_cap, sampling, states=self.reads_states)
             if self.drafter is not None:
                 self.drafter.warm_up(max_length, sampling, self.policy.start_decode())
 

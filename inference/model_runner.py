@@ -61,7 +61,7 @@ class ModelRunner(Protocol):
         `post_feeds`: tokens `post` itself feeds to the model through `step_forward` and this runner's
         cache (a fixed-K draft round), counted in `length`.
         `all_hidden`: `hidden` is (n, H), every fed position's final hidden state (the states a feature
-        draft reads, `acchead.inference.feature_drafter`); the eager path only.
+        draft reads, `acchead.inference.feature_drafter`).
         `symbolic` > 0: on the fast path, one compiled graph serves every count n ≥ `symbolic`
         (`StaticRunner.feed`). `keep` = 0 keeps every position. Eager: nothing to do.
         """

@@ -59,7 +59,7 @@ def verify_width(fed: int) -> int:
 
 
 def _verify_with_states(logits, hidden, model, cache, *args) -> tuple[torch.Tensor, torch.Tensor]:
-    """`verify_post`, also passing on the (fed, H) states the forward computed (eager only)."""
+    """`verify_post`, also passing on the (fed, H) states the forward computed."""
     (status,) = verify_post(logits, hidden, model, cache, *args)
     return status, hidden
 
@@ -115,9 +115,9 @@ class RoundVerifier:
         num = len(steps)
         keys = [self.key(seed, purpose, n) for purpose in (TAU, NEXT)]
         fed = n + num - self.runner.length
-        if self.padded and self.runner.length > 0 and fed == num + 1 and not states:
+        if self.padded and self.runner.length > 0 and fed == num + 1:
             # [x_n, X_1..X_L (, 0...)] (up to the width); the prompt's forward (length 0) runs eager
-            out = self.runner.feed(**self._unit_inputs(seq[n - 1 : n + num], steps, sampling, keys))
+            out = self.runner.feed(**self._unit_inputs(seq[n - 1 : n + num], steps, sampling, keys, states))
         else:
             post_args = (seq[n : n + num], self.stack_q(steps), sampling, self.verify_fn, *keys)
             out = self.runner.feed(
@@ -129,11 +129,13 @@ class RoundVerifier:
         return (status, out[1]) if states else status
 
     def _unit_inputs(
-        self, ids: torch.Tensor, steps: list[DraftStep], sampling: SamplingConfig, keys: list[Word]
-    ) -> dict[str, Any]:
+        self, ids: torch.Tensor, steps: list[DraftStep], sampling: SamplingConfig, keys: list[Word],
+        states: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
         """`runner.feed`'s arguments for the verification of [x_n, X_1..X_L] (`ids`, (L + 1,)) as a
         padded unit (symbolic from `SYMBOLIC_FROM` when `symbolic`): the real candidate count enters as a 0-d
-        tensor, so L is no constant of the graph."""
+        tensor, so L is no constant of the graph. `states`: the unit also returns the target's states of
+        the width's positions ((width, H); a feature drafter reads the first τ + 1)."""
         num = len(steps)
         width = verify_width(num + 1)
         ids = torch.nn.functional.pad(ids, (0, width - num - 1))
@@ -144,7 +146,9 @@ class RoundVerifier:
                 torch._dynamo.mark_dynamic(t, 0, min=symbolic - 1, max=MAX_SYMBOLIC_COUNT - 1)
         real = torch.full((), num, dtype=torch.long, device=self.device)
         post_args = (tokens, q, sampling, self.verify_fn, *keys, real)
-        return {"tokens": ids, "keep": 0, "post": verify_post, "post_args": post_args, "symbolic": symbolic}
+        post = _verify_with_states if states else verify_post
+        return {"tokens": ids, "keep": 0, "post": post, "post_args": post_args, "symbolic": symbolic,
+                "all_hidden": states}  # fmt: skip
 
     def key(self, seed: int, purpose: int, n: int) -> Word:
         """The key of a verifier draw in the round starting at n."""
@@ -164,9 +168,10 @@ class RoundVerifier:
             q = torch.nn.functional.pad(q, (0, v - q.shape[-1], 0, extra))
         return q
 
-    def warm_up(self, max_length: int, max_cap: int, sampling: SamplingConfig) -> None:
+    def warm_up(self, max_length: int, max_cap: int, sampling: SamplingConfig, states: bool = False) -> None:
         """Compile the fast path's (padded) verification of 0..`max_cap` candidates under S, i.e. of the
-        widths they round up to, for sequences of up to `max_length` tokens; leaves the cache empty."""
+        widths they round up to, for sequences of up to `max_length` tokens (`states`: the units that also
+        return the target's states, for a feature drafter); leaves the cache empty."""
         if not self.padded:
             raise ValueError("warm_up compiles the fast path's padded verification units: padded=True")
         runner = self.runner
@@ -181,5 +186,5 @@ class RoundVerifier:
         for width in widths:
             runner.rollback(1)
             steps = [DraftStep(token=0, q=q, hidden=None, index=i + 1) for i in range(width - 1)]
-            runner.feed(**self._unit_inputs(dummy[:width], steps, sampling, keys))
+            runner.feed(**self._unit_inputs(dummy[:width], steps, sampling, keys, states))
         runner.reset(capacity)

@@ -76,12 +76,13 @@ def step_forward(
     cache: StaticCache,
     input_ids: torch.Tensor,
     keep: int,
-    want_hidden: bool,
+    want_hidden: bool | str,
     post: Callable | None = None,
     *post_args: Any,
 ):
     """One forward over `input_ids` ((1, n)) after the cache, and what the decoder does with its output:
-    the unit `torch.compile` captures.
+    the unit `torch.compile` captures. `want_hidden`: False, True (the last position's state) or "all"
+    (every fed position's, (n, H): the states a feature draft reads).
 
     Runs the decoder stack and the LM head separately (public `get_decoder` / `get_output_embeddings`),
     because the hidden states `output_hidden_states` returns are collected by hooks that a captured graph
@@ -92,9 +93,9 @@ def step_forward(
     sampling and stop rule, a verification's acceptance and next token: `acchead.inference.units`).
     """
     hidden = model.get_decoder()(input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True).last_hidden_state
-    hidden = hidden[0, -keep:] if keep else hidden[0]  # (keep or n, H): what the LM head reads
-    logits = model.get_output_embeddings()(hidden)
-    last = hidden[-1] if want_hidden else None
+    rows = hidden[0, -keep:] if keep else hidden[0]  # (keep or n, H): what the LM head reads
+    logits = model.get_output_embeddings()(rows)
+    last = hidden[0] if want_hidden == "all" else rows[-1] if want_hidden else None
     return (logits, last) if post is None else post(logits, last, model, cache, *post_args)
 
 
@@ -340,7 +341,7 @@ class StaticRunner:
         of smaller counts; the caller marks the matching dimensions of `post_args` with
         `torch._dynamo.mark_dynamic`, and passes keep = 0, every position, rather than a constant n)."""
         if all_hidden:
-            raise AccheadError("every position's hidden state is read on the eager path only")
+            want_hidden = "all"  # a graph of its own (the key holds want_hidden)
         n = tokens.numel()
         self._reserve(self.length + n + post_feeds, self.length)
         ids = tokens.to(self.device)[None]

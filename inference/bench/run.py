@@ -37,7 +37,6 @@ from acchead.inference.bench.partials import (
     save_partial,
 )
 from acchead.inference.bench.settings import (
-    FAST_SUFFIX,
     FIT_FAMILIES,
     Setting,
     build_settings,
@@ -228,13 +227,13 @@ def run_bench(args: argparse.Namespace) -> dict:
     check_fit_possible(settings, len(prompts))
     target = load_causal_lm(args.target, args.dtype, args.device)
     draft = load_causal_lm(args.draft, args.dtype, args.device)
-    if is_feature_draft(draft):  # it drafts from the target's states: our eager decoders only
-        runs = [s.family != HF_METHOD and not s.family.endswith(FAST_SUFFIX) for s in settings]
+    if is_feature_draft(draft):  # it drafts from the target's states: our decoders only (either path)
+        runs = [s.family != HF_METHOD for s in settings]
         dropped = sorted({s.family for s, ok in zip(settings, runs, strict=True) if not ok})
         settings = [s for s, ok in zip(settings, runs, strict=True) if ok]
         if dropped:
-            notes.append(f"skipped with a feature draft (it reads the target's states; eager path only): "
-                         f"{', '.join(dropped)}")  # fmt: skip
+            notes.append(f"skipped with a feature draft (it reads the target's states, which transformers' "
+                         f"assisted generation does not hand over): {', '.join(dropped)}")  # fmt: skip
     # the hf-assisted row records the schedule transformers will use with this draft
     settings = [replace(s, params={**s.params, **schedule_params(draft)}) if s.family == HF_METHOD else s
                 for s in settings]  # fmt: skip
