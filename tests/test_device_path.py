@@ -151,7 +151,9 @@ def test_compiled_unit_on_the_device_path_copies_its_outputs(tiny_tokenizer, mon
         make_runner(target, fast=True, device_path=False)
 
 
-@pytest.mark.parametrize("spec", ["specdec:k=3", "specdecpp:h=0.5,max=6"])
+@pytest.mark.parametrize(
+    "spec", [pytest.param("specdec:k=3", marks=pytest.mark.slow), "specdecpp:h=0.5,max=6"]
+)  # the round unit's variant is slow (~20 s of tracing), like its Inductor twin
 def test_cudagraphs_backend_compiles_without_inductor(tiny_tokenizer, monkeypatch, spec):
     """`DevicePath(True, backend="cudagraphs")`: every unit goes to torch's `cudagraphs` backend (on CPU
     tensors it skips the capture and runs the traced graph eagerly: the twin of the CUDA run, without
