@@ -33,7 +33,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, StaticCache
@@ -76,7 +76,7 @@ def step_forward(
     cache: StaticCache,
     input_ids: torch.Tensor,
     keep: int,
-    want_hidden: bool | str,
+    want_hidden: bool | Literal["all"],
     post: Callable | None = None,
     *post_args: Any,
 ):
