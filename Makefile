@@ -17,10 +17,10 @@
 #                             w_rej 3, depth 3) -> bench every method on HumanEval -> runs/demo/bench/report.md
 #                             (both demos resume where they stopped when rerun)
 #   make pair                 load the demo pair and let the target complete a HumanEval prompt
-#   make gpu-check            first run on a freshly lent GPU (<= 10 min): the GPU tests, greedy exactness on CUDA in
-#                             float32 and bfloat16, tokens/s of AR, the best fixed K and SpecDec++ on the toy pair and
-#                             (when installed) the real pair -> runs/gpu-check/report.md; GPU_CHECK_ARGS="--device cpu"
-#                             runs the same on the CPU (the GPU tests' CPU twins instead)
+#   make gpu-check            first run on a freshly lent GPU (<= 10 min): greedy exactness on CUDA in float32 and
+#                             bfloat16, tokens/s of AR, the best fixed K and SpecDec++ on the toy pair and (when
+#                             installed) the real pair, then the GPU tests -> runs/gpu-check/report.md;
+#                             GPU_CHECK_ARGS="--device cpu" runs the same on the CPU (the GPU tests' CPU twins instead)
 #   make lint                 ruff check
 #
 # GPU users bring their own torch: either install your CUDA build into .venv before `make venv`

@@ -78,6 +78,10 @@ def test_checks_past_the_budget_are_named_not_run(check_argv, tmp_path):
     assert pair["speed"]["rows"] == {} and len(pair["speed"]["skipped"]) == 1 + 2 + 2
     md = tmp_path / "gpu-check.md"
     assert main([*check_argv, "--budget-s", "0", "--out", str(md)]) == 0
+    # the tests run last, with what is left of the budget: none here
+    no_flag = [a for a in check_argv if a != "--no-tests"]
+    assert main([*no_flag, "--budget-s", "0", "--out", str(md)]) == 0
+    assert "tests skipped (past the 0 s budget)" in md.read_text()
     text = md.read_text()
     assert "skipped (past the 0 s budget)" in text and "no ratios" in text
 

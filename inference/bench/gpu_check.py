@@ -3,23 +3,24 @@
     acchead-gpu-check --out docs/results/gpu-check-h100.md        # on a GPU machine (cuda is the default)
     acchead-gpu-check --device cpu --no-tests --pairs toy          # the same checks on the CPU
 
-1. Tests: on CUDA the GPU-marked tests (`pytest -m gpu tests/test_gpu.py`); on the CPU their twins, the
-   CUDA default's branches forced onto the CPU (tests/test_device_path.py). Needs a checkout (tests/ beside
-   the package); else one line says they were skipped.
-2. Exactness, per dtype (`--exact-dtypes`, float32 and bfloat16): greedy decoding by autoregressive
+1. Exactness, per dtype (`--exact-dtypes`, float32 and bfloat16): greedy decoding by autoregressive
    decoding, fixed K and SpecDec++ on the device's default path (CUDA: the fast path with CUDA graphs)
    against eager autoregressive greedy decoding in the same dtype, token for token, on a few prompts. A
    float32 difference fails the check; in bfloat16 a verification over L + 1 positions rounds differently
    from a one-token step, so a near-tie can flip the argmax: a difference is reported, not failed.
-3. Speed: wall-clock tokens/s of autoregressive decoding, each K of `--k-grid` (the best is reported) and
+2. Speed: wall-clock tokens/s of autoregressive decoding, each K of `--k-grid` (the best is reported) and
    SpecDec++ with the pair's default head at each h of `--h-grid`, after `warm_up` (its seconds are
    reported: the compilation a bench pays), for the toy pair and the real pair when its assets, shipped
    draft and head are present (else one line says why not), in `--speed-dtype`.
+3. Tests, last: on CUDA the GPU-marked tests (`pytest -m gpu tests/test_gpu.py`); on the CPU their twins,
+   the CUDA default's branches forced onto the CPU (tests/test_device_path.py), stopped at what is left of
+   the budget. Needs a checkout (tests/ beside the package); else one line says they were skipped.
 
 Steps run in that order of value (float32 exactness, then speed, then the other dtypes' exactness, per
-pair), under `--budget-s`: compiling is what a fresh GPU spends its minutes on (an H200, 2026-11-26,
-compiled four decoders in 230 s), so a check that would start past the budget is skipped and named in the
-report instead of the whole run being killed with nothing written.
+pair; then the tests, which compile per test: an H100 ran 3 of 7 in 125 s), under `--budget-s`: compiling
+is what a fresh GPU spends its minutes on (an H200, 2026-11-26, compiled four decoders in 230 s), so a
+check that would start past the budget is skipped and named in the report instead of the whole run being
+killed with nothing written.
 
 The report is markdown on stdout and, with `--out FILE`, written atomically (FILE ending in .json: the
 same as JSON). Exit status 1 when a test or a float32 exactness check failed.
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time the methods before the float32 exactness check (default: exactness first)",
     )
-    p.add_argument("--no-tests", action="store_true", help="skip step 1 (the test run)")
+    p.add_argument("--no-tests", action="store_true", help="skip step 3 (the test run)")
     p.add_argument(
         "--budget-s",
         type=float,
@@ -119,8 +120,9 @@ def _floats(text: str, flag: str) -> list[float]:
         raise AccheadError(f"{flag} must be comma-separated numbers, got {text!r}") from None
 
 
-def run_tests(device: str) -> dict[str, Any]:
-    """The GPU-marked tests on CUDA, their CPU twins on the CPU: pytest in a subprocess, from the checkout."""
+def run_tests(device: str, timeout: float = TEST_TIMEOUT_S) -> dict[str, Any]:
+    """The GPU-marked tests on CUDA, their CPU twins on the CPU: pytest in a subprocess, from the checkout,
+    stopped after `timeout` seconds."""
     tests = REPO / "tests"
     if not (tests / "test_gpu.py").is_file():
         return {"ran": False, "line": f"tests skipped: no checkout's tests/ at {tests}"}
@@ -131,9 +133,9 @@ def run_tests(device: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *cmd]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"ran": True, "ok": False, "line": f"{' '.join(cmd[3:])}: timed out after {TEST_TIMEOUT_S} s"}
+        return {"ran": True, "ok": False, "line": f"{' '.join(cmd[3:])}: timed out after {timeout:.0f} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     summary = lines[-1] if lines else proc.stderr.strip()[-200:]
     return {
@@ -182,8 +184,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         "pairs": {},
     }
     budget = Budget(args.budget_s)
-    report["tests"] = {"ran": False} if args.no_tests else run_tests(args.device)
-    ok = report["tests"].get("ok", True)
+    ok = True
     fixed = [f"specdec:k={k}" for k in ks]
     adaptive = [f"specdecpp:h={h:g},max={max(ks) * 2}" for h in hs]
     for name in [n.strip() for n in args.pairs.split(",") if n.strip()]:
@@ -206,7 +207,13 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
                 exact[d] = check_exactness(run, d, checked, budget)
         ok = ok and all(c.get("equal", True) for c in exact.get("float32", {}).values())
         report["pairs"][name] = {"exactness": exact, "speed_dtype": speed_dtype, "speed": speed}
-    report["ok"] = bool(ok)
+    if args.no_tests:
+        report["tests"] = {"ran": False}
+    elif budget.over():
+        report["tests"] = {"ran": False, "line": f"tests skipped (past the {args.budget_s:g} s budget)"}
+    else:
+        report["tests"] = run_tests(args.device, min(TEST_TIMEOUT_S, budget.remaining()))
+    report["ok"] = bool(ok and report["tests"].get("ok", True))
     return report
 
 

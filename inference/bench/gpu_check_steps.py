@@ -103,6 +103,10 @@ class Budget:
     def over(self) -> bool:
         return time.perf_counter() >= self.end
 
+    def remaining(self) -> float:
+        """Seconds until the deadline (0 once past it)."""
+        return max(0.0, self.end - time.perf_counter())
+
 
 def check_exactness(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
     """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`; a spec
