@@ -161,11 +161,11 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     from acchead.inference.device_path import DevicePath
 
     try:
-        DevicePath(True, backend=args.backend)
+        backend_path = None if args.backend == "inductor" else DevicePath(True, backend=args.backend)
     except ValueError as e:
         raise AccheadError(f"--backend: {e}") from None
     on_device_path = args.path == "device" or (args.path == "default" and args.device == "cuda")
-    if args.backend != "inductor" and not on_device_path:
+    if backend_path is not None and not on_device_path:
         raise AccheadError(f"--backend {args.backend} compiles the device path: use --path device (or cuda)")
     if args.repeats < 1:
         raise AccheadError(f"--repeats must be >= 1 (got {args.repeats})")
@@ -189,7 +189,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     adaptive = [f"specdecpp:h={h:g},max={max(ks) * 2}" for h in hs]
     for name in [n.strip() for n in args.pairs.split(",") if n.strip()]:
         try:
-            run = PairRun(args, name)
+            run = PairRun(args, name, backend_path)
         except AccheadError as e:
             report["pairs"][name] = {"skipped": str(e)}
             continue

@@ -9,26 +9,30 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from acchead.errors import AccheadError
 from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec, SpecDecSpec
 from acchead.inference.spec import parse_policy_spec
 
+if TYPE_CHECKING:
+    from acchead.inference.device_path import DevicePath
+
 DEFAULT_PROMPTS = {"toy": "humaneval", "smollm2": "mtbench"}
 
 
 class PairRun:
-    """One pair on one device: its models per dtype, tokenizer, prompts and head."""
+    """One pair on one device: its models per dtype, tokenizer, prompts and head. `backend_path`: the
+    device path with a compile backend other than Inductor (`--backend`), for decoders not on --path eager."""
 
-    def __init__(self, args: argparse.Namespace, name: str) -> None:
+    def __init__(self, args: argparse.Namespace, name: str, backend_path: DevicePath | None = None) -> None:
         from acchead.models import load_tokenizer
         from acchead.pairs import default_heads, resolve_pair
         from acchead.prompt_sources import load_prompts
         from acchead.prompting import encode_prompt
         from acchead.sampling import SamplingConfig
 
-        self.args, self.name = args, name
+        self.args, self.name, self.backend_path = args, name, backend_path
         self.paths = resolve_pair(name, args.target, args.draft)  # AccheadError names what is missing
         heads = [Path(args.head)] if args.head else default_heads(name, SamplingConfig(0.0))
         if not heads:
@@ -59,10 +63,8 @@ class PairRun:
         policy = parse_policy_spec(spec)
         head = self.head if policy.needs_head else None
         fast, device_path = _PATHS[path]
-        if self.args.backend != "inductor" and path != "eager":  # checked in run_check: the device path
-            from acchead.inference.device_path import DevicePath
-
-            device_path = DevicePath(True, backend=self.args.backend)
+        if self.backend_path is not None and path != "eager":
+            device_path = self.backend_path
         drafter = None if isinstance(policy, AutoregressiveSpec) else draft
         return SpeculativeDecoder(target, drafter, policy, head=head, fast=fast, device_path=device_path)
 
