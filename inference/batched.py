@@ -51,14 +51,16 @@ from acchead.inference.adaedl import AdaEDL
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
-from acchead.inference.batched_rows import Row
-from acchead.inference.device_random import DRAFT, NEXT, TAU, key_hash, sample_token
+from acchead.inference.batched_rows import Row, verify_sampled
+from acchead.inference.device_path import DevicePath
+from acchead.inference.device_random import DRAFT, key_hash, sample_token
 from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
 from acchead.inference.spec import DecodingSpec, spec_arguments
+from acchead.inference.static_ragged_cache import SYMBOLIC_FROM, StaticRaggedCache, ragged_cache
 from acchead.inference.verification import VERIFIERS
 from acchead.lookahead import lookahead_inputs
 from acchead.models import check_prompt, output_embedding_table
@@ -79,7 +81,12 @@ class BatchedDecoder:
         batch_stop: the batch-level stop rule (specdecpp only): False (rows stop on their own only), True
             (cost ratio c = 1 − h, which adds nothing at B = 1), a float c, "measured" (c(B) timed on
             this machine at the batch sizes `generate` meets: `calibrate`), or a `BatchStop`.
-        spec: a `DecodingSpec` (or its string) in place of policy, head and verifier (its path: eager).
+        spec: a `DecodingSpec` (or its string) in place of policy, head, verifier and fast.
+        fast: the batched fast path (`acchead.inference.static_ragged_cache`: static caches, one compiled
+            forward per (B, width)) for the target and the draft; None or False: eager `DynamicCache`s.
+        compile: False runs the fast path's static caches eagerly (tests: the same logic in seconds).
+        device_path: compile the fast path's forwards as the CUDA default does (`DevicePath`); None: on
+            CUDA only.
     """
 
     def __init__(
@@ -91,10 +98,11 @@ class BatchedDecoder:
         verifier: str | None = None,  # None: "token"
         batch_stop: bool | float | str | BatchStop | None = False,
         spec: DecodingSpec | str | None = None,
+        fast: bool | None = None,
+        compile: bool = True,
+        device_path: bool | DevicePath | None = None,
     ) -> None:
-        policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, None)
-        if fast:
-            raise AccheadError("batched decoding runs on the eager path (its static caches are single-row)")
+        policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         if head is not None and not isinstance(head, AcceptanceHead):
             from acchead.head_io import load_head
 
@@ -111,9 +119,14 @@ class BatchedDecoder:
         self.target, self.draft, self.verifier = target, draft, verifier
         self._verify = VERIFIERS[verifier]
         self._vocab = target.get_output_embeddings().weight.shape[0]
-        self.t_cache = RaggedCache(target)
+        self.fast = bool(fast)
+
+        def cache(model: PreTrainedModel) -> RaggedCache | StaticRaggedCache:
+            return ragged_cache(model, compile, device_path) if self.fast else RaggedCache(model)
+
+        self.t_cache = cache(target)
         feed = FeatureFeed if is_feature_draft(draft) else TokenFeed
-        self._feed = feed(RaggedCache(draft)) if draft is not None else None
+        self._feed = feed(cache(draft)) if draft is not None else None
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
         if not isinstance(batch_stop, BatchStop):
             batch_stop = parse_batch_stop(batch_stop, pp.h if pp else None)
@@ -131,6 +144,32 @@ class BatchedDecoder:
     def cap(self) -> int:
         """The policy's candidate cap per round."""
         return self.policy.max_cap
+
+    def _span(self, lengths: Sequence[int]) -> int:
+        """Slots a static cache needs for rows of at most these total lengths plus one round's feed."""
+        return max(lengths) + self.cap + 2
+
+    @torch.inference_mode()
+    def warm_up(self, batch: int, length: int) -> float:
+        """Compile the fast path's forwards for `batch` rows of up to `length` tokens (prompt and new
+        tokens) before a timed decode: every (width, outputs) a round of this policy can feed, the target's
+        verifications of 1 to cap + 1 tokens and the draft's round starts and steps
+        (`StaticRaggedCache.warm_up`). Seconds spent; 0 on the eager path."""
+        if not self.fast:
+            return 0.0
+        start = time.perf_counter()
+        span = self._span([length])
+        widths = range(1, min(self.cap + 1, SYMBOLIC_FROM) + 1)  # the last one: the symbolic graph
+        states = self._feed is not None and self._feed.wants_target_states
+        self.t_cache.warm_up(batch, span, [(w, w, states, w, False) for w in widths])
+        if self._feed is not None and self.cap > 0:
+            want = isinstance(self.policy, SpecDecPP)
+            if self._feed.wants_target_states:  # a round start feeds the pairs of the accepted tokens
+                shapes = [(w, 1, True, 1, True) for w in widths]
+            else:  # the committed tail: 1 or 2 ids
+                shapes = [(w, 1, want, 1, False) for w in (1, 2)]
+            self._feed.cache.warm_up(batch, span, shapes)
+        return time.perf_counter() - start
 
     @torch.inference_mode()
     def generate(
@@ -177,9 +216,11 @@ class BatchedDecoder:
             self.calibrate(batch)  # once per larger batch; not part of the decode's wall time
         out = BatchResult(rows=[r.res for r in rows])
         start = time.perf_counter()
-        self.t_cache.reset(batch)
+        # the fast path's static caches: room for the longest row and a round's candidates without compacting
+        span = self._span([r.prompt_len + r.max_new for r in rows])
+        self.t_cache.reset(batch, span)
         if self._feed is not None:
-            self._feed.reset(batch)
+            self._feed.reset(batch, span)
         active = rows
         while active:
             caps = [min(self.cap, r.max_new - r.generated - 1) for r in active]
@@ -221,6 +262,10 @@ class BatchedDecoder:
             timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec)
                       for name, k, spec in (("ar", None, "autoregressive"), ("k1", 1, "specdec:k=1"),
                                             ("k3", 3, "specdec:k=3"))}  # fmt: skip
+            for timer in timers.values():  # the same caches (on the fast path: the same compiled graphs)
+                timer.t_cache, timer.fast = self.t_cache, self.fast
+                if timer._feed is not None:
+                    timer._feed = self._feed
             new = measure_batch_costs(timers, self._vocab, sizes).costs
             self.batch_stop = replace(rule, costs=BatchCosts((*have.values(), *new)))
         assert self.batch_stop is not None and self.batch_stop.costs is not None
@@ -347,7 +392,7 @@ class BatchedDecoder:
         if sampling.greedy:  # one-hot p and q: τ = the longest agreeing prefix, then the target's argmax
             argmax = logits.argmax(-1).tolist()
         else:  # every row's (τ, next token) at once, read back in one transfer
-            sampled = self._verify_sampled(rows, cands, qs, logits, sampling).tolist()
+            sampled = verify_sampled(self._verify, self._vocab, rows, cands, qs, logits, sampling).tolist()
         kept = []
         for b, (r, c) in enumerate(zip(rows, cands, strict=True)):
             n, num = len(r.ids), len(c)
@@ -366,35 +411,3 @@ class BatchedDecoder:
         cache.rollback(kept_t)
         if self._feed is not None:
             self._feed.commit(kept_t)
-
-    def _verify_sampled(
-        self, rows: list[Row], cands: list[list[int]], qs: list[torch.Tensor | None], logits: torch.Tensor,
-        sampling: SamplingConfig,
-    ) -> torch.Tensor:  # fmt: skip
-        """(R, 2) every row's (τ, next token) from the verifier, all rows in one vectorised call: each row's
-        candidates padded to the longest L (`num`: the padded slots are rejected, and each draw is the one
-        the row alone makes: the race's exponentials depend on the key and the slot only). logits: (R, L+1,
-        V), row b's last len(cands[b]) + 1 positions its own."""
-        dev = logits.device
-        width = logits.shape[1]  # L + 1
-        nums = torch.tensor([len(c) for c in cands], device=dev)
-        tokens = torch.tensor([c + [0] * (width - 1 - len(c)) for c in cands], dtype=torch.long, device=dev)
-        q = torch.stack([F.pad(self._pad_q(qb, len(c)), (0, 0, 0, width - 1 - len(c))) for qb, c in
-                         zip(qs, cands, strict=True)])  # fmt: skip  # (R, L, V), zero rows past num
-        # Row b's p rows moved to the front: position i reads logits[b, L - num_b + i] (clamped: the rows
-        # past num_b + 1 are never read by the laws).
-        index = (torch.arange(width, device=dev)[None] + width - 1 - nums[:, None]).clamp_max(width - 1)
-        p = probs_from_logits(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), sampling)
-        seeds = torch.tensor([r.seed for r in rows], device=dev)
-        n = torch.tensor([len(r.ids) for r in rows], device=dev)
-        keys = key_hash(seeds, TAU, n, 0), key_hash(seeds, NEXT, n, 0)
-        verify = torch.func.vmap(lambda t, qq, pp, kt, kn, m: self._verify(t, qq, pp, False, kt, kn, m))
-        return torch.stack(verify(tokens, q, p, *keys, nums), dim=1)
-
-    def _pad_q(self, q: torch.Tensor | None, num: int) -> torch.Tensor:
-        """(L, V) draft distributions on the target's device, zero-padded to the target's vocabulary."""
-        dev = self.t_cache.device
-        if q is None:
-            return torch.zeros(num, self._vocab, device=dev)
-        q = q.to(device=dev, dtype=torch.float32)
-        return F.pad(q, (0, self._vocab - q.shape[-1])) if q.shape[-1] < self._vocab else q

@@ -1,5 +1,5 @@
 """How a batched round feeds its draft: token ids alone (an independent draft), or (token, state) pairs (a
-feature draft, EAGLE), over one `RaggedCache`.
+feature draft, EAGLE), over one `RaggedCache` (or its fast-path twin, `StaticRaggedCache`).
 
 `BatchedDecoder` drafts every row of a round in lockstep: one forward starts the round (each row's
 committed ids the draft cache lacks; its last output draws candidate 1), then one forward per step feeds
@@ -39,8 +39,9 @@ class TokenFeed:
     def ready(self) -> bool:
         return True
 
-    def reset(self, batch: int) -> None:
-        self.cache.reset(batch)
+    def reset(self, batch: int, capacity: int = 0) -> None:
+        """Empty caches for `batch` rows (`capacity`: the slots a static cache needs)."""
+        self.cache.reset(batch, capacity)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep the rows `rows` ((R,) int64 indices): the others finished."""
@@ -86,8 +87,8 @@ class FeatureFeed(TokenFeed):
     def ready(self) -> bool:
         return all(s.shape[0] > 0 for s in self.states)
 
-    def reset(self, batch: int) -> None:
-        super().reset(batch)
+    def reset(self, batch: int, capacity: int = 0) -> None:
+        super().reset(batch, capacity)
         self.states = [torch.empty(0, self.hidden_size, device=self.cache.device) for _ in range(batch)]
         self.true_pairs = [0] * batch  # pairs in the cache built on the target's states
 

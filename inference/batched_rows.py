@@ -14,9 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
+from acchead.inference.device_random import NEXT, TAU, key_hash
 from acchead.inference.policies import PolicyRun
 from acchead.inference.results import GenerationResult
+from acchead.sampling import SamplingConfig, probs_from_logits
 
 
 @dataclass
@@ -64,3 +67,36 @@ class Row:
         if self.run is not None:
             self.run.end_round(num, tau)
         self.done = self.done or self.generated >= self.max_new
+
+
+def verify_sampled(
+    verify: Callable, vocab: int, rows: list[Row], cands: list[list[int]], qs: list[torch.Tensor | None],
+    logits: torch.Tensor, sampling: SamplingConfig,
+) -> torch.Tensor:  # fmt: skip
+    """(R, 2) every row's (τ, next token) from the verifier `verify` (`acchead.inference.verification`), all
+    rows in one vectorised call: each row's candidates padded to the longest L (`num`: the padded slots are
+    rejected, and each draw is the one the row alone makes: the race's exponentials depend on the key and
+    the slot only). logits: (R, L+1, V), row b's last len(cands[b]) + 1 positions its own; qs[b]: (L_b, V_q)
+    the row's draft distributions (None: a model-free drafter), zero-padded to the target's `vocab`."""
+    dev = logits.device
+    width = logits.shape[1]  # L + 1
+
+    def padded_q(q: torch.Tensor | None, num: int) -> torch.Tensor:  # (L, V) on the target's device
+        if q is None:
+            return torch.zeros(width - 1, vocab, device=dev)
+        q = q.to(device=dev, dtype=torch.float32)
+        q = F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q
+        return F.pad(q, (0, 0, 0, width - 1 - num))
+
+    nums = torch.tensor([len(c) for c in cands], device=dev)
+    tokens = torch.tensor([c + [0] * (width - 1 - len(c)) for c in cands], dtype=torch.long, device=dev)
+    q = torch.stack([padded_q(qb, len(c)) for qb, c in zip(qs, cands, strict=True)])  # (R, L, V), 0 past num
+    # Row b's p rows moved to the front: position i reads logits[b, L - num_b + i] (clamped: the rows
+    # past num_b + 1 are never read by the laws).
+    index = (torch.arange(width, device=dev)[None] + width - 1 - nums[:, None]).clamp_max(width - 1)
+    p = probs_from_logits(logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1])), sampling)
+    seeds = torch.tensor([r.seed for r in rows], device=dev)
+    n = torch.tensor([len(r.ids) for r in rows], device=dev)
+    keys = key_hash(seeds, TAU, n, 0), key_hash(seeds, NEXT, n, 0)
+    batched = torch.func.vmap(lambda t, qq, pp, kt, kn, m: verify(t, qq, pp, False, kt, kn, m))
+    return torch.stack(batched(tokens, q, p, *keys, nums), dim=1)

@@ -55,8 +55,8 @@ class RaggedCache:
         self.device: torch.device = model.device
         self.reset(0)
 
-    def reset(self, batch: int) -> None:
-        """Empty cache for `batch` rows."""
+    def reset(self, batch: int, capacity: int = 0) -> None:
+        """Empty cache for `batch` rows (`capacity`: unused, a `DynamicCache` grows)."""
         self.cache = DynamicCache()
         self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
         self.length = torch.zeros(batch, dtype=torch.long, device=self.device)

@@ -119,6 +119,64 @@ def _own_frame(fn: Callable) -> Callable:
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+def compile_units(fn: Callable, path: DevicePath) -> Callable[..., Any]:
+    """`fn` compiled for `path` (`fullgraph`, static shapes), called as `call(key, *args)`: `key` names
+    everything the graph of these arguments is specialised on (shapes, constants, the cache's size).
+
+    The first call with a key compiles, with dynamo's recompile limits raised around that call only (the
+    process's own settings are left as they are) and, on the CPU, Inductor's weight freezing and C++
+    wrapper. Later calls with a seen key skip dynamo's guard evaluation (0.5 ms of a 5.9 ms target step on
+    the CPU, measured): the guards that tell the graphs apart (input shapes, the constants, the cache's
+    size) are still checked, the others (the model's parameters) cannot change between calls
+    (`skip_guard_eval_unsafe`; torch >= 2.7, else every guard runs).
+    """
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    # Static shapes. Automatic dynamic shapes (one graph symbolic in the token count) cut SpecDec++'s
+    # warm-up 4x, but which graph serves a call then depends on every unit compiled before it in the
+    # process: the full suite saw decodes compile after a complete warm-up (docs/speed.md, issue 32).
+    # `symbolic` feeds mark their token count dynamic (`torch._dynamo.mark_dynamic`), which dynamic=False
+    # still honours: one graph for the longer verifications, static shapes everywhere else.
+    compiled = torch.compile(_own_frame(fn), **path.compile_options, fullgraph=True, dynamic=False)
+    dynamo = torch._dynamo.config
+
+    def limits() -> contextlib.AbstractContextManager:
+        return dynamo.patch(
+            recompile_limit=max(dynamo.recompile_limit, _RECOMPILE_LIMIT),
+            accumulated_recompile_limit=max(dynamo.accumulated_recompile_limit, _RECOMPILE_LIMIT),
+        )
+
+    compiling = limits
+    if not path.on:
+        # Inductor reads these from its global config when it compiles (passing them in `options=`
+        # left the weights unfrozen), so they are set around the call that compiles a new shape:
+        # freezing folds the weights into the graph, prepacked for MKL (4.9 instead of 5.6 ms per
+        # target step, measured); the C++ wrapper drops the Python wrapper's per-kernel overhead
+        # (4.3-4.7 instead of 4.9 ms).
+        inductor = functools.partial(inductor_config.patch, freezing=True, cpp_wrapper=True)
+
+        @contextlib.contextmanager
+        def compiling():
+            with limits(), inductor():
+                yield
+
+    seen: set[Hashable] = set()
+
+    def call(key: Hashable, *args: Any) -> Any:
+        if key in seen:
+            with _SKIP_GUARDS() if _SKIP_GUARDS is not None else contextlib.nullcontext():
+                return compiled(*args)
+        start = time.perf_counter()
+        with compiling():
+            out = compiled(*args)
+        seen.add(key)
+        log.debug("%s: unit %s ready in %.1f s", fn.__name__, key, time.perf_counter() - start)
+        return out
+
+    return call
+
+
 class RollbackStaticLayer(StaticLayer):
     """A full-attention `StaticLayer` with the `crop` of later transformers releases, for those without it:
     moving the write position back in place (stale keys past it are masked, then overwritten)."""
@@ -236,63 +294,14 @@ class StaticRunner:
             )
 
     def _make_compiled(self) -> Callable:
-        """`step_forward` compiled for this runner's device, as a function of the same arguments.
-
-        Once a (token count, keep, want_hidden, capacity) has been compiled, later calls with it skip
-        dynamo's guard evaluation (0.5 ms of a 5.9 ms target step on the CPU, measured): the guards that
-        tell this runner's graphs apart (input shapes, the constants, the cache's size) are still
-        checked, the others (the model's parameters) cannot change between calls (`skip_guard_eval_unsafe`;
-        torch >= 2.7, else every guard runs).
-        """
-        import torch._dynamo
-        import torch._inductor.config as inductor_config
-
-        # Static shapes. Automatic dynamic shapes (one graph symbolic in the token count) cut SpecDec++'s
-        # warm-up 4x, but which graph serves a call then depends on every unit compiled before it in the
-        # process: the full suite saw decodes compile after a complete warm-up (docs/speed.md, issue 32).
-        # `symbolic` feeds mark their token count dynamic (`torch._dynamo.mark_dynamic`), which dynamic=False
-        # still honours: one graph for the longer verifications, static shapes everywhere else.
-        compiled = torch.compile(
-            _own_frame(step_forward), **self.path.compile_options, fullgraph=True, dynamic=False
-        )
-        dynamo = torch._dynamo.config
-
-        def limits() -> contextlib.AbstractContextManager:
-            # Scoped to the call that compiles: the process's own dynamo settings are left as they are.
-            return dynamo.patch(
-                recompile_limit=max(dynamo.recompile_limit, _RECOMPILE_LIMIT),
-                accumulated_recompile_limit=max(dynamo.accumulated_recompile_limit, _RECOMPILE_LIMIT),
-            )
-
-        compiling = limits
-        if not self.path.on:
-            # Inductor reads these from its global config when it compiles (passing them in `options=`
-            # left the weights unfrozen), so they are set around the call that compiles a new shape:
-            # freezing folds the weights into the graph, prepacked for MKL (4.9 instead of 5.6 ms per
-            # target step, measured); the C++ wrapper drops the Python wrapper's per-kernel overhead
-            # (4.3-4.7 instead of 4.9 ms).
-            inductor = functools.partial(inductor_config.patch, freezing=True, cpp_wrapper=True)
-
-            @contextlib.contextmanager
-            def compiling():
-                with limits(), inductor():
-                    yield
-
-        seen: set[tuple] = set()
+        """`step_forward` compiled for this runner's device, as a function of the same arguments (one graph
+        per token count, outputs and capacity: `compile_units`)."""
+        call = compile_units(step_forward, self.path)
 
         def run(model, cache, ids, keep, want_hidden, post, *post_args):
-            # Everything a graph was specialised on: a key seen before may skip the guards (below).
+            # Everything a graph was specialised on: a key seen before may skip the guards.
             key = (ids.shape[1], keep, want_hidden, self.capacity, post, *map(_arg_key, post_args))
-            if key in seen:
-                with _SKIP_GUARDS() if _SKIP_GUARDS is not None else contextlib.nullcontext():
-                    return compiled(model, cache, ids, keep, want_hidden, post, *post_args)
-            start = time.perf_counter()
-            with compiling():
-                out = compiled(model, cache, ids, keep, want_hidden, post, *post_args)
-            seen.add(key)
-            seconds = time.perf_counter() - start
-            log.debug("%s: unit %s ready in %.1f s", type(model).__name__, key[:4], seconds)
-            return out
+            return call(key, model, cache, ids, keep, want_hidden, post, *post_args)
 
         return run
 
