@@ -76,8 +76,12 @@ def test_ragged_cache_rows_equal_the_row_alone(peaked_pair):
     """Ragged feeds, per-row rollbacks (holes), finished rows leaving and compaction: each row's logits
     after each feed equal one unbatched forward over the row's kept tokens."""
     target, _ = peaked_pair
+    check_ragged_cache(RaggedCache(target), target)
+
+
+def check_ragged_cache(cache, target) -> None:
+    """`test_ragged_cache_rows_equal_the_row_alone` on `cache` (a `RaggedCache` or its static twin)."""
     g = torch.Generator().manual_seed(0)
-    cache = RaggedCache(target)
     rows: list[list[int]] = [[], [], []]
     cache.reset(len(rows))
     compactions: list[int] = []

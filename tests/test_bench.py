@@ -102,11 +102,16 @@ def _load_compiled_pair(monkeypatch, bench_inputs, compiled_pair) -> None:
 def test_bench_fast_path_beside_eager_and_transformers(bench_inputs, tmp_path, monkeypatch, compiled_pair):
     """--paths eager,fast: every draft-model decoder runs on both paths (fast rows NAME@fast, the same
     greedy output and counts), each path and transformers get their own fitted costs, and the report's
-    wall-clock section lists all three."""
+    wall-clock section lists all three. `--batch-size 2` batches both paths too (the batched fast path's
+    static caches run uncompiled here: tests/test_batched_fast.py compiles them)."""
+    import acchead.inference.batched as batched
+    from acchead.inference.static_ragged_cache import StaticRaggedCache
+
     _load_compiled_pair(monkeypatch, bench_inputs, compiled_pair)
+    monkeypatch.setattr(batched, "ragged_cache", lambda model, _, path: StaticRaggedCache(model, False, path))
     out = tmp_path / "bench"
     argv = [*_argv(bench_inputs, out), "--methods", "autoregressive,specdec,hf-assisted,hf-generate",
-            "--k-grid", "2", "--paths", "eager,fast"]  # fmt: skip
+            "--k-grid", "2", "--paths", "eager,fast", "--batch-size", "2"]  # fmt: skip
     assert main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     rows = {r["method"]: r for r in res["rows"]}
@@ -124,6 +129,10 @@ def test_bench_fast_path_beside_eager_and_transformers(bench_inputs, tmp_path, m
     assert set(res["speed_by_path"]) == {"eager", "fast", "hf"}
     assert res["speed_by_path"]["fast"]["k_setting"] == "specdec:k=2"
     assert "## Wall clock by path" in (out / "report.md").read_text()
+    batched_rows = {r["method"]: r for r in res["batched"]}
+    assert set(batched_rows) == {"autoregressive", "specdec", "autoregressive@fast", "specdec@fast"}
+    assert all(r["greedy_matches_ar"] for r in batched_rows.values())
+    assert batched_rows["specdec@fast"]["draft_calls"] == batched_rows["specdec"]["draft_calls"]
     assert sum(g["goal"].startswith("CPU: ") and g["met"] is not None for g in res["goals"]) == 2
     # The decoding-loop profile: fixed K on each path, one host read per round, bare replays timed.
     loop = {(r["path"], r["policy"]): r for r in res["loop_profile"]}

@@ -1,7 +1,8 @@
 """`acchead-bench --batch-size 1,4,16,64`: the bench's batchable settings decoded B prompts at a time.
 
 For each B and each setting the batched decoder runs (`acchead.inference.batched`: autoregressive, fixed K,
-SpecDec++ with each batch stop rule of `--batch-stop`, confidence, entropy; eager path, the models' draft),
+SpecDec++ with each batch stop rule of `--batch-stop`, confidence, entropy; the models' draft; each of
+`--paths`, a fast-path setting compiled for the batch size before its timed passes),
 the prompts are decoded in batches of B (cycled to B rows when there are fewer prompts; row i keeps the
 single-prompt bench's seed, `--seed` + its prompt index), and one row is reported per (B, setting, rule):
 wall-clock tokens/s (`wall_tokens_per_s`, all batches' tokens over their summed wall time, averaged over
@@ -75,9 +76,10 @@ class BatchedRow:
 
 
 def batchable(setting: Setting) -> bool:
-    """Whether the batched decoder runs `setting`: a batchable policy, drafted by the draft model, eager."""
+    """Whether the batched decoder runs `setting`: a batchable policy drafted by the draft model (either path:
+    a fast-path setting runs `BatchedDecoder(fast=True)`)."""
     spec = setting.decoding
-    if spec is None or setting.fast:
+    if spec is None:
         return False
     return isinstance(spec.policy, BATCHABLE) and spec.drafter is None
 
@@ -103,6 +105,8 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         for rule in (args.batch_stop if isinstance(s.decoding.policy, SpecDecPPSpec) else [None])
     ]  # fmt: skip
     rows: list[BatchedRow] = []
+    longest = max(len(p) for p in prompts)
+    warm_s: dict[int, float] = {}
     for size in sizes:
         index = [i % len(prompts) for i in range(max(size, len(prompts)))]
         chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
@@ -110,9 +114,13 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         for s, rule in runs:
             dec = BatchedDecoder(
                 bench.target, None if isinstance(s.decoding.policy, AutoregressiveSpec) else bench.draft,
-                s.decoding.policy, head=s.head, verifier=s.verifier, batch_stop=rule or False,
+                s.decoding.policy, head=s.head, verifier=s.verifier, batch_stop=rule or False, fast=s.fast,
             )  # fmt: skip
             decs[_key(s, rule)] = dec
+            # the fast path compiles its forwards for this B now, outside the timed passes
+            warm_s[size] = warm_s.get(size, 0.0) + dec.warm_up(size, longest + args.max_new_tokens)
+        if warm_s.get(size):
+            print(f"batched fast path: B = {size} compiled in {warm_s[size]:.1f} s")
         keys = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
         totals = {k: dict.fromkeys(keys, 0) for k in decs}
         wall = dict.fromkeys(decs, 0.0)

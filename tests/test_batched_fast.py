@@ -1,0 +1,122 @@
+"""The batched fast path (issue 33): `StaticRaggedCache` and `BatchedDecoder(fast=True)`.
+
+Its CPU twin (`compile=False`: the same static caches, shared write position, holes, compaction and
+growth, run eagerly) decodes exactly what the eager batched decoder decodes, which tests/test_batched.py
+proves equal to each prompt decoded alone; one test compiles the forwards and checks the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_batched import MAX_NEW, PROMPTS, _decoder, _heads, check_ragged_cache
+from test_feature_draft import trained_feature_pair
+
+from acchead.inference.batched import BatchedDecoder
+from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
+
+
+@pytest.fixture(scope="module")
+def peaked_pair():
+    from exact_models import _peaked_llama, _perturbed
+
+    target = _peaked_llama(12, seed=3)
+    return target, _perturbed(target, 0.5, seed=4)
+
+
+@torch.inference_mode()
+def test_static_ragged_cache_rows_equal_the_row_alone(peaked_pair):
+    """The ragged cache's check on the static twin: 30 ragged feeds and rollbacks fill its 64 slots, so
+    it compacts in place (the write position moves back) and keeps every row's logits."""
+    target, _ = peaked_pair
+    cache = StaticRaggedCache(target, compile=False, capacity=1)
+    assert cache.capacity == 64
+    check_ragged_cache(cache, target)
+
+
+@torch.inference_mode()
+def test_static_ragged_cache_grows_and_keeps_rows(peaked_pair):
+    """A row longer than the cache grows it (a new cache holding the old slots); batch sizes keep caches
+    of their own; a finished row is an all-hole row of the same physical batch."""
+    target, _ = peaked_pair
+    cache = StaticRaggedCache(target, compile=False, capacity=1)
+    cache.reset(2)
+    first = cache.cache
+    long = torch.randint(1, 12, (2, 60), generator=torch.Generator().manual_seed(1))
+    cache.feed(long, torch.tensor([60, 30]), keep=1)
+    logits, _ = cache.feed(long[:, :10], torch.tensor([10, 10]), keep=1)  # 70 slots: grows to 128
+    assert cache.capacity == 128 and cache.cache is not first
+    for b, n in enumerate((60, 30)):
+        ref = target(input_ids=torch.cat([long[b, 60 - n :], long[b, :10]])[None]).logits[0, -1]
+        assert torch.allclose(logits[b, -1], ref, atol=1e-5)
+    cache.select(torch.tensor([1]))  # row 0 finished: the batch stays 2 rows, row 0 all holes
+    assert cache.length.tolist() == [40] and cache.batch == 2 and not cache._mask[0].any()
+    logits, _ = cache.feed(long[1:, :1], torch.tensor([1]), keep=1)
+    ref = target(input_ids=torch.cat([long[1, 30:], long[1, :10], long[1, :1]])[None]).logits[0, -1]
+    assert logits.shape[0] == 1 and torch.allclose(logits[0, -1], ref, atol=1e-5)
+    cache.reset(3)
+    assert cache.batch == 3 and cache.cache is not first
+    cache.reset(2)  # back to B = 2: the cache it had
+    assert cache.capacity == 128 and cache.used == 0
+
+
+FAST_CASES = [
+    ("autoregressive", None, False),
+    ("specdec:k=1", None, False),
+    ("specdec:k=4", None, False),
+    ("specdecpp:h=0.5,max=6", "candidate", True),
+    ("specdecpp:h=0.6,max=6", "lookahead", False),
+    ("adaedl:lam=0.6,max=6", None, False),
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(("spec", "kind", "batch_stop"), FAST_CASES, ids=lambda x: str(x))
+def test_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, batch_stop, temperature):
+    """Greedy and sampled, ragged prompts, rows ending at EOS or their own max tokens: the fast path's
+    rows are the eager path's, token for token (same keys per row), and so are the counts."""
+    for verifier in ("token", "block"):
+        kw = {"verifier": verifier, "batch_stop": batch_stop}
+        eager = _decoder(peaked_pair, spec, kind, **kw)
+        fast = _decoder(peaked_pair, spec, kind, fast=True, compile=False, **kw)
+        assert fast.fast and not eager.fast
+        for eos in (None, 5):
+            args = {"max_new_tokens": MAX_NEW, "temperature": temperature, "eos_token_id": eos, "seed": 7}
+            ref, res = eager.generate(PROMPTS, **args), fast.generate(PROMPTS, **args)
+            assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in ref.rows]
+            assert (res.target_calls, res.draft_calls) == (ref.target_calls, ref.draft_calls)
+
+
+def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory):
+    """A feature (EAGLE) draft on the fast path: its pairs' states travel through the static caches too."""
+    target, draft = trained_feature_pair(tmp_path_factory)
+    head = _heads(draft.config.hidden_size)["lookahead"]
+    prompts = [[5, 9, 2, 7], [3], [8, 1, 4]]
+    for spec in ("specdec:k=3", "specdecpp:h=0.5,max=5"):
+        hd = head if spec.startswith("specdecpp") else None
+        eager = BatchedDecoder(target, draft, spec, head=hd)
+        fast = BatchedDecoder(target, draft, spec, head=hd, fast=True, compile=False)
+        for temperature in (0.0, 1.0):
+            ref = eager.generate(prompts, max_new_tokens=12, temperature=temperature, seed=3)
+            res = fast.generate(prompts, max_new_tokens=12, temperature=temperature, seed=3)
+            assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in ref.rows], spec
+
+
+@pytest.mark.parametrize(
+    "spec", ["specdec:k=1", pytest.param("specdec:k=4", marks=pytest.mark.slow)]  # k=4: the symbolic width
+)
+def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec):
+    """Compiled forwards (one graph per (B, width), widths of 5 and more one symbolic graph; the graphs
+    shared by every batched decoder of the model): after `warm_up`, greedy rows equal the eager batch's,
+    and an autoregressive decoder of the same target reuses the compiled cache."""
+    target, draft = peaked_pair
+    fast = BatchedDecoder(target, draft, spec, fast=True)
+    assert fast.t_cache is ragged_cache(target) and fast._feed.cache is ragged_cache(draft)
+    assert fast.warm_up(4, 40) > 0
+    ref = BatchedDecoder(target, draft, spec).generate(PROMPTS, MAX_NEW, temperature=0)
+    res = fast.generate(PROMPTS, MAX_NEW, temperature=0)
+    assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in ref.rows]
+    other = BatchedDecoder(target, None, "autoregressive", fast=True)
+    assert other.t_cache is fast.t_cache
+    out = other.generate(PROMPTS, MAX_NEW, temperature=0)
+    assert [r.new_ids.tolist() for r in out.rows] == [r.new_ids.tolist() for r in ref.rows]
