@@ -18,18 +18,17 @@ same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-leve
 - With `batch_stop` (SpecDec++ only), the batch also stops drafting as a whole once one more draft forward
   costs more than the rows still drafting are expected to gain (`acchead.inference.batch_stop`,
   docs/batched.md). Rows that stop on this rule get the SpecDec++ free token like a row-level stop.
-- Rows that finish (EOS, their max tokens, their stop check) leave the batch (`batch_select_indices`),
-  so the batch shrinks instead of carrying finished rows.
-- A feature draft (EAGLE, `acchead.feature_draft`) drafts from the target's states: the verification's
-  forward hands each row the states of the positions it accepted (`acchead.inference.batched_feed`).
+- Rows that finish (EOS, their max tokens, their stop check) leave the batch (`batch_select_indices`;
+  on the fast path, `acchead.inference.static_ragged_cache`, they stay as all-hole rows: one graph per B).
+- A feature draft (EAGLE) drafts from the target's states, which the verification hands each row
+  for the positions it accepted (`acchead.inference.batched_feed`).
 
 Randomness: row b draws with the keys the single-prompt decoder uses with seed `seeds[b]` (seed + b by
 default): draft sample k of a round starting at n is keyed (seed_b, DRAFT, n, k), τ and the next token
 (seed_b, TAU/NEXT, n, 0). So without the batch rule a row's tokens equal `SpeculativeDecoder.generate(
 prompt_b, seed=seed_b)` up to float ties, and every row is an exact sample from the target (chi-square in
-tests/test_batched.py). Eager only: the fast path's static caches are single-row. Policies:
-autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads), confidence, entropy, adaedl (each row
-its own online λ).
+tests/test_batched.py). Policies: autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads),
+confidence, entropy, adaedl (each row its own online λ).
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ from acchead.inference.adaedl import AdaEDL
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
-from acchead.inference.batched_rows import Row, verify_sampled
+from acchead.inference.batched_rows import Row, make_rows, verify_sampled
 from acchead.inference.device_path import DevicePath
 from acchead.inference.device_random import DRAFT, key_hash, sample_token
 from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
@@ -63,7 +62,7 @@ from acchead.inference.spec import DecodingSpec, spec_arguments
 from acchead.inference.static_ragged_cache import SYMBOLIC_FROM, StaticRaggedCache, ragged_cache
 from acchead.inference.verification import VERIFIERS
 from acchead.lookahead import lookahead_inputs
-from acchead.models import check_prompt, output_embedding_table
+from acchead.models import output_embedding_table
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 
@@ -151,10 +150,8 @@ class BatchedDecoder:
 
     @torch.inference_mode()
     def warm_up(self, batch: int, length: int) -> float:
-        """Compile the fast path's forwards for `batch` rows of up to `length` tokens (prompt and new
-        tokens) before a timed decode: every (width, outputs) a round of this policy can feed, the target's
-        verifications of 1 to cap + 1 tokens and the draft's round starts and steps
-        (`StaticRaggedCache.warm_up`). Seconds spent; 0 on the eager path."""
+        """Compile the fast path's forwards of `batch` rows of up to `length` tokens (prompt and new) before
+        a timed decode: every width a round can feed each model. Seconds spent; 0 on the eager path."""
         if not self.fast:
             return 0.0
         start = time.perf_counter()
@@ -190,26 +187,13 @@ class BatchedDecoder:
         row b's new tokens after each of its rounds and returns how many to keep when the row must end.
         """
         batch = len(prompts)
-        if batch == 0:
-            raise AccheadError("generate needs at least one prompt")
         try:
             sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
         except ValueError as e:
             raise AccheadError(str(e)) from None
-        max_new = [max_new_tokens] * batch if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        seeds = [seed + b for b in range(batch)] if isinstance(seed, int) else list(seed)
-        checks = list(stop_checks) if stop_checks is not None else [None] * batch
-        if not len(max_new) == len(seeds) == len(checks) == batch:
-            raise AccheadError(f"need one max_new_tokens, seed and stop check per prompt ({batch})")
         models = [m for m in (self.target, self.draft) if m is not None]
-        rows = []
-        for b, p in enumerate(prompts):
-            ids = torch.as_tensor(p, dtype=torch.long).cpu().reshape(-1)
-            if ids.numel() == 0 or max_new[b] < 1:
-                raise AccheadError(f"prompt {b}: need a non-empty prompt and max_new_tokens >= 1")
-            check_prompt(ids, max_new[b], models)
-            run = self.policy.start_decode() if isinstance(self.policy, AdaEDL) else None  # its own λ
-            rows.append(Row(ids.tolist(), ids.numel(), max_new[b], seeds[b], checks[b], run=run))
+        start_run = self.policy.start_decode if isinstance(self.policy, AdaEDL) else None  # each row its λ
+        rows = make_rows(prompts, max_new_tokens, seed, stop_checks, models, start_run)
         eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
         rule = self.batch_stop
         if rule is not None and rule.measure and (rule.costs is None or batch > rule.costs.costs[-1].batch):

@@ -10,15 +10,17 @@ acceptance exactly as it would decoded alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from acchead.errors import AccheadError
 from acchead.inference.device_random import NEXT, TAU, key_hash
 from acchead.inference.policies import PolicyRun
 from acchead.inference.results import GenerationResult
+from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig, probs_from_logits
 
 
@@ -67,6 +69,36 @@ class Row:
         if self.run is not None:
             self.run.end_round(num, tau)
         self.done = self.done or self.generated >= self.max_new
+
+
+def make_rows(
+    prompts: Sequence[torch.Tensor | Sequence[int]],
+    max_new_tokens: int | Sequence[int],
+    seed: int | Sequence[int],
+    stop_checks: Sequence[Callable[[list[int]], int | None] | None] | None,
+    models: list,
+    start_run: Callable[[], PolicyRun] | None,
+) -> list[Row]:
+    """One `Row` per prompt ((T_b,) ids), `BatchedDecoder.generate`'s arguments checked (one line each):
+    `max_new_tokens` and `seed` take one value for all rows or one per row (an int seed gives row b
+    `seed + b`); `start_run` makes a row's per-decode policy state (AdaEDL's λ), None for none."""
+    batch = len(prompts)
+    if batch == 0:
+        raise AccheadError("generate needs at least one prompt")
+    max_new = [max_new_tokens] * batch if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    seeds = [seed + b for b in range(batch)] if isinstance(seed, int) else list(seed)
+    checks = list(stop_checks) if stop_checks is not None else [None] * batch
+    if not len(max_new) == len(seeds) == len(checks) == batch:
+        raise AccheadError(f"need one max_new_tokens, seed and stop check per prompt ({batch})")
+    rows = []
+    for b, p in enumerate(prompts):
+        ids = torch.as_tensor(p, dtype=torch.long).cpu().reshape(-1)
+        if ids.numel() == 0 or max_new[b] < 1:
+            raise AccheadError(f"prompt {b}: need a non-empty prompt and max_new_tokens >= 1")
+        check_prompt(ids, max_new[b], models)
+        run = start_run() if start_run is not None else None
+        rows.append(Row(ids.tolist(), ids.numel(), max_new[b], seeds[b], checks[b], run=run))
+    return rows
 
 
 def verify_sampled(
