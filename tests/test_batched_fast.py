@@ -103,20 +103,26 @@ def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "spec", ["specdec:k=1", pytest.param("specdec:k=4", marks=pytest.mark.slow)]  # k=4: the symbolic width
+    ("spec", "device_path"),
+    [
+        ("specdec:k=1", None),
+        pytest.param("specdec:k=4", None, marks=pytest.mark.slow),  # widths 5+: the symbolic graph
+        pytest.param("specdec:k=2", True, marks=pytest.mark.slow),  # compiled as on CUDA, outputs copied out
+    ],
 )
-def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec):
+def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, device_path):
     """Compiled forwards (one graph per (B, width), widths of 5 and more one symbolic graph; the graphs
-    shared by every batched decoder of the model): after `warm_up`, greedy rows equal the eager batch's,
-    and an autoregressive decoder of the same target reuses the compiled cache."""
+    shared by every batched decoder of the model and path): after `warm_up`, greedy rows equal the eager
+    batch's, and an autoregressive decoder of the same target reuses the compiled cache."""
     target, draft = peaked_pair
-    fast = BatchedDecoder(target, draft, spec, fast=True)
-    assert fast.t_cache is ragged_cache(target) and fast._feed.cache is ragged_cache(draft)
+    fast = BatchedDecoder(target, draft, spec, fast=True, device_path=device_path)
+    shared = ragged_cache(target, True, device_path), ragged_cache(draft, True, device_path)
+    assert (fast.t_cache, fast._feed.cache) == shared and fast.t_cache.path.on == bool(device_path)
     assert fast.warm_up(4, 40) > 0
     ref = BatchedDecoder(target, draft, spec).generate(PROMPTS, MAX_NEW, temperature=0)
     res = fast.generate(PROMPTS, MAX_NEW, temperature=0)
     assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in ref.rows]
-    other = BatchedDecoder(target, None, "autoregressive", fast=True)
+    other = BatchedDecoder(target, None, "autoregressive", fast=True, device_path=device_path)
     assert other.t_cache is fast.t_cache
     out = other.generate(PROMPTS, MAX_NEW, temperature=0)
     assert [r.new_ids.tolist() for r in out.rows] == [r.new_ids.tolist() for r in ref.rows]
