@@ -195,10 +195,12 @@ class StaticRaggedCache:
         (R, keep, V) and hidden (R, hidden_rows, H) or None."""
         width = tokens.shape[1]
         self._make_room(width)
-        # contiguous: a graph is specialised on its inputs' strides too (a slice would recompile)
-        tokens, counts = tokens.to(self.device).contiguous(), counts.to(self.device)
+        # Fresh row-major copies: a graph is specialised on its inputs' strides too, and a slice keeps its
+        # parent's even where `contiguous()` would not copy it (a (1, 1) slice of a (1, 4) block: (4, 1)).
+        row_major = torch.contiguous_format
+        tokens, counts = tokens.to(self.device).clone(memory_format=row_major), counts.to(self.device)
         if features is not None:
-            features = features.to(self.device).contiguous()
+            features = features.to(self.device).clone(memory_format=row_major)
         if len(self.rows) < self.batch:  # finished rows stay in the batch, as holes
             tokens = self._scatter(tokens)
             counts = self._scatter(counts)
