@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON object")
     p.add_argument(
         "--batch-size", type=int, default=None, help="decode B rows at once: B copies of the prompt, or "
-        "--prompts (row b: seed + b; acchead.inference.batched, eager, no streaming); prints each row's text "
-        "and the batch's counts",
+        "--prompts (row b: seed + b; acchead.inference.batched, no streaming; with --fast its forwards are "
+        "compiled first, outside the timing); prints each row's text and the batch's counts",
     )
     p.add_argument(
         "--batch-stop", default="on", help="with --batch-size and a specdecpp policy: the batch stop rule, "
@@ -182,13 +182,14 @@ def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, t
     assert s is not None, "main resolves S before decoding"
     rule = args.batch_stop if isinstance(spec.policy, SpecDecPPSpec) else False
     dec = BatchedDecoder(target, draft, batch_stop=rule, spec=spec)
+    warm_s = dec.warm_up(len(rows), max(len(r) for r in rows) + args.max_new_tokens)  # 0.0 when eager
     res = dec.generate(rows, max_new_tokens=args.max_new_tokens,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed,
                        eos_token_id=tok.eos_token_id)  # fmt: skip
     stats = {k: v for k, v in res.to_dict().items() if k != "rows"}
     stats.update(batch_size=args.batch_size, policy=dec.policy.spec, verifier=args.verifier,
                  batch_stop=str(dec.batch_stop) if dec.batch_stop else None, sampling=s.to_dict(),
-                 texts=[tok.decode(r.new_ids) for r in res.rows])  # fmt: skip
+                 warm_up_s=warm_s, texts=[tok.decode(r.new_ids) for r in res.rows])  # fmt: skip
     if args.json:
         print(json.dumps(stats))
         return 0

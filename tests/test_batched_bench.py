@@ -115,3 +115,23 @@ def test_decode_batch_size_prints_every_row(tiny_pair_dirs, bench_inputs, capsys
     assert len(texts) == 2 and stats["texts"] == [*alone, alone[0]]  # cycled to B = 3 rows
     assert decode_main([*many, "--prompts", str(prompts)]) == 2
     assert "add --batch-size" in capsys.readouterr().err
+
+
+def test_decode_batch_size_fast_compiles_first(tiny_pair_dirs, capsys, monkeypatch):
+    """`acchead-decode --batch-size 2 --fast`: the batched fast path (its static caches uncompiled here:
+    tests/test_batched_fast.py compiles them), warmed up before the timing; the rows' text is the eager
+    batch's."""
+    import acchead.inference.batched as batched
+    from acchead.inference.cli_decode import main as decode_main
+    from acchead.inference.static_ragged_cache import StaticRaggedCache
+
+    monkeypatch.setattr(batched, "ragged_cache", lambda model, _, path: StaticRaggedCache(model, False, path))
+    t, d = tiny_pair_dirs
+    base = ["--target", str(t), "--draft", str(d), "--prompt", "def f(x):", "--max-new-tokens", "10",
+            "--policy", "specdec:k=3", "--temperature", "0", "--json", "--batch-size", "2"]  # fmt: skip
+    assert decode_main(base) == 0
+    eager = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert decode_main([*base, "--fast"]) == 0
+    fast = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert eager["warm_up_s"] == 0.0 and fast["warm_up_s"] > 0.0
+    assert fast["texts"] == eager["texts"] and fast["target_calls"] == eager["target_calls"]
