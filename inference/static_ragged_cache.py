@@ -29,6 +29,7 @@ token order within a row (new tokens take new slots at the end; compaction keeps
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -99,7 +100,11 @@ class StaticRaggedCache:
                 f"{type(model).__name__}: its logits are not the LM head of the decoder's last hidden "
                 "state, which the fast path computes; use the eager path"
             )
-        self._call = compile_units(ragged_forward, self.path) if compile else None
+        self.compile = compile
+        # Per batch size, a compiled function of its own (its own code object, so its own dynamo cache):
+        # with one for all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4 (a size assert
+        # inside Inductor's code caught it; not reproduced on a tiny model).
+        self._calls: dict[int, Callable] = {}
         self.capacity = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
         self.cache = None
         self._caches: dict[int, tuple] = {}  # batch size -> (its StaticCache, capacity)
@@ -218,7 +223,7 @@ class StaticRaggedCache:
         args = (self.model, self.cache, tokens, self._mask, positions, features, keep_arg, want_hidden,
                 rows_arg)  # fmt: skip
         prefill = self.used == 0 and width > 1
-        if self._call is None or prefill:
+        if not self.compile or prefill:
             out = ragged_forward(*args)
         else:
             symbolic = width >= SYMBOLIC_FROM
@@ -227,7 +232,10 @@ class StaticRaggedCache:
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
             key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, self.capacity,
                    _arg_key(features))  # fmt: skip
-            out = self._call(key, *args)
+            call = self._calls.get(self.batch)
+            if call is None:
+                call = self._calls[self.batch] = compile_units(ragged_forward, self.path)
+            out = call(key, *args)
             if self.path.copy_outputs:
                 out = copy_out(out)
         self.used += width
