@@ -87,15 +87,18 @@ def test_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, batch_stop, te
             assert (res.target_calls, res.draft_calls) == (ref.target_calls, ref.draft_calls)
 
 
-def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory):
-    """A feature (EAGLE) draft on the fast path: its pairs' states travel through the static caches too."""
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory, compile):
+    """A feature (EAGLE) draft on the fast path: its pairs' states travel through the static caches too
+    (compiled: the draft's forwards over (token, state) pairs are graphs as well)."""
     target, draft = trained_feature_pair(tmp_path_factory)
     head = _heads(draft.config.hidden_size)["lookahead"]
     prompts = [[5, 9, 2, 7], [3], [8, 1, 4]]
     for spec in ("specdec:k=3", "specdecpp:h=0.5,max=5"):
         hd = head if spec.startswith("specdecpp") else None
         eager = BatchedDecoder(target, draft, spec, head=hd)
-        fast = BatchedDecoder(target, draft, spec, head=hd, fast=True, compile=False)
+        fast = BatchedDecoder(target, draft, spec, head=hd, fast=True, compile=compile)
+        fast.warm_up(len(prompts), 16)
         for temperature in (0.0, 1.0):
             ref = eager.generate(prompts, max_new_tokens=12, temperature=temperature, seed=3)
             res = fast.generate(prompts, max_new_tokens=12, temperature=temperature, seed=3)
