@@ -108,9 +108,11 @@ def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory, compile
 @pytest.mark.parametrize(
     ("spec", "device_path"),
     [
-        ("specdec:k=1", None),
+        # compiled as on CUDA (graph-replay options, outputs copied out): ~8 s, the default suite's
+        ("specdec:k=2", True),
+        # the CPU's own compile (weights frozen, C++ wrapper): ~37 s on the 2-core box
+        pytest.param("specdec:k=1", None, marks=pytest.mark.slow),
         pytest.param("specdec:k=4", None, marks=pytest.mark.slow),  # widths 5+: the symbolic graph
-        pytest.param("specdec:k=2", True, marks=pytest.mark.slow),  # compiled as on CUDA, outputs copied out
     ],
 )
 def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, device_path):
