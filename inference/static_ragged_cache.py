@@ -92,7 +92,7 @@ class StaticRaggedCache:
         device_path: bool | DevicePath | None = None,
         capacity: int = 256,
     ) -> None:
-        self._model = weakref.ref(model)  # weakly: `shared_ragged_cache`'s registry is keyed by the model
+        self._model = weakref.ref(model)  # weakly: `ragged_cache`'s registry is keyed by the model
         self.device: torch.device = model.device
         self.path = DevicePath.resolve(self.device, device_path)
         if not is_feature_draft(model) and not splits_cleanly(model):
