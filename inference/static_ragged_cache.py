@@ -39,7 +39,6 @@ from acchead.feature_draft import is_feature_draft
 from acchead.inference.device_path import DevicePath
 from acchead.inference.static_runner import (
     MAX_SYMBOLIC_COUNT,
-    _arg_key,
     compile_units,
     copy_out,
     new_static_cache,
@@ -52,6 +51,11 @@ SYMBOLIC_FROM = 5
 
 # Capacity is rounded up to a multiple of this many slots (each capacity compiles its own graphs).
 _CAPACITY_STEP = 64
+
+
+def _rounded(slots: int) -> int:
+    """`slots` rounded up to a multiple of `_CAPACITY_STEP`."""
+    return -(-slots // _CAPACITY_STEP) * _CAPACITY_STEP
 
 
 def ragged_forward(
@@ -105,7 +109,7 @@ class StaticRaggedCache:
         # with one for all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4 (a size assert
         # inside Inductor's code caught it; not reproduced on a tiny model).
         self._calls: dict[int, Callable] = {}
-        self.capacity = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
+        self.capacity = _rounded(capacity)
         self.cache = None
         self._caches: dict[int, tuple] = {}  # batch size -> (its StaticCache, capacity)
         self.used = 0
@@ -151,7 +155,7 @@ class StaticRaggedCache:
     def _alloc(self, batch: int, capacity: int) -> None:
         """A new `StaticCache` of (batch, capacity) for this batch size, allocated now by one eager forward
         (so that its tensors' addresses never change), then emptied."""
-        capacity = -(-capacity // _CAPACITY_STEP) * _CAPACITY_STEP
+        capacity = _rounded(capacity)
         self.cache = new_static_cache(self.model.config, capacity)
         with torch.inference_mode():
             ids = torch.ones(batch, 1, dtype=torch.long, device=self.device)
@@ -210,8 +214,6 @@ class StaticRaggedCache:
             tokens = self._scatter(tokens)
             counts = self._scatter(counts)
             features = self._scatter(features) if features is not None else None
-        if features is None:
-            features = self._zero_features(tokens)
         j = torch.arange(width, device=self.device)
         start = width - counts  # (B,) first real slot of each row in this block
         valid = j[None, :] >= start[:, None]  # (B, W)
@@ -231,7 +233,7 @@ class StaticRaggedCache:
                 for t in (tokens, positions) + ((features,) if features is not None else ()):
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
             key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, self.capacity,
-                   _arg_key(features))  # fmt: skip
+                   features is not None)  # fmt: skip
             call = self._calls.get(self.batch)
             if call is None:
                 call = self._calls[self.batch] = compile_units(ragged_forward, self.path)
@@ -302,7 +304,7 @@ class StaticRaggedCache:
     def _grow(self, slots: int) -> None:
         """A cache of at least `slots` (doubled): the used slots copied through the public `update`."""
         old, used = self.cache, self.used
-        capacity = -(-max(slots, 2 * self.capacity) // _CAPACITY_STEP) * _CAPACITY_STEP
+        capacity = _rounded(max(slots, 2 * self.capacity))
         self._alloc(self.batch, capacity)
         self.capacity = capacity
         with torch.inference_mode():
