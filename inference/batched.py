@@ -33,6 +33,7 @@ confidence, entropy, adaedl (each row its own online λ).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
@@ -48,22 +48,22 @@ from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.adaedl import AdaEDL
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
-from acchead.inference.batch_stop import BatchStop, parse_batch_stop, row_rule_flags
+from acchead.inference.batch_stop import BatchStop, parse_batch_stop
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
 from acchead.inference.batched_rows import Row, make_rows, verify_sampled
+from acchead.inference.batched_step import StepRule, draft_step
 from acchead.inference.device_path import DevicePath
-from acchead.inference.device_random import DRAFT, key_hash, sample_token
 from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
-from acchead.inference.ragged_cache import RaggedCache, right_aligned
+from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
 from acchead.inference.spec import DecodingSpec, spec_arguments
 from acchead.inference.static_ragged_cache import SYMBOLIC_FROM, StaticRaggedCache, ragged_cache
+from acchead.inference.units import FEED, SAMPLE
 from acchead.inference.verification import VERIFIERS
-from acchead.lookahead import lookahead_inputs
 from acchead.models import output_embedding_table
-from acchead.sampling import SamplingConfig, probs_from_logits
+from acchead.sampling import SamplingConfig
 
 
 class BatchedDecoder:
@@ -132,12 +132,14 @@ class BatchedDecoder:
         elif pp is None:
             raise AccheadError("the batch stop rule reads the heads' P̂: it needs a specdecpp policy")
         self.batch_stop: BatchStop | None = batch_stop
-        self._head = pp.head if pp else None
-        self._out_emb = None
+        self._rule = StepRule()  # what a draft step decides with (`acchead.inference.batched_step`)
         if pp is not None and draft is not None:
             pp.head.to(draft.device)
-            if pp.lookahead and "token" in pp.head.inputs:
-                self._out_emb = output_embedding_table(draft)
+            emb = output_embedding_table(draft) if pp.lookahead and "token" in pp.head.inputs else None
+            self._rule = StepRule(SAMPLE if pp.lookahead else FEED, pp.head, free=pp.free_token, out_emb=emb)
+        elif isinstance(self.policy, Confidence | Entropy | AdaEDL):
+            self._rule = StepRule(row_policy=self.policy)
+        self._ks: list[torch.Tensor] = []  # `_index`
 
     @property
     def cap(self) -> int:
@@ -149,22 +151,32 @@ class BatchedDecoder:
         return max(lengths) + self.cap + 2
 
     @torch.inference_mode()
-    def warm_up(self, batch: int, length: int) -> float:
+    def warm_up(
+        self, batch: int, length: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
+    ) -> float:
         """Compile the fast path's forwards of `batch` rows of up to `length` tokens (prompt and new) before
-        a timed decode: every width a round can feed each model. Seconds spent; 0 on the eager path."""
+        a timed decode: every width a round can feed each model, the draft's with the round's step under
+        this S (part of its graph: warm up each S you time). Seconds spent; 0 on the eager path."""
         if not self.fast:
             return 0.0
+        try:
+            sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
+        except ValueError as e:
+            raise AccheadError(str(e)) from None
         start = time.perf_counter()
         span = self._span([length])
         widths = range(1, min(self.cap + 1, SYMBOLIC_FROM) + 1)  # the last one: the symbolic graph
         states = self._feed is not None and self._feed.wants_target_states
-        self.t_cache.warm_up(batch, span, [(w, w, states, w, False) for w in widths])
+        self.t_cache.warm_up(batch, span, [(w, w, states, w, False, None) for w in widths])
         if self._feed is not None and self.cap > 0:
-            want = isinstance(self.policy, SpecDecPP)
+            want = self._rule.head is not None
+            lams = [0.5] * batch if isinstance(self.policy, AdaEDL) else None
+            post = self._step_post([self.cap] * batch, [0] * batch, [1] * batch, lams, sampling,
+                                   self._feed.cache.device)(1)  # fmt: skip
             if self._feed.wants_target_states:  # a round start feeds the pairs of the accepted tokens
-                shapes = [(w, 1, True, 1, True) for w in widths]
-            else:  # the committed tail: 1 or 2 ids
-                shapes = [(w, 1, want, 1, False) for w in (1, 2)]
+                shapes = [(w, 1, True, 1, True, post) for w in widths]
+            else:  # the committed tail: 1 or 2 ids (a step feeds 1)
+                shapes = [(w, 1, want, 1, False, post) for w in (1, 2)]
             self._feed.cache.warm_up(batch, span, shapes)
         return time.perf_counter() - start
 
@@ -260,98 +272,62 @@ class BatchedDecoder:
     def _draft(
         self, rows: list[Row], caps: list[int], sampling: SamplingConfig, out: BatchResult
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """One round's drafting for every row: ([candidates of row b], [(L_b, V) their q or None])."""
+        """One round's drafting for every row: ([candidates of row b], [(L_b, V) their q or None]).
+
+        Each draft forward runs the round's step (`acchead.inference.batched_step.draft_step`: draws, stop
+        rules, the batch rule) in its own unit; the host reads one flag per step and the candidates once."""
         feed = self._feed
         assert feed is not None
         dev = feed.cache.device
-        pp = self.policy if isinstance(self.policy, SpecDecPP) else None
-        want = pp is not None  # a head reads the state (lookahead) or hidden state (candidate) of each step
-        n = [len(r.ids) for r in rows]
-        logits, state = feed.start([r.ids for r in rows], want)  # (R, V) logits of q_1, (R, H) or None
-        out.draft_calls += 1
-        n_t = torch.tensor(n, device=dev)
-        seeds = torch.tensor([r.seed for r in rows], device=dev)
-
-        def draw_key(k: int) -> torch.Tensor | int:
-            # Greedy drafts draw nothing; one row: a Python int, hashed on the host (~10 tensor ops fewer).
-            if sampling.greedy:
-                return 0
-            if len(rows) == 1:
-                return key_hash(rows[0].seed, DRAFT, n[0], k)
-            return key_hash(seeds, DRAFT, n_t, k)
-
-        cap_t = torch.tensor(caps, device=dev)
-        lams = None  # AdaEDL: each row's λ, moved only between its rounds
-        if isinstance(self.policy, AdaEDL):
-            lams = torch.tensor([r.run.lam for r in rows], dtype=torch.float64, device=dev)
-        drafting = cap_t > 0
-        log_p = torch.zeros(len(rows), dtype=torch.float64, device=dev)
-        log_keep = math.log1p(-pp.h) if pp is not None else 0.0
-        toks: list[list[torch.Tensor]] = [[] for _ in rows]
-        qrows: list[list[torch.Tensor]] = [[] for _ in rows]
-
-        def take(y: torch.Tensor, q: torch.Tensor, which: torch.Tensor) -> None:
-            for b in which.nonzero()[:, 0].tolist():
-                toks[b].append(y[b])
-                qrows[b].append(q[b])
-
-        k = 1
+        want = self._rule.head is not None  # a head reads each step's state or hidden state
+        lams = [r.run.lam for r in rows] if isinstance(self.policy, AdaEDL) else None  # moved between rounds
+        post = self._step_post(caps, [r.seed for r in rows], [len(r.ids) for r in rows], lams, sampling, dev)
+        steps = [feed.start([r.ids for r in rows], want, post(1))]
         while True:
-            q = probs_from_logits(logits, sampling)  # (R, V) q_k
-            y = sample_token(q, sampling.greedy, draw_key(k))
-            take(y, q, drafting)
-            judged = drafting & (k < cap_t)  # the candidate that reaches a row's cap is not judged
-            if isinstance(self.policy, Confidence | Entropy | AdaEDL):
-                flags = row_rule_flags(self.policy, q, logits, y, sampling.greedy, lams)
-                drafting = drafting & ~(judged & flags)
-            if pp is not None and pp.lookahead and bool(judged.any()):
-                x = lookahead_inputs(pp.head.inputs, state[judged], y[judged], self._out_emb, sampling,
-                                     logits[judged])  # fmt: skip
-                log_p = self._judge(x, judged, log_p, out)
-                drafting = drafting & ~(judged & (log_p < log_keep))
-            drafting = drafting & (k < cap_t)
-            if pp is not None and pp.lookahead and self._batch_stops(log_p, drafting, out):
-                drafting = torch.zeros_like(drafting)
-            if not bool(drafting.any()):
+            y, _, _, drafting, log_p, _, state, _ = steps[-1]
+            if not bool(drafting.any()):  # the step's one host read
                 break
-            # Feed Y_k to the rows still drafting; the others wait (a hole).
-            logits, state = feed.step(y, drafting, state, want)
-            out.draft_calls += 1
-            if pp is not None and not pp.lookahead:  # the paper's head reads e_k, after Y_k was fed
-                log_p = self._judge(state[drafting], drafting, log_p, out)
-                stop = drafting & (log_p < log_keep)
-                if self._batch_stops(log_p, drafting & ~stop, out):
-                    stop = drafting
-                if bool(stop.any()):
-                    if pp.free_token:  # Y_{k+1} ~ q_{k+1}: that forward already ran
-                        q = probs_from_logits(logits, sampling)
-                        take(sample_token(q, sampling.greedy, draw_key(k + 1)), q, stop)
-                    drafting = drafting & ~stop
-                    if not bool(drafting.any()):
-                        break
-            k += 1
-        cands = [torch.stack(t).tolist() if t else [] for t in toks]  # one read per row per round
-        return cands, [torch.stack(qr) if qr else None for qr in qrows]
+            steps.append(feed.step(y, drafting, state, want, post(len(steps) + 1, drafting, log_p)))
+        out.draft_calls += len(steps)
+        ys, qs, takes, _, _, stops, _, judged = zip(*steps, strict=True)
+        counts = torch.stack(takes).sum(0)  # (R,) a row's candidates: its steps' takes are a prefix
+        tally = torch.stack([torch.stack(stops).sum(), torch.stack(judged).sum()]).tolist()
+        out.batch_stops += int(tally[0])
+        out.head_calls += int(tally[1])
+        q_all = torch.stack(qs)  # (S, R, V)
+        cands = [c[:n] for c, n in zip(torch.stack(ys).T.tolist(), counts.tolist(), strict=True)]
+        return cands, [q_all[: len(c), b] if c else None for b, c in enumerate(cands)]
 
-    def _judge(
-        self, x: torch.Tensor, rows: torch.Tensor, log_p: torch.Tensor, out: BatchResult
-    ) -> torch.Tensor:
-        """Add log σ(head(x)) to the `rows` entries of log P̂ ((R,) float64); x: (N, D), N = rows.sum()."""
-        assert self._head is not None
-        out.head_calls += int(x.shape[0])
-        log_p = log_p.clone()
-        log_p[rows] += F.logsigmoid(self._head(x).double())
-        return log_p
+    def _step_post(
+        self, caps: list[int], seeds: list[int], starts: list[int], lams: list[float] | None,
+        sampling: SamplingConfig, dev: torch.device,
+    ) -> Callable[..., Post]:  # fmt: skip
+        """The round's draft step for rows of these caps, seeds, starts (committed lengths) and AdaEDL λs:
+        `post(k, drafting, log_p)` is the step of candidate k (`draft_step`'s per-row state from the step
+        before; k = 1: the rows with cap > 0, log P̂ = 0)."""
+        rule = self._rule
+        tensor = functools.partial(torch.tensor, device=dev)
+        cap_t = tensor(caps)
+        f64 = functools.partial(tensor, dtype=torch.float64)
+        rest = (cap_t, tensor(seeds), tensor(starts), None if lams is None else f64(lams))
+        bound = -1.0  # the batch rule's c(R)·R over the R rows of the round; −1: never stops the batch
+        if self.batch_stop is not None and rule.head is not None:
+            bound = self.batch_stop.ratio(len(caps)) * len(caps)
+        pp = self.policy if isinstance(self.policy, SpecDecPP) else None
+        constants = (f64(math.log1p(-pp.h) if pp else 0.0), f64(bound), rule, sampling)
+        first = (cap_t > 0, torch.zeros(len(caps), dtype=torch.float64, device=dev))
 
-    def _batch_stops(self, log_p: torch.Tensor, drafting: torch.Tensor, out: BatchResult) -> bool:
-        """The batch rule over the rows still drafting (B = every row of the round)."""
-        rule = self.batch_stop
-        if rule is None or not bool(drafting.any()):
-            return False
-        if not rule.should_stop(log_p, drafting, drafting.numel()):
-            return False
-        out.batch_stops += 1
-        return True
+        def post(k: int, drafting: torch.Tensor | None = None, log_p: torch.Tensor | None = None) -> Post:
+            now = first if drafting is None else (drafting, log_p)
+            return draft_step, (*now, *rest), (self._index(k, dev), *constants)
+
+        return post
+
+    def _index(self, k: int, device: torch.device) -> torch.Tensor:
+        """k as a 0-d int64 tensor (a graph input, not a constant), one per value, made once."""
+        while len(self._ks) <= k:
+            self._ks.append(torch.tensor(len(self._ks), device=device))
+        return self._ks[k]
 
     # ------------------------------------------------------------------------------------------ verifying
 

@@ -17,14 +17,24 @@ knows what a forward reads:
   (`commit` keeps the pairs built on true states). Before the first verification no row has states, so
   the first round verifies no candidates (`ready`), as the single-row decoder's does.
 
-Both return, per step, the (R, V) logits and (R, H) final hidden states of each row's last fed position.
+Both return, per step, the (R, V) logits and (R, H) final hidden states of each row's last fed position,
+or, given a `post` (the round's draft step, `acchead.inference.batched_step.draft_step`), its outputs,
+computed in the forward's own unit.
 """
 
 from __future__ import annotations
 
 import torch
 
-from acchead.inference.ragged_cache import RaggedCache, right_aligned
+from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
+
+
+def _last(out: tuple, post: Post | None) -> tuple:
+    """A feed's result: `post`'s outputs, or the logits and hidden states of the last fed position."""
+    if post is not None:
+        return out
+    logits, hidden = out
+    return logits[:, -1], hidden[:, -1] if hidden is not None else None
 
 
 class TokenFeed:
@@ -47,23 +57,22 @@ class TokenFeed:
         """Keep the rows `rows` ((R,) int64 indices): the others finished."""
         self.cache.select(rows.to(self.cache.device))
 
-    def start(
-        self, ids: list[list[int]], want_hidden: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def start(self, ids: list[list[int]], want_hidden: bool, post: Post | None = None) -> tuple:
         """The round's first forward: each row's committed `ids` past what the cache holds, of which it
         must miss at least the last (whose forward draws candidate 1). (R, V) logits, (R, H) hidden."""
         cache = self.cache
         cache.rollback(torch.tensor([len(r) - 1 for r in ids], device=cache.device))
         pending = [r[h:] for r, h in zip(ids, cache.length.tolist(), strict=True)]
-        logits, hidden = cache.feed(*right_aligned(pending, cache.device), keep=1, want_hidden=want_hidden)
-        return logits[:, -1], hidden[:, -1] if hidden is not None else None
+        tokens, counts = right_aligned(pending, cache.device)
+        return _last(cache.feed(tokens, counts, keep=1, want_hidden=want_hidden, post=post), post)
 
     def step(
-        self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool,
+        post: Post | None = None,
+    ) -> tuple:  # fmt: skip
         """Feed candidate y ((R,) int64) to the `drafting` rows ((R,) bool; the others wait)."""
-        logits, hidden = self.cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=want_hidden)
-        return logits[:, -1], hidden[:, -1] if hidden is not None else None
+        out = self.cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=want_hidden, post=post)
+        return _last(out, post)
 
     def observe(self, row: int, states: torch.Tensor) -> None:
         raise NotImplementedError("an independent draft reads no target states")
@@ -98,9 +107,7 @@ class FeatureFeed(TokenFeed):
         self.states = [self.states[i] for i in keep]
         self.true_pairs = [self.true_pairs[i] for i in keep]
 
-    def start(
-        self, ids: list[list[int]], want_hidden: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def start(self, ids: list[list[int]], want_hidden: bool, post: Post | None = None) -> tuple:
         """Feed the pairs (t_{j+1}, f_j) the cache lacks up to j = n_b - 2 (at least that last one, whose h
         draws candidate 1) for each row of n_b committed ids."""
         cache, dev = self.cache, self.cache.device
@@ -114,18 +121,19 @@ class FeatureFeed(TokenFeed):
         feats = torch.zeros(len(ids), tokens.shape[1], self.hidden_size, device=dev)  # (R, W, H), like ids
         for b, (k, m) in enumerate(zip(keep, n, strict=True)):
             feats[b, tokens.shape[1] - (m - 1 - k) :] = self.states[b][k : m - 1]
-        logits, hidden = cache.feed(tokens, counts, keep=1, want_hidden=True, features=feats)
+        out = cache.feed(tokens, counts, keep=1, want_hidden=True, features=feats, post=post)
         self.true_pairs = [m - 1 for m in n]
-        return logits[:, -1], hidden[:, -1]
+        return _last(out, post)
 
     def step(
-        self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool,
+        post: Post | None = None,
+    ) -> tuple:  # fmt: skip
         """Feed (candidate y, the h that drew it: `state` (R, H)) to the drafting rows."""
         assert state is not None
-        logits, hidden = self.cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=True,
-                                         features=state[:, None])  # fmt: skip
-        return logits[:, -1], hidden[:, -1]
+        out = self.cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=True, features=state[:, None],
+                              post=post)  # fmt: skip
+        return _last(out, post)
 
     def observe(self, row: int, states: torch.Tensor) -> None:
         """The target's states (m, H) of row `row`'s next m positions, all committed."""

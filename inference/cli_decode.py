@@ -182,7 +182,8 @@ def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, t
     assert s is not None, "main resolves S before decoding"
     rule = args.batch_stop if isinstance(spec.policy, SpecDecPPSpec) else False
     dec = BatchedDecoder(target, draft, batch_stop=rule, spec=spec)
-    warm_s = dec.warm_up(len(rows), max(len(r) for r in rows) + args.max_new_tokens)  # 0.0 when eager
+    longest = max(len(r) for r in rows) + args.max_new_tokens
+    warm_s = dec.warm_up(len(rows), longest, **s.to_dict())  # 0.0 when eager
     res = dec.generate(rows, max_new_tokens=args.max_new_tokens,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=args.seed,
                        eos_token_id=tok.eos_token_id)  # fmt: skip

@@ -33,12 +33,19 @@ keyword `acchead.models.CACHE_ARG`, `DynamicCache.crop`, `batch_select_indices`)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from acchead.kv_decode import crop_cache
 from acchead.lm_forward import lm_forward
 from acchead.models import CACHE_ARG
+
+# What a feed runs on its forward's output, in the same unit (the fast path compiles them together):
+# (fn, per-row tensors, constants), called as fn(logits, hidden, model, cache, *per_row, *constants). Its
+# outputs are per-row tensors ((R, ...); 0-d ones are batch-wide) or None.
+Post = tuple[Callable[..., tuple], tuple, tuple]
 
 
 class RaggedCache:
@@ -68,8 +75,8 @@ class RaggedCache:
 
     def feed(
         self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False,
-        hidden_rows: int | None = None, features: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        hidden_rows: int | None = None, features: torch.Tensor | None = None, post: Post | None = None,
+    ) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
         """Append each row's next tokens and run the model on them.
 
         Args:
@@ -81,9 +88,11 @@ class RaggedCache:
             hidden_rows: how many last positions to return hidden states for (default `keep`).
             features: (B, W, H) for a feature draft (`acchead.feature_draft`): the state each pair reads
                 beside its token, aligned like `tokens` (holes: any values).
+            post: what runs on the output (`Post`; e.g. `acchead.inference.batched_step.draft_step`).
         Returns:
             logits (B, keep, V) and hidden (B, hidden_rows, H) or None. A row's position W - 1 - i is its i-th
-            last real token when i < counts[b]; other rows' positions there are holes (ignore them).
+            last real token when i < counts[b]; other rows' positions there are holes (ignore them). With
+            `post`: its outputs instead.
         """
         width = tokens.shape[1]
         j = torch.arange(width, device=self.device)
@@ -102,6 +111,9 @@ class RaggedCache:
         )  # fmt: skip
         self.mask = mask
         self.length = self.length + counts
+        if post is not None:
+            fn, rows, constants = post
+            return fn(logits, hidden, self.model, self.cache, *rows, *constants)
         return logits, hidden
 
     def rollback(self, length: torch.Tensor) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -37,8 +38,10 @@ from transformers import PreTrainedModel
 from acchead.errors import AccheadError
 from acchead.feature_draft import is_feature_draft
 from acchead.inference.device_path import DevicePath
+from acchead.inference.ragged_cache import Post
 from acchead.inference.static_runner import (
     MAX_SYMBOLIC_COUNT,
+    arg_key,
     compile_units,
     copy_out,
     new_static_cache,
@@ -68,14 +71,19 @@ def ragged_forward(
     keep: int,
     want_hidden: bool,
     hidden_rows: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    post: Callable | None = None,
+    *post_args: Any,
+) -> tuple[torch.Tensor | None, ...]:
     """One batched forward: the unit `torch.compile` captures. ids, positions (B, W); attention (B, C) bool,
     the slots each row may attend to (the block's own included); features (B, W, H) for a feature draft.
     keep / hidden_rows = 0: every fed position (a graph that does not specialise on W). Returns logits
-    (B, keep, V) and the final hidden states (B, hidden_rows, H) or None."""
+    (B, keep, V) and the final hidden states (B, hidden_rows, H) or None; with `post`,
+    `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (`Post`)."""
     kwargs = {CACHE_ARG: cache, "attention_mask": attention, "position_ids": positions, "use_cache": True}
     width = ids.shape[1]
-    return lm_forward(model, ids, keep or width, want_hidden, hidden_rows or width, features, **kwargs)
+    logits, hidden = lm_forward(model, ids, keep or width, want_hidden, hidden_rows or width, features,
+                                **kwargs)  # fmt: skip
+    return (logits, hidden) if post is None else post(logits, hidden, model, cache, *post_args)
 
 
 class StaticRaggedCache:
@@ -176,20 +184,22 @@ class StaticRaggedCache:
             self.cache.crop(used - self.used)
         self.used = used
 
-    def warm_up(self, batch: int, capacity: int, shapes: list[tuple[int, int, bool, int, bool]]) -> None:
-        """Compile the forwards of `batch` rows for each (width, keep, want_hidden, hidden_rows, features)
-        in `shapes` now, at the capacity a decode of `capacity` slots uses; the cache is reset after."""
+    def warm_up(
+        self, batch: int, capacity: int, shapes: list[tuple[int, int, bool, int, bool, Post | None]]
+    ) -> None:
+        """Compile the forwards of `batch` rows for each (width, keep, want_hidden, hidden_rows, features,
+        post) in `shapes` now, at the capacity a decode of `capacity` slots uses; the cache is reset after."""
         self.reset(batch, capacity)
         ids = torch.ones(batch, max([2, *(w for w, *_ in shapes)]), dtype=torch.long, device=self.device)
         hidden = int(self.model.config.hidden_size)
 
-        def feed(width: int, keep: int, want: bool, rows: int, feats: bool) -> None:
+        def feed(width: int, keep: int, want: bool, rows: int, feats: bool, post: Post | None) -> None:
             counts = torch.full((batch,), width, device=self.device)
             f = torch.zeros(batch, width, hidden, device=self.device) if feats else None
-            self.feed(ids[:, :width], counts, keep, want, rows, f)
+            self.feed(ids[:, :width], counts, keep, want, rows, f, post)
 
         with torch.inference_mode():
-            feed(2, 1, False, 1, is_feature_draft(self.model))  # a prompt (eager)
+            feed(2, 1, False, 1, is_feature_draft(self.model), None)  # a prompt (eager)
             for shape in shapes:
                 feed(*shape)
         self.reset(batch, capacity)
@@ -198,10 +208,11 @@ class StaticRaggedCache:
 
     def feed(
         self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False,
-        hidden_rows: int | None = None, features: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        hidden_rows: int | None = None, features: torch.Tensor | None = None, post: Post | None = None,
+    ) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
         """`RaggedCache.feed` for the active rows: tokens (R, W) right-aligned, counts (R,); returns logits
-        (R, keep, V) and hidden (R, hidden_rows, H) or None."""
+        (R, keep, V) and hidden (R, hidden_rows, H) or None, or `post`'s outputs (traced into the forward's
+        graph; its per-row inputs and outputs span the physical batch inside it)."""
         width = tokens.shape[1]
         self._make_room(width)
         # Fresh row-major copies: a graph is specialised on its inputs' strides too, and a slice keeps its
@@ -210,10 +221,12 @@ class StaticRaggedCache:
         tokens, counts = tokens.to(self.device).clone(memory_format=row_major), counts.to(self.device)
         if features is not None:
             features = features.to(self.device).clone(memory_format=row_major)
+        fn, per_row, constants = post if post is not None else (None, (), ())
         if len(self.rows) < self.batch:  # finished rows stay in the batch, as holes
             tokens = self._scatter(tokens)
             counts = self._scatter(counts)
             features = self._scatter(features) if features is not None else None
+            per_row = tuple(self._scatter(x) if x is not None else None for x in per_row)
         j = torch.arange(width, device=self.device)
         start = width - counts  # (B,) first real slot of each row in this block
         valid = j[None, :] >= start[:, None]  # (B, W)
@@ -223,7 +236,7 @@ class StaticRaggedCache:
         # 0 = every position: the symbolic graph must not specialise on the width through them
         keep_arg, rows_arg = (0 if keep == width else keep), (0 if rows == width else rows)
         args = (self.model, self.cache, tokens, self._mask, positions, features, keep_arg, want_hidden,
-                rows_arg)  # fmt: skip
+                rows_arg, fn, *per_row, *constants)  # fmt: skip
         prefill = self.used == 0 and width > 1
         if not self.compile or prefill:
             out = ragged_forward(*args)
@@ -233,7 +246,7 @@ class StaticRaggedCache:
                 for t in (tokens, positions) + ((features,) if features is not None else ()):
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
             key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, self.capacity,
-                   features is not None)  # fmt: skip
+                   features is not None, fn, *map(arg_key, per_row + constants))  # fmt: skip
             call = self._calls.get(self.batch)
             if call is None:
                 call = self._calls[self.batch] = compile_units(ragged_forward, self.path)
@@ -242,11 +255,9 @@ class StaticRaggedCache:
                 out = copy_out(out)
         self.used += width
         self._length = self._length + counts
-        logits, hidden = out
-        if len(self.rows) < self.batch:
-            logits = logits[self.rows]
-            hidden = hidden[self.rows] if hidden is not None else None
-        return logits, hidden
+        if len(self.rows) < self.batch:  # the active rows of every per-row output
+            out = tuple(x[self.rows] if isinstance(x, torch.Tensor) and x.dim() else x for x in out)
+        return out
 
     def _scatter(self, x: torch.Tensor) -> torch.Tensor:
         """Active rows' (R, ...) values into (B, ...) zeros (finished rows: holes)."""

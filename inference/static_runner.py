@@ -99,7 +99,7 @@ def step_forward(
     return (logits, last) if post is None else post(logits, last, model, cache, *post_args)
 
 
-def _arg_key(arg: Any) -> Hashable:
+def arg_key(arg: Any) -> Hashable:
     """What tells two calls' extra arguments apart for the compiled-graph bookkeeping: a tensor's shape and
     dtype (its values are graph inputs), any other argument itself (a constant the graph was traced with)."""
     if isinstance(arg, torch.Tensor):
@@ -300,7 +300,7 @@ class StaticRunner:
 
         def run(model, cache, ids, keep, want_hidden, post, *post_args):
             # Everything a graph was specialised on: a key seen before may skip the guards.
-            key = (ids.shape[1], keep, want_hidden, self.capacity, post, *map(_arg_key, post_args))
+            key = (ids.shape[1], keep, want_hidden, self.capacity, post, *map(arg_key, post_args))
             return call(key, model, cache, ids, keep, want_hidden, post, *post_args)
 
         return run

@@ -175,8 +175,8 @@ def test_sampling_rows_equal_the_single_prompt_decoder(peaked_pair, spec, kind, 
     rounds (a float tie between batched and unbatched logits could break this; none occurs here)."""
     target, draft = peaked_pair
     dec = _decoder(peaked_pair, spec, kind, verifier=verifier)
-    single = SpeculativeDecoder(target, None if spec == "autoregressive" else draft, spec, head=dec._head,
-                                verifier=verifier, fast=False)  # fmt: skip
+    single = SpeculativeDecoder(target, None if spec == "autoregressive" else draft, spec,
+                                head=dec._rule.head, verifier=verifier, fast=False)  # fmt: skip
     _assert_sampled_rows_are_the_single_decoders(dec, single, prompts)
 
 
@@ -300,7 +300,7 @@ def test_feature_draft_rows_equal_generate_and_the_single_prompt_decoder(feature
         assert res.rows[b].new_ids.tolist() == ref.tolist(), b
     assert sum(sum(r.accepted_per_round) for r in res.rows) > 0  # it drafted and was accepted
     assert all(r.drafted_per_round[0] == 0 for r in res.rows)  # the first round has no states to draft from
-    single = SpeculativeDecoder(target, draft, spec, head=dec._head, verifier=verifier, fast=False)
+    single = SpeculativeDecoder(target, draft, spec, head=dec._rule.head, verifier=verifier, fast=False)
     _assert_sampled_rows_are_the_single_decoders(dec, single, PROMPTS)
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_batched import MAX_NEW, PROMPTS, _decoder, _heads, check_ragged_cache
 from test_feature_draft import trained_feature_pair
+from torch._dynamo.utils import counters
 
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
@@ -106,27 +107,41 @@ def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory, compile
 
 
 @pytest.mark.parametrize(
-    ("spec", "device_path"),
+    ("spec", "kind", "device_path"),
     [
         # compiled as on CUDA (graph-replay options, outputs copied out): ~8 s, the default suite's
-        ("specdec:k=2", True),
+        ("specdec:k=2", None, True),
+        # the draft step's head, thresholds and batch rule traced into the draft's graphs
+        ("specdecpp:h=0.6,max=4", "lookahead", True),
         # the CPU's own compile (weights frozen, C++ wrapper): ~37 s on the 2-core box
-        pytest.param("specdec:k=1", None, marks=pytest.mark.slow),
-        pytest.param("specdec:k=4", None, marks=pytest.mark.slow),  # widths 5+: the symbolic graph
+        pytest.param("specdec:k=1", None, None, marks=pytest.mark.slow),
+        pytest.param("specdec:k=4", None, None, marks=pytest.mark.slow),  # widths 5+: the symbolic graph
+        pytest.param("specdecpp:h=0.5,max=6", "candidate", None, marks=pytest.mark.slow),
     ],
 )
-def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, device_path):
+def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, device_path):
     """Compiled forwards (one graph per (B, width), widths of 5 and more one symbolic graph; the graphs
-    shared by every batched decoder of the model and path): after `warm_up`, greedy rows equal the eager
-    batch's, and an autoregressive decoder of the same target reuses the compiled cache."""
+    shared by every batched decoder of the model and path; SpecDec++'s step in the draft's graphs): after
+    `warm_up`, greedy rows and counts equal the eager batch's, a second threshold reuses the graphs, and an
+    autoregressive decoder of the same target reuses the compiled cache."""
     target, draft = peaked_pair
-    fast = BatchedDecoder(target, draft, spec, fast=True, device_path=device_path)
+    batch_stop = kind is not None  # the batch rule too: its c(B)·B is a graph input
+    fast = _decoder(peaked_pair, spec, kind, batch_stop=batch_stop, fast=True, device_path=device_path)
     shared = ragged_cache(target, True, device_path), ragged_cache(draft, True, device_path)
     assert (fast.t_cache, fast._feed.cache) == shared and fast.t_cache.path.on == bool(device_path)
     assert fast.warm_up(4, 40) > 0
-    ref = BatchedDecoder(target, draft, spec).generate(PROMPTS, MAX_NEW, temperature=0)
+    ref = _decoder(peaked_pair, spec, kind, batch_stop=batch_stop).generate(PROMPTS, MAX_NEW, temperature=0)
     res = fast.generate(PROMPTS, MAX_NEW, temperature=0)
     assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in ref.rows]
+    counts = ("target_calls", "draft_calls", "head_calls", "batch_stops")
+    assert [getattr(res, c) for c in counts] == [getattr(ref, c) for c in counts]
+    if kind is not None:  # another threshold, no batch rule: the same graphs (both are graph inputs)
+        graphs = counters["stats"]["unique_graphs"]
+        other = _decoder(peaked_pair, spec.replace("h=0.", "h=0.1"), kind, fast=True, device_path=device_path)
+        other._rule = fast._rule  # the same head object (another one would be another graph constant)
+        other.warm_up(4, 40)
+        other.generate(PROMPTS, MAX_NEW, temperature=0)
+        assert counters["stats"]["unique_graphs"] == graphs
     other = BatchedDecoder(target, None, "autoregressive", fast=True, device_path=device_path)
     assert other.t_cache is fast.t_cache
     out = other.generate(PROMPTS, MAX_NEW, temperature=0)

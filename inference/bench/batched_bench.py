@@ -118,7 +118,9 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
             )  # fmt: skip
             decs[_key(s, rule)] = dec
             # the fast path compiles its forwards for this B now, outside the timed passes
-            warm_s[size] = warm_s.get(size, 0.0) + dec.warm_up(size, longest + args.max_new_tokens)
+            sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+            warm = dec.warm_up(size, longest + args.max_new_tokens, **sampling)
+            warm_s[size] = warm_s.get(size, 0.0) + warm
         if warm_s.get(size):
             print(f"batched fast path: B = {size} compiled in {warm_s[size]:.1f} s")
         keys = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
