@@ -171,8 +171,8 @@ class BatchedDecoder:
         if self._feed is not None and self.cap > 0:
             want = self._rule.head is not None
             lams = [0.5] * batch if isinstance(self.policy, AdaEDL) else None
-            post = self._step_post([self.cap] * batch, [0] * batch, [1] * batch, lams, sampling,
-                                   self._feed.cache.device)(1)  # fmt: skip
+            post = self._step_post([self.cap] * batch, [0] * batch, [1] * batch, lams, -1.0, sampling,
+                                   self._feed.cache.device)(1)  # a graph of any bound serves every bound
             if self._feed.wants_target_states:  # a round start feeds the pairs of the accepted tokens
                 shapes = [(w, 1, True, 1, True, post) for w in widths]
             else:  # the committed tail: 1 or 2 ids (a step feeds 1)
@@ -281,7 +281,11 @@ class BatchedDecoder:
         dev = feed.cache.device
         want = self._rule.head is not None  # a head reads each step's state or hidden state
         lams = [r.run.lam for r in rows] if isinstance(self.policy, AdaEDL) else None  # moved between rounds
-        post = self._step_post(caps, [r.seed for r in rows], [len(r.ids) for r in rows], lams, sampling, dev)
+        bound = -1.0  # the batch rule's c(R)·R over the R rows of the round; −1: never stops the batch
+        if self.batch_stop is not None and self._rule.head is not None:
+            bound = self.batch_stop.ratio(len(rows)) * len(rows)
+        seeds, starts = [r.seed for r in rows], [len(r.ids) for r in rows]
+        post = self._step_post(caps, seeds, starts, lams, bound, sampling, dev)
         steps = [feed.start([r.ids for r in rows], want, post(1))]
         while True:
             y, _, _, drafting, log_p, _, state, _ = steps[-1]
@@ -299,22 +303,18 @@ class BatchedDecoder:
         return cands, [q_all[: len(c), b] if c else None for b, c in enumerate(cands)]
 
     def _step_post(
-        self, caps: list[int], seeds: list[int], starts: list[int], lams: list[float] | None,
+        self, caps: list[int], seeds: list[int], starts: list[int], lams: list[float] | None, bound: float,
         sampling: SamplingConfig, dev: torch.device,
     ) -> Callable[..., Post]:  # fmt: skip
-        """The round's draft step for rows of these caps, seeds, starts (committed lengths) and AdaEDL λs:
-        `post(k, drafting, log_p)` is the step of candidate k (`draft_step`'s per-row state from the step
-        before; k = 1: the rows with cap > 0, log P̂ = 0)."""
-        rule = self._rule
+        """The round's draft step for rows of these caps, seeds, starts (committed lengths), AdaEDL λs and
+        batch-rule bound: `post(k, drafting, log_p)` is the step of candidate k (`draft_step`'s per-row
+        state from the step before; k = 1: the rows with cap > 0, log P̂ = 0)."""
         tensor = functools.partial(torch.tensor, device=dev)
         cap_t = tensor(caps)
         f64 = functools.partial(tensor, dtype=torch.float64)
         rest = (cap_t, tensor(seeds), tensor(starts), None if lams is None else f64(lams))
-        bound = -1.0  # the batch rule's c(R)·R over the R rows of the round; −1: never stops the batch
-        if self.batch_stop is not None and rule.head is not None:
-            bound = self.batch_stop.ratio(len(caps)) * len(caps)
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
-        constants = (f64(math.log1p(-pp.h) if pp else 0.0), f64(bound), rule, sampling)
+        constants = (f64(math.log1p(-pp.h) if pp else 0.0), f64(bound), self._rule, sampling)
         first = (cap_t > 0, torch.zeros(len(caps), dtype=torch.float64, device=dev))
 
         def post(k: int, drafting: torch.Tensor | None = None, log_p: torch.Tensor | None = None) -> Post:

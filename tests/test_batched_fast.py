@@ -146,3 +146,16 @@ def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, devic
     assert other.t_cache is fast.t_cache
     out = other.generate(PROMPTS, MAX_NEW, temperature=0)
     assert [r.new_ids.tolist() for r in out.rows] == [r.new_ids.tolist() for r in ref.rows]
+
+
+def test_fast_measured_batch_rule_warms_up_before_its_costs(peaked_pair):
+    """`warm_up` runs before the measured rule has timed its c(B) (the bench's order: `generate` times it
+    first); greedy rows still equal autoregressive decoding's."""
+    fast = _decoder(peaked_pair, "specdecpp:h=0.6,max=4", "lookahead", batch_stop="measured", fast=True,
+                    compile=False)  # fmt: skip
+    assert fast.batch_stop.costs is None
+    assert fast.warm_up(len(PROMPTS), 40) > 0
+    res = fast.generate(PROMPTS, MAX_NEW, temperature=0)
+    ref = _decoder(peaked_pair, "autoregressive", None).generate(PROMPTS, MAX_NEW, temperature=0)
+    assert fast.batch_stop.costs is not None
+    assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in ref.rows]
