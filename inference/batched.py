@@ -59,7 +59,7 @@ from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
 from acchead.inference.spec import DecodingSpec, spec_arguments
-from acchead.inference.static_ragged_cache import SYMBOLIC_FROM, StaticRaggedCache, ragged_cache
+from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
 from acchead.inference.units import FEED, SAMPLE
 from acchead.inference.verification import VERIFIERS
 from acchead.models import output_embedding_table
@@ -147,8 +147,12 @@ class BatchedDecoder:
         return self.policy.max_cap
 
     def _span(self, lengths: Sequence[int]) -> int:
-        """Slots a static cache needs for rows of at most these total lengths plus one round's feed."""
-        return max(lengths) + self.cap + 2
+        """Slots a static cache needs for rows of at most these total lengths plus one round's feed (on the
+        fast path padded to its graph's width)."""
+        room = self.cap + 2
+        if self.fast:  # the draft's feeds are never wider than the target's
+            room = self.t_cache.graph_width(room)
+        return max(lengths) + room
 
     @torch.inference_mode()
     def warm_up(
@@ -165,7 +169,7 @@ class BatchedDecoder:
             raise AccheadError(str(e)) from None
         start = time.perf_counter()
         span = self._span([length])
-        widths = range(1, min(self.cap + 1, SYMBOLIC_FROM) + 1)  # the last one: the symbolic graph
+        widths = self.t_cache.graph_widths(self.cap + 1)  # a round feeds 1..cap + 1 tokens
         states = self._feed is not None and self._feed.wants_target_states
         self.t_cache.warm_up(batch, span, [(w, w, states, w, False, None) for w in widths])
         if self._feed is not None and self.cap > 0:
@@ -174,7 +178,7 @@ class BatchedDecoder:
             post = self._step_post([self.cap] * batch, [0] * batch, [1] * batch, lams, -1.0, sampling,
                                    self._feed.cache.device)(1)  # a graph of any bound serves every bound
             if self._feed.wants_target_states:  # a round start feeds the pairs of the accepted tokens
-                shapes = [(w, 1, True, 1, True, post) for w in widths]
+                shapes = [(w, 1, True, 1, True, post) for w in self._feed.cache.graph_widths(self.cap + 1)]
             else:  # the committed tail: 1 or 2 ids (a step feeds 1)
                 shapes = [(w, 1, want, 1, False, post) for w in (1, 2)]
             self._feed.cache.warm_up(batch, span, shapes)
@@ -370,6 +374,9 @@ class BatchedDecoder:
                 first = width - len(feeds[b])
                 self._feed.observe(b, hidden[b, first : first + n + tau - held[b]])
         kept_t = torch.tensor(kept, device=dev)
-        cache.rollback(kept_t)
+        # A static cache's rollback only masks rejected slots: skipped when there are none (the eager
+        # cache's also crops and compacts its holes)
+        if not self.fast or any(k < h + len(f) for k, h, f in zip(kept, held, feeds, strict=True)):
+            cache.rollback(kept_t)
         if self._feed is not None:
             self._feed.commit(kept_t)

@@ -11,9 +11,12 @@ row longer than the whole cache makes it grow (a new cache: new graphs).
 
 Every forward of a decode-time width W is one compiled graph, specialised on (B, W): the shapes of the
 cache (B, heads, capacity, d), of the (B, capacity) validity mask (an input updated in place, so a graph
-replay reads it) and of the (B, W) position ids. Verifications wider than `SYMBOLIC_FROM` tokens share
-one graph symbolic in W (as `StaticRunner`'s `symbolic` feeds), so a policy with a cap of 20 compiles
-five target graphs per B, not 21. A prompt (a new width every call) runs eagerly on the same cache.
+replay reads it) and of the (B, W) position ids. So that a policy with a cap of 20 does not compile 21
+target graphs per B: on the CPU a block is padded (holes on the left) to the next width of the single-row
+verification's ladder (`acchead.inference.round_verifier.VERIFY_WIDTHS`: 1, 2, 3, 4, 6, 8, 12, 16, 24,
+...; nine graphs for that cap), and on the device path the widths from `SYMBOLIC_FROM` tokens share one
+graph symbolic in W (as `StaticRunner`'s `symbolic` feeds), captured per width. A prompt (a new width every
+call) runs eagerly on the same cache.
 
 The batch size stays B for the whole decode: a finished row (`select` drops it) keeps its physical row,
 all holes, and the forwards still run over it. That wastes the finished rows' share of the compute
@@ -33,12 +36,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
 from acchead.feature_draft import is_feature_draft
 from acchead.inference.device_path import DevicePath
 from acchead.inference.ragged_cache import Post
+from acchead.inference.round_verifier import VERIFY_WIDTHS, verify_width
 from acchead.inference.static_runner import (
     MAX_SYMBOLIC_COUNT,
     arg_key,
@@ -49,7 +54,8 @@ from acchead.inference.static_runner import (
 from acchead.lm_forward import lm_forward, splits_cleanly
 from acchead.models import CACHE_ARG
 
-# Widths of at least this many tokens share one graph, symbolic in the width (see the module docstring).
+# On the device path, widths of at least this many tokens share one graph, symbolic in the width (see the
+# module docstring); on the CPU widths are padded to static graphs (`StaticRaggedCache.graph_width`).
 SYMBOLIC_FROM = 5
 
 # Capacity is rounded up to a multiple of this many slots (each capacity compiles its own graphs).
@@ -184,6 +190,20 @@ class StaticRaggedCache:
             self.cache.crop(used - self.used)
         self.used = used
 
+    def graph_width(self, width: int) -> int:
+        """The width of the graph a feed of `width` tokens runs. On the CPU the next width of the single-row
+        verification's ladder (`VERIFY_WIDTHS`; holes pad the block on the left): static graphs, since
+        Inductor's kernels for a symbolic row count ran a toy-pair verification at B = 1 ~40% slower
+        (docs/batched.md). On the device path the width itself (from `SYMBOLIC_FROM`: one symbolic graph,
+        captured per width)."""
+        return width if self.path.on else verify_width(width)
+
+    def graph_widths(self, widest: int) -> list[int]:
+        """Widths whose feeds compile every graph that feeds of 1..`widest` tokens run."""
+        if self.path.on:
+            return list(range(1, min(widest, SYMBOLIC_FROM) + 1))
+        return sorted({self.graph_width(w) for w in range(1, widest + 1)})
+
     def warm_up(
         self, batch: int, capacity: int, shapes: list[tuple[int, int, bool, int, bool, Post | None]]
     ) -> None:
@@ -213,6 +233,13 @@ class StaticRaggedCache:
         """`RaggedCache.feed` for the active rows: tokens (R, W) right-aligned, counts (R,); returns logits
         (R, keep, V) and hidden (R, hidden_rows, H) or None, or `post`'s outputs (traced into the forward's
         graph; its per-row inputs and outputs span the physical batch inside it)."""
+        rows = hidden_rows if hidden_rows is not None else keep
+        prefill = self.used == 0 and tokens.shape[1] > 1
+        pad = 0 if prefill else self.graph_width(tokens.shape[1]) - tokens.shape[1]
+        if pad:  # holes on the left; every position's outputs (one graph for every keep), sliced below
+            tokens = F.pad(tokens, (pad, 0))
+            features = F.pad(features, (0, 0, pad, 0)) if features is not None else None
+            keep, hidden_rows, out_keep = (keep, rows, keep) if post is not None else (0, 0, keep)
         width = tokens.shape[1]
         self._make_room(width)
         # Fresh row-major copies: a graph is specialised on its inputs' strides too, and a slice keeps its
@@ -232,16 +259,15 @@ class StaticRaggedCache:
         valid = j[None, :] >= start[:, None]  # (B, W)
         positions = (self._length[:, None] + j[None, :] - start[:, None]).clamp_min(0)
         self._mask[:, self.used : self.used + width] = valid
-        rows = hidden_rows if hidden_rows is not None else keep
+        rows_in = hidden_rows if hidden_rows is not None else keep
         # 0 = every position: the symbolic graph must not specialise on the width through them
-        keep_arg, rows_arg = (0 if keep == width else keep), (0 if rows == width else rows)
+        keep_arg, rows_arg = (0 if keep in (0, width) else keep), (0 if rows_in in (0, width) else rows_in)
         args = (self.model, self.cache, tokens, self._mask, positions, features, keep_arg, want_hidden,
                 rows_arg, fn, *per_row, *constants)  # fmt: skip
-        prefill = self.used == 0 and width > 1
         if not self.compile or prefill:
             out = ragged_forward(*args)
         else:
-            symbolic = width >= SYMBOLIC_FROM
+            symbolic = width >= SYMBOLIC_FROM if self.path.on else width > VERIFY_WIDTHS[-1]
             if symbolic:
                 for t in (tokens, positions) + ((features,) if features is not None else ()):
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
@@ -255,6 +281,9 @@ class StaticRaggedCache:
                 out = copy_out(out)
         self.used += width
         self._length = self._length + counts
+        if pad and post is None:  # the positions asked for
+            logits, hidden = out
+            out = (logits[:, -out_keep:], hidden[:, -rows:] if hidden is not None else None)
         if len(self.rows) < self.batch:  # the active rows of every per-row output
             out = tuple(x[self.rows] if isinstance(x, torch.Tensor) and x.dim() else x for x in out)
         return out

@@ -115,13 +115,14 @@ def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory, compile
         ("specdecpp:h=0.6,max=4", "lookahead", True),
         # the CPU's own compile (weights frozen, C++ wrapper): ~37 s on the 2-core box
         pytest.param("specdec:k=1", None, None, marks=pytest.mark.slow),
-        pytest.param("specdec:k=4", None, None, marks=pytest.mark.slow),  # widths 5+: the symbolic graph
+        pytest.param("specdec:k=4", None, None, marks=pytest.mark.slow),  # width 5: padded to 6
         pytest.param("specdecpp:h=0.5,max=6", "candidate", None, marks=pytest.mark.slow),
     ],
 )
 def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, device_path):
-    """Compiled forwards (one graph per (B, width), widths of 5 and more one symbolic graph; the graphs
-    shared by every batched decoder of the model and path; SpecDec++'s step in the draft's graphs): after
+    """Compiled forwards (one graph per (B, width): on the CPU the padded widths' static graphs, on the
+    device path one symbolic graph from 5 tokens; the graphs shared by every batched decoder of the model
+    and path; SpecDec++'s step in the draft's graphs): after
     `warm_up`, greedy rows and counts equal the eager batch's, a second threshold reuses the graphs, and an
     autoregressive decoder of the same target reuses the compiled cache."""
     target, draft = peaked_pair
