@@ -78,17 +78,18 @@ class BatchStop:
             raise AccheadError("the batch stop rule's costs are not measured yet (BatchedDecoder.calibrate)")
         return self.costs.c_at(batch)
 
-    def gain(self, log_p_hat: torch.Tensor, drafting: torch.Tensor) -> float:
-        """Expected accepted tokens one more batch draft step is worth: Σ_{b drafting} P̂_b.
+    def bound(self, batch: int) -> float:
+        """c(B) · B: the expected accepted tokens a batch draft step of `batch` rows must be worth."""
+        return self.ratio(batch) * batch
 
-        log_p_hat: (B,) log P̂ of each row's drafted candidates; drafting: (B,) bool, the rows still
-        drafting (the others contribute nothing)."""
-        return float(torch.where(drafting, log_p_hat.double().exp(), 0.0).sum())
+    def gain(self, log_p_hat: torch.Tensor, drafting: torch.Tensor) -> float:
+        """`expected_gain` as a float."""
+        return float(expected_gain(log_p_hat, drafting))
 
     def should_stop(self, log_p_hat: torch.Tensor, drafting: torch.Tensor, batch: int) -> bool:
         """Stop the whole batch's drafting: Σ_{b drafting} P̂_b ≤ c(B) · B (`batch` = B, the rows decoding,
-        drafting or waiting)."""
-        return self.gain(log_p_hat, drafting) <= self.ratio(batch) * batch
+        drafting or waiting). The decoder runs the same test as tensor ops (`batched_step.draft_step`)."""
+        return self.gain(log_p_hat, drafting) <= self.bound(batch)
 
     @property
     def h(self) -> float | None:
@@ -99,6 +100,14 @@ class BatchStop:
         if self.c is not None:
             return f"batch-stop:c={self.c:g}"
         return f"batch-stop:measured({self.costs if self.costs is not None else 'pending'})"
+
+
+def expected_gain(log_p_hat: torch.Tensor, drafting: torch.Tensor) -> torch.Tensor:
+    """Expected accepted tokens one more batch draft step is worth: Σ_{b drafting} P̂_b (0-d float64).
+
+    log_p_hat: (B,) log P̂ of each row's drafted candidates; drafting: (B,) bool, the rows still drafting
+    (the others contribute nothing)."""
+    return torch.where(drafting, log_p_hat.double().exp(), 0.0).sum()
 
 
 def parse_batch_stop(value: str | float | bool | None, h: float | None) -> BatchStop | None:

@@ -287,7 +287,7 @@ class BatchedDecoder:
         lams = [r.run.lam for r in rows] if isinstance(self.policy, AdaEDL) else None  # moved between rounds
         bound = -1.0  # the batch rule's c(R)·R over the R rows of the round; −1: never stops the batch
         if self.batch_stop is not None and self._rule.head is not None:
-            bound = self.batch_stop.ratio(len(rows)) * len(rows)
+            bound = self.batch_stop.bound(len(rows))
         seeds, starts = [r.seed for r in rows], [len(r.ids) for r in rows]
         post = self._step_post(caps, seeds, starts, lams, bound, sampling, dev)
         steps = [feed.start([r.ids for r in rows], want, post(1))]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from acchead.head import AcceptanceHead
-from acchead.inference.batch_stop import row_rule_flags
+from acchead.inference.batch_stop import expected_gain, row_rule_flags
 from acchead.inference.device_random import DRAFT, key_hash, sample_token
 from acchead.inference.policies import StopPolicy
 from acchead.inference.units import FEED, SAMPLE
@@ -113,7 +113,7 @@ def draft_step(
             log_p = torch.where(fed, log_p + F.logsigmoid(head(state).double()), log_p)
             stop = fed & (log_p < log_keep)
             rest = fed & ~stop
-            batch_stop = rest.any() & (_gain(log_p, rest) <= batch_bound)
+            batch_stop = rest.any() & (expected_gain(log_p, rest) <= batch_bound)
             stop = torch.where(batch_stop, fed, stop)
             take = drafting if rule.free else drafting & ~stop
             drafting = drafting & ~stop
@@ -135,11 +135,7 @@ def draft_step(
         judged_count = judged.sum()
     drafting = drafting & within
     if head is not None:
-        batch_stop = drafting.any() & (_gain(log_p, drafting) <= batch_bound)
+        batch_stop = drafting.any() & (expected_gain(log_p, drafting) <= batch_bound)
         drafting = drafting & ~batch_stop
     return y, q, take, drafting, log_p, batch_stop, state, judged_count
 
-
-def _gain(log_p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Σ_{b in rows} P̂_b (0-d float64), `BatchStop.gain` as a tensor."""
-    return torch.where(rows, log_p.exp(), 0.0).sum()
