@@ -3,6 +3,7 @@
 #   make venv                 create/reuse .venv; install torch==2.13.0 (CPU wheel) if no torch, then acchead[dev]
 #                             with the exact versions of requirements/lock.txt (the set the suite last passed with)
 #   make test                 run the test suite in .venv (slow and GPU tests are skipped; `make test PYTEST_ARGS="-m slow"`)
+#                             on PYTEST_WORKERS pytest-xdist workers (2, one per core of CI; 0 runs in one process)
 #   make test-latest          the suite in .venv-latest with the newest release of every dependency (torch stays
 #                             the lock's CPU wheel); when it passes, `make lock` adopts those versions
 #   make test-oldest          the suite in .venv-oldest with the oldest supported releases (requirements/oldest.txt)
@@ -35,6 +36,9 @@ VENV_ARGS ?=
 # Pinned: the CPU wheel; an unpinned `torch` would pull the newest CUDA build (GBs).
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# pytest-xdist workers; `--dist loadgroup` keeps the tests that share the compiled pair on one (tests/conftest.py)
+PYTEST_WORKERS ?= 2
+XDIST = -n $(PYTEST_WORKERS) --dist loadgroup
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.acchead-installed
 # Exact versions the suite passed with (`make test` and .ci/run install with them as pip constraints).
@@ -95,7 +99,7 @@ $(STAMP): pyproject.toml $(LOCK) | $(PY)
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The newest releases of the day (no constraint but the lock's torch: a newer torch from the index is a CUDA
 # build of several GB). Reinstalled on every run, so a release published since the last run is seen.
@@ -105,7 +109,7 @@ test-latest:
 	@.venv-latest/bin/python -c "import torch" 2>/dev/null || .venv-latest/bin/python -m pip install "torch==$(LOCKED_TORCH)"
 	.venv-latest/bin/python -m pip install --upgrade --upgrade-strategy eager -e ".[dev]" -c .venv-latest/torch.txt
 	.venv-latest/bin/python -m pip freeze --exclude-editable > .venv-latest/tested.txt
-	.venv-latest/bin/python -m pytest $(PYTEST_ARGS)
+	.venv-latest/bin/python -m pytest $(XDIST) $(PYTEST_ARGS)
 	@cp .venv-latest/tested.txt .venv-latest/passed.txt
 	@echo "passed with the newest releases: \`make lock\` writes them to $(LOCK)"
 
@@ -113,7 +117,7 @@ test-latest:
 test-oldest:
 	@[ -x .venv-oldest/bin/python ] || $(PYTHON) -m venv .venv-oldest
 	$(call install-into,.venv-oldest,$(OLDEST))
-	.venv-oldest/bin/python -m pytest $(PYTEST_ARGS)
+	.venv-oldest/bin/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Adopt the versions the last passing `make test-latest` ran with.
 lock:

@@ -167,3 +167,12 @@ def compiled_pair(tiny_pair_dirs):
     from acchead.models import load_causal_lm
 
     return load_causal_lm(tiny_pair_dirs[0]), load_causal_lm(tiny_pair_dirs[1])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs 2 workers, one per CI core), the tests that compile on the
+    session's `compiled_pair` run on one worker: each shape then compiles once per run, not once per worker
+    (`--dist loadgroup` honours the group; a run without xdist ignores the mark)."""
+    for item in items:
+        if "compiled_pair" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("compiled_pair"))

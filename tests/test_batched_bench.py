@@ -35,6 +35,10 @@ def test_bench_batch_sizes_add_a_row_per_b(bench_inputs, tmp_path):  # noqa: F81
     assert pp and all(
         r["batch_stop"].startswith("batch-stop:measured(B1:c=") and r["head_calls"] > 0 for r in pp
     )
+    # B = 1 times each setting's single-prompt decoder beside its batched rows, once per setting
+    ones = [r["single_wall_tokens_per_s"] for r in rows if r["batch_size"] == 1]
+    assert len(ones) == len(specs) and all(one > 0 for one in ones)
+    assert all(r["single_wall_tokens_per_s"] is None for r in rows if r["batch_size"] == 3)
     report = (out / "report.md").read_text()
     assert "## Batched decoding" in report and (out / "batched.md").read_text() in report
     assert len([line for line in report.splitlines() if line.startswith("| 3 |")]) == len(specs)
@@ -66,10 +70,12 @@ def test_batched_rows_serialise_and_tabulate():
                           greedy_matches_ar=matches)  # fmt: skip
 
     ar, k = row("autoregressive", 10.0, True, True), row("specdec:k=3", 25.0, True, True)
-    assert list(ar.to_dict())[-2:] == ["wall_tokens_per_s", "greedy_matches_ar"]
+    assert list(ar.to_dict())[-3:] == ["wall_tokens_per_s", "greedy_matches_ar", "single_wall_tokens_per_s"]
     assert "greedy_matches_ar" not in row("specdec:k=3", 25.0, False, None).to_dict()  # sampling: not judged
     table = batched_table([ar, k]).splitlines()
-    assert table[3] == "| 4 | specdec | `specdec:k=3` | - | 25.0 | 2.50 | 16 | 0 | 0 | 64 |"
+    assert table[3] == "| 4 | specdec | `specdec:k=3` | - | 25.0 | 2.50 | - | 16 | 0 | 0 | 64 |"
+    one = replace(k, batch_size=1, single_wall_tokens_per_s=20.0)
+    assert batched_table([one]).splitlines()[2].split(" | ")[6] == "1.25 (20.0 tokens/s)"
     measured = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:measured(B1:c=0.1,B4:c=0.52)")
     declared = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:c=0.2")
     cells = [line.split(" | ")[3] for line in batched_table([measured, declared]).splitlines()[2:]]

@@ -6,7 +6,9 @@ SpecDec++ with each batch stop rule of `--batch-stop`, confidence, entropy; the 
 the prompts are decoded in batches of B (cycled to B rows when there are fewer prompts; row i keeps the
 single-prompt bench's seed, `--seed` + its prompt index), and one row is reported per (B, setting, rule):
 wall-clock tokens/s (`wall_tokens_per_s`, all batches' tokens over their summed wall time, averaged over
-PASSES passes) and the batched forward counts.
+PASSES passes) and the batched forward counts. At B = 1 each setting's single-prompt decoder (the
+`SpeculativeDecoder` the bench's grid times) takes its turns among the batched runs, prompt by prompt, so
+`single_wall_tokens_per_s` compares the two paths on the same prompts in the same minutes.
 Under greedy decoding every row's output is also compared with batched autoregressive decoding's
 (`greedy_matches_ar`): they must be equal, as each row equals the target's greedy decoding alone.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +50,8 @@ class BatchedRow:
     wall_tokens_per_s = tokens / wall_time. batch_stop: the batch stop rule (`batch-stop:c=0.5`) or None.
     greedy_matches_ar: under greedy decoding, whether every output equals batched autoregressive
     decoding's (None without an autoregressive row); absent from the JSON under sampling.
+    single_wall_tokens_per_s: at B = 1, the single-prompt decoder's tokens/s on the same prompts, timed in
+    the same passes interleaved with the batched runs (None at B > 1, and for a batch rule's second row).
     """
 
     batch_size: int
@@ -65,6 +70,7 @@ class BatchedRow:
     wall_tokens_per_s: float
     greedy: bool
     greedy_matches_ar: bool | None = None
+    single_wall_tokens_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as results.json stores it (`greedy_matches_ar` only under greedy decoding)."""
@@ -91,7 +97,8 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
 
     Within a B, the settings take turns batch by batch, in a seeded random order per batch and pass, and
     every batch runs PASSES times: a slow drift of the machine's load (other jobs) then spreads over the
-    settings instead of falling on whichever ran while a neighbour was busy.
+    settings instead of falling on whichever ran while a neighbour was busy. At B = 1 the settings'
+    single-prompt decoders take turns with them.
     """
     from acchead.inference.batched import BatchedDecoder
 
@@ -105,12 +112,13 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         for rule in (args.batch_stop if isinstance(s.decoding.policy, SpecDecPPSpec) else [None])
     ]  # fmt: skip
     rows: list[BatchedRow] = []
-    longest = max(len(p) for p in prompts)
+    longest = max(int(p.shape[-1]) for p in prompts)  # (1, T) ids each: not len(p), which is 1
     warm_s: dict[int, float] = {}
     for size in sizes:
         index = [i % len(prompts) for i in range(max(size, len(prompts)))]
         chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
         decs = {}
+        sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
         for s, rule in runs:
             dec = BatchedDecoder(
                 bench.target, None if isinstance(s.decoding.policy, AutoregressiveSpec) else bench.draft,
@@ -118,20 +126,34 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
             )  # fmt: skip
             decs[_key(s, rule)] = dec
             # the fast path compiles its forwards for this B now, outside the timed passes
-            sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
             warm = dec.warm_up(size, longest + args.max_new_tokens, **sampling)
             warm_s[size] = warm_s.get(size, 0.0) + warm
+        if size == 1:  # the single-prompt decoders, timed beside the batched ones
+            start = time.perf_counter()
+            for s in chosen:
+                decs[_single_key(s)] = dec = bench.decoder(s)
+                if s.fast:  # mostly compiled by the bench's grid already (a model's decoders share graphs)
+                    dec.warm_up(longest + args.max_new_tokens, **sampling)
+            if any(s.fast for s in chosen):
+                warm_s[size] = warm_s.get(size, 0.0) + time.perf_counter() - start
         if warm_s.get(size):
             print(f"batched fast path: B = {size} compiled in {warm_s[size]:.1f} s")
         keys = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
         totals = {k: dict.fromkeys(keys, 0) for k in decs}
         wall = dict.fromkeys(decs, 0.0)
+        single_tokens = dict.fromkeys(decs, 0)
         digests: dict[str, list[str]] = {k: [] for k in decs}
+        turns = runs + ([(s, _SINGLE) for s in chosen] if size == 1 else [])
         for p in range(PASSES):
             for c, chunk in enumerate(chunks):
-                order = list(runs)
+                order = list(turns)
                 random.Random(args.seed * 100_003 + size * 1_009 + p * 101 + c).shuffle(order)
                 for s, rule in order:
+                    if rule is _SINGLE:
+                        res = bench.run_one(s, decs[_single_key(s)], chunk[0])
+                        wall[_single_key(s)] += res.wall_time
+                        single_tokens[_single_key(s)] += res.tokens
+                        continue
                     key = _key(s, rule)
                     res = decs[key].generate(
                         [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
@@ -146,22 +168,33 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         ar = next(
             (digests[_key(s, r)] for s, r in runs if isinstance(s.decoding.policy, AutoregressiveSpec)), None
         )
-        for s, rule in runs:
+        for n, (s, rule) in enumerate(runs):
             key = _key(s, rule)
             dec, t = decs[key], totals[key]
             greedy = args.temperature == 0
+            # the single-prompt twin once per setting: beside its first (setting, rule) row
+            first = all(r[0] is not s for r in runs[:n])
+            one = _single_key(s) if size == 1 and first else None
             rows.append(BatchedRow(
                 batch_size=size, method=s.family, spec=s.spec, verifier=s.verifier,
                 batch_stop=str(dec.batch_stop) if dec.batch_stop else None, rows=len(index), passes=PASSES,
                 **t, wall_time=wall[key] / PASSES,
                 wall_tokens_per_s=t["tokens"] * PASSES / wall[key] if wall[key] > 0 else 0.0,
                 greedy=greedy, greedy_matches_ar=None if ar is None or not greedy else digests[key] == ar,
+                single_wall_tokens_per_s=single_tokens[one] / wall[one] if one and wall[one] > 0 else None,
             ))  # fmt: skip
     return rows
 
 
+_SINGLE = "single-prompt"  # the turn of a setting's single-prompt decoder at B = 1
+
+
 def _key(setting: Setting, rule: str | None) -> str:
     return f"{setting.key}|{rule}"
+
+
+def _single_key(setting: Setting) -> str:
+    return f"{setting.key}|{_SINGLE}"
 
 
 def _digest(ids: list[int]) -> str:
@@ -170,19 +203,22 @@ def _digest(ids: list[int]) -> str:
 
 def batched_table(rows: list[BatchedRow]) -> str:
     """The rows as a markdown table, one line per (B, setting, batch rule), with tokens/s relative to batched
-    AR; the rule column shows a measured rule's c at the row's B (results.json keeps its whole table)."""
+    AR and, at B = 1, to the setting's single-prompt decoder timed beside it; the rule column shows a
+    measured rule's c at the row's B (results.json keeps its whole table)."""
     lines = [
-        "| B | method | spec | batch rule | wall tokens/s | × AR | target calls | draft calls "
-        "| batch stops | tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| B | method | spec | batch rule | wall tokens/s | × AR | × single-prompt | target calls "
+        "| draft calls | batch stops | tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ar = {r.batch_size: r.wall_tokens_per_s for r in rows if r.spec == "autoregressive"}
     for r in rows:
         base = ar.get(r.batch_size)
         rel = f"{r.wall_tokens_per_s / base:.2f}" if base else "-"
+        one = r.single_wall_tokens_per_s
+        single = f"{r.wall_tokens_per_s / one:.2f} ({one:.1f} tokens/s)" if one else "-"
         lines.append(
             f"| {r.batch_size} | {r.method} | `{r.spec}` | {_rule_cell(r)} | {r.wall_tokens_per_s:.1f} "
-            f"| {rel} | {r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.tokens} |"
+            f"| {rel} | {single} | {r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.tokens} |"
         )
     return "\n".join(lines) + "\n"
 
