@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,6 +98,19 @@ def calibration_sizes(batch: int) -> list[int]:
     return [*sizes, batch]
 
 
+# target -> draft -> path ("fast" / "eager") -> {B: BatchCost}: the sizes measured in this process
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def measured_costs(target: torch.nn.Module, draft: torch.nn.Module, path: str) -> dict[int, BatchCost]:
+    """The costs measured so far in this process for this target and draft on `path`, by batch size, to
+    read and add to: every measured rule of one pair and path shares them, so two decoders of the pair (the
+    bench's two heads) stop by the same c(B) instead of two timings' noise, and each size is timed once.
+    Held by the models' lifetimes (weak keys)."""
+    by_draft = _MEASURED.setdefault(target, weakref.WeakKeyDictionary())
+    return by_draft.setdefault(draft, {}).setdefault(path, {})
+
+
 class RoundTimer(Protocol):
     """What `measure_batch_costs` needs of a batched decoder: `BatchedDecoder.generate`, whose result has
     `round_times` and `round_draft_calls`."""
@@ -105,7 +119,7 @@ class RoundTimer(Protocol):
 
 
 def measure_batch_costs(
-    decoders: dict[str, RoundTimer], vocab_size: int, sizes: list[int], rounds: int = 12, repeats: int = 3,
+    decoders: dict[str, RoundTimer], vocab_size: int, sizes: list[int], rounds: int = 12, repeats: int = 5,
     prompt_len: int = 4, seed: int = 0,
 ) -> BatchCosts:  # fmt: skip
     """Time the rounds of `decoders` -- "ar", "k1" and "k3": batched decoders of one target and draft with

@@ -47,7 +47,7 @@ from acchead.errors import AccheadError
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.adaedl import AdaEDL
-from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs
+from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs, measured_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
 from acchead.inference.batched_rows import Row, make_rows, verify_sampled
@@ -252,12 +252,15 @@ class BatchedDecoder:
     def calibrate(self, batch: int) -> BatchCosts:
         """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows by timing this target and draft's
         autoregressive, K = 1 and K = 3 rounds (`acchead.inference.batch_cost`), keeping the sizes measured
-        before; `generate` calls it when a batch is larger than any measured."""
+        before, by this rule or any decoder of this target and draft on this path (`measured_costs`);
+        `generate` calls it when a batch is larger than any measured."""
         rule = self.batch_stop
         if rule is None or not rule.measure:  # a measured rule implies specdecpp, hence a draft
             raise AccheadError("calibrate needs batch_stop='measured'")
-        have = {c.batch: c for c in rule.costs.costs} if rule.costs is not None else {}
+        shared = measured_costs(self.target, self.draft, "fast" if self.fast else "eager")
+        have = shared | ({c.batch: c for c in rule.costs.costs} if rule.costs is not None else {})
         sizes = [b for b in calibration_sizes(batch) if b not in have]
+        new: tuple = ()
         if sizes:
             timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec)
                       for name, k, spec in (("ar", None, "autoregressive"), ("k1", 1, "specdec:k=1"),
@@ -267,7 +270,8 @@ class BatchedDecoder:
                 if timer._feed is not None:
                     timer._feed = self._feed
             new = measure_batch_costs(timers, self._vocab, sizes).costs
-            self.batch_stop = replace(rule, costs=BatchCosts((*have.values(), *new)))
+            shared.update({c.batch: c for c in new})
+        self.batch_stop = replace(rule, costs=BatchCosts((*have.values(), *new)))
         assert self.batch_stop is not None and self.batch_stop.costs is not None
         return self.batch_stop.costs
 

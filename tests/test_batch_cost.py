@@ -129,3 +129,26 @@ def test_a_measured_table_is_passed_back_as_a_batch_stop(pair):
     assert dec.batch_stop is table and res.batch_stops > 0  # c(4) = 1.4: the batch stops after one candidate
     with pytest.raises(AccheadError, match="specdecpp"):
         _decoder(pair, "specdec:k=2", None, batch_stop=table)
+
+
+def test_decoders_of_one_pair_share_the_measured_costs(pair, monkeypatch):
+    """c(B) is the pair's and the machine's, not a decoder's: a second measured decoder of the same target and
+    draft (the bench's other head) reuses the first one's table instead of timing again; another draft is
+    timed afresh."""
+    first = _decoder(pair, "specdecpp:h=0.5,max=6", "candidate", batch_stop="measured")
+    first.generate(PROMPTS, 4, temperature=0)
+    calls = []
+
+    def counted(decoders, vocab, sizes, **kw):
+        calls.append(sizes)
+        return BatchCosts(tuple(_cost(b, 0.1, 1.0) for b in sizes))
+
+    monkeypatch.setattr("acchead.inference.batched.measure_batch_costs", counted)
+    second = _decoder(pair, "specdecpp:h=0.7,max=6", "lookahead", batch_stop="measured")
+    second.generate(PROMPTS, 4, temperature=0)
+    assert calls == [] and second.batch_stop.costs == first.batch_stop.costs
+    target, draft = pair
+    other = BatchedDecoder(target, _perturbed(draft, 0.01, seed=5), "specdecpp:h=0.5,max=6",
+                           head=second._rule.head, batch_stop="measured")  # fmt: skip
+    other.generate(PROMPTS, 4, temperature=0)
+    assert calls == [[1, 4]]
