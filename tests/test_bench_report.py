@@ -202,6 +202,11 @@ def test_greedy_agreement_share():
     alone = price_rows(measured[1:], [0.2], greedy=True)[0]
     assert (alone.matches_autoregressive, alone.modeled_speedup, alone.wall_speedup) == (None, None, None)
     assert alone.ratio_speedups == {"0.2": pytest.approx(64 / (0.2 * 64 + 16))}
+    # A bench of the fast path alone: its autoregressive@fast row is the reference (it was none, so no
+    # fast-only bench checked its outputs).
+    fast = [MeasuredRow(f"{m.method}@fast", m.params, m.spec, m.metrics, m.outputs) for m in measured]
+    priced = price_rows(fast, [], greedy=True)
+    assert [r.matches_autoregressive for r in priced] == [1.0, 0.5] and priced[0].wall_speedup == 1.0
 
 
 def test_rows_keep_the_keys_of_results_json():

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from acchead.inference.bench.costmodel import Metrics, ratio_speedup
-from acchead.inference.bench.settings import head_name
+from acchead.inference.bench.settings import FAST_SUFFIX, head_name
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,9 @@ def _agreement(outputs: Sequence[str], reference: Sequence[str] | None) -> float
 def price_rows(measured: Sequence[MeasuredRow], ratios: Sequence[float], greedy: bool) -> list[BenchRow]:
     """The measured rows priced against the autoregressive row (the first `autoregressive` one, if any):
     speedups at the fitted costs and on the wall clock, at each declared ratio, and (greedy only) the share
-    of prompts whose output equals autoregressive's."""
-    ar = next((m for m in measured if m.method == "autoregressive"), None)
+    of prompts whose output equals autoregressive's. A bench of the fast path alone prices against its
+    `autoregressive@fast` row."""
+    ar = next((m for m in measured if m.method.removesuffix(FAST_SUFFIX) == "autoregressive"), None)
     reference = ar.outputs if ar is not None and greedy else None
     keys = ratio_keys(ratios)
     rows = []
