@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,9 +100,7 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
     settings instead of falling on whichever ran while a neighbour was busy. At B = 1 the settings'
     single-prompt decoders take turns with them.
     """
-    from acchead.inference.batched import BatchedDecoder
-
-    args, prompts = bench.args, bench.prompt_ids
+    args = bench.args
     if not sizes or min(sizes) < 1:
         raise AccheadError(f"--batch-size needs batch sizes >= 1, got {sizes}")
     chosen = [s for s in settings if batchable(s)]
@@ -112,78 +110,105 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         for rule in (args.batch_stop if isinstance(s.decoding.policy, SpecDecPPSpec) else [None])
     ]  # fmt: skip
     rows: list[BatchedRow] = []
-    longest = max(int(p.shape[-1]) for p in prompts)  # (1, T) ids each: not len(p), which is 1
-    warm_s: dict[int, float] = {}
     for size in sizes:
-        index = [i % len(prompts) for i in range(max(size, len(prompts)))]
-        chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
-        decs = {}
-        sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
-        for s, rule in runs:
-            dec = BatchedDecoder(
-                bench.target, None if isinstance(s.decoding.policy, AutoregressiveSpec) else bench.draft,
-                s.decoding.policy, head=s.head, verifier=s.verifier, batch_stop=rule or False, fast=s.fast,
-            )  # fmt: skip
-            decs[_key(s, rule)] = dec
-            # the fast path compiles its forwards for this B now, outside the timed passes
-            warm = dec.warm_up(size, longest + args.max_new_tokens, **sampling)
-            warm_s[size] = warm_s.get(size, 0.0) + warm
-        if size == 1:  # the single-prompt decoders, timed beside the batched ones
-            start = time.perf_counter()
-            for s in chosen:
-                decs[_single_key(s)] = dec = bench.decoder(s)
-                if s.fast:  # mostly compiled by the bench's grid already (a model's decoders share graphs)
-                    dec.warm_up(longest + args.max_new_tokens, **sampling)
-            if any(s.fast for s in chosen):
-                warm_s[size] = warm_s.get(size, 0.0) + time.perf_counter() - start
-        if warm_s.get(size):
-            print(f"batched fast path: B = {size} compiled in {warm_s[size]:.1f} s")
-        keys = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
-        totals = {k: dict.fromkeys(keys, 0) for k in decs}
-        wall = dict.fromkeys(decs, 0.0)
-        single_tokens = dict.fromkeys(decs, 0)
-        digests: dict[str, list[str]] = {k: [] for k in decs}
-        turns = runs + ([(s, _SINGLE) for s in chosen] if size == 1 else [])
-        for p in range(PASSES):
-            for c, chunk in enumerate(chunks):
-                order = list(turns)
-                random.Random(args.seed * 100_003 + size * 1_009 + p * 101 + c).shuffle(order)
-                for s, rule in order:
-                    if rule is _SINGLE:
-                        res = bench.run_one(s, decs[_single_key(s)], chunk[0])
-                        wall[_single_key(s)] += res.wall_time
-                        single_tokens[_single_key(s)] += res.tokens
-                        continue
-                    key = _key(s, rule)
-                    res = decs[key].generate(
-                        [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=[args.seed + i for i in chunk], eos_token_id=bench.eos,
-                    )  # fmt: skip
-                    wall[key] += res.wall_time
-                    if p == 0:  # counts and outputs are the same every pass
-                        for k in keys:
-                            totals[key][k] += getattr(res, k)
-                        digests[key] += [_digest(r.new_ids.tolist()) for r in res.rows]
-        ar = next(
-            (digests[_key(s, r)] for s, r in runs if isinstance(s.decoding.policy, AutoregressiveSpec)), None
-        )
+        decs = _decoders(bench, runs, chosen, size)
+        index = [i % len(bench.prompt_ids) for i in range(max(size, len(bench.prompt_ids)))]
+        tallies = _timed_passes(bench, decs, runs, chosen, index, size)
+        ar = next((tallies[_key(s, r)].digests for s, r in runs if _is_ar(s)), None)
+        greedy = args.temperature == 0
         for n, (s, rule) in enumerate(runs):
             key = _key(s, rule)
-            dec, t = decs[key], totals[key]
-            greedy = args.temperature == 0
+            t, batch_stop = tallies[key], decs[key].batch_stop
             # the single-prompt twin once per setting: beside its first (setting, rule) row
-            first = all(r[0] is not s for r in runs[:n])
-            one = _single_key(s) if size == 1 and first else None
+            one = tallies.get(_single_key(s)) if all(r[0] is not s for r in runs[:n]) else None
             rows.append(BatchedRow(
                 batch_size=size, method=s.family, spec=s.spec, verifier=s.verifier,
-                batch_stop=str(dec.batch_stop) if dec.batch_stop else None, rows=len(index), passes=PASSES,
-                **t, wall_time=wall[key] / PASSES,
-                wall_tokens_per_s=t["tokens"] * PASSES / wall[key] if wall[key] > 0 else 0.0,
-                greedy=greedy, greedy_matches_ar=None if ar is None or not greedy else digests[key] == ar,
-                single_wall_tokens_per_s=single_tokens[one] / wall[one] if one and wall[one] > 0 else None,
+                batch_stop=str(batch_stop) if batch_stop else None, rows=len(index), passes=PASSES,
+                **t.counts, wall_time=t.wall / PASSES, wall_tokens_per_s=t.tokens_per_s,
+                greedy=greedy, greedy_matches_ar=None if ar is None or not greedy else t.digests == ar,
+                single_wall_tokens_per_s=one.tokens_per_s if one else None,
             ))  # fmt: skip
     return rows
+
+
+COUNTS = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
+
+
+@dataclass
+class _Tally:
+    """One decoder's sums at one B: counts and output digests of the first pass (every pass decodes the
+    same), wall seconds and tokens of all passes."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    digests: list[str] = field(default_factory=list)
+    wall: float = 0.0
+    tokens: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall if self.wall > 0 else 0.0
+
+
+def _decoders(bench: Bench, runs: list[tuple[Setting, str | None]], chosen: list[Setting], size: int) -> dict:
+    """The decoders timed at B = `size`, by key: a `BatchedDecoder` per run and, at B = 1, each setting's
+    single-prompt decoder; the fast path's forwards compiled now, outside the timed passes."""
+    from acchead.inference.batched import BatchedDecoder
+
+    args = bench.args
+    longest = max(int(p.shape[-1]) for p in bench.prompt_ids) + args.max_new_tokens  # (1, T) ids each
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    start, decs = time.perf_counter(), {}
+    for s, rule in runs:
+        decs[_key(s, rule)] = dec = BatchedDecoder(
+            bench.target, None if _is_ar(s) else bench.draft, s.decoding.policy, head=s.head,
+            verifier=s.verifier, batch_stop=rule or False, fast=s.fast,
+        )  # fmt: skip
+        dec.warm_up(size, longest, **sampling)
+    for s in chosen if size == 1 else []:  # mostly compiled by the bench's grid (a model's decoders share)
+        decs[_single_key(s)] = dec = bench.decoder(s)
+        if s.fast:
+            dec.warm_up(longest, **sampling)
+    if any(s.fast for s in chosen):
+        print(f"batched fast path: B = {size} compiled in {time.perf_counter() - start:.1f} s")
+    return decs
+
+
+def _timed_passes(
+    bench: Bench, decs: dict, runs: list[tuple[Setting, str | None]], chosen: list[Setting],
+    index: list[int], size: int,
+) -> dict[str, _Tally]:  # fmt: skip
+    """PASSES passes over the prompts `index` in batches of `size`, the decoders taking turns batch by batch
+    in a seeded random order (see `run_batched`)."""
+    args, prompts = bench.args, bench.prompt_ids
+    tallies = {key: _Tally() for key in decs}
+    turns = runs + ([(s, _SINGLE) for s in chosen] if size == 1 else [])
+    chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
+    for p in range(PASSES):
+        for c, chunk in enumerate(chunks):
+            order = list(turns)
+            random.Random(args.seed * 100_003 + size * 1_009 + p * 101 + c).shuffle(order)
+            for s, rule in order:
+                if rule is _SINGLE:
+                    t = tallies[_single_key(s)]
+                    res = bench.run_one(s, decs[_single_key(s)], chunk[0])
+                    t.wall, t.tokens = t.wall + res.wall_time, t.tokens + res.tokens
+                    continue
+                t = tallies[_key(s, rule)]
+                res = decs[_key(s, rule)].generate(
+                    [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    seed=[args.seed + i for i in chunk], eos_token_id=bench.eos,
+                )  # fmt: skip
+                t.wall, t.tokens = t.wall + res.wall_time, t.tokens + res.tokens
+                if p == 0:  # counts and outputs are the same every pass
+                    for k in COUNTS:
+                        t.counts[k] += getattr(res, k)
+                    t.digests += [_digest(r.new_ids.tolist()) for r in res.rows]
+    return tallies
+
+
+def _is_ar(setting: Setting) -> bool:
+    return isinstance(setting.decoding.policy, AutoregressiveSpec)
 
 
 _SINGLE = "single-prompt"  # the turn of a setting's single-prompt decoder at B = 1
