@@ -134,7 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a directory of `teacher` label shards, trained on beside the responses "
                    "(repeatable; a feature draft reads their states from --features too)")  # fmt: skip
     t.add_argument("--out", type=Path, required=True, help="run directory (checkpoint.pt, draft/)")
-    t.add_argument("--init", type=Path, default=None, help="a draft directory to start from (no checkpoint)")
+    t.add_argument("--init", type=Path, default=None,
+                   help="a draft directory to start from (no checkpoint); its training.json's token count "
+                        "continues the learning-rate schedule unless --new-schedule")
+    t.add_argument("--new-schedule", action="store_true",
+                   help="with --init: start the schedule (warm-up, cosine over --total-tokens) and the token "
+                        "count anew from its weights")
     t.add_argument("--vocab-size", type=int, default=8192, help="V_d, the draft's vocabulary (8192)")
     t.add_argument("--vocab-background", type=int, default=3000,
                    help="rank tokens the responses have not shown by their counts in the assistant turns of "

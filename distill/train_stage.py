@@ -45,6 +45,23 @@ def _pack_with_states(root: Path, pack, directory: Path, paths: list[Path], shar
     return pack(shards, [load_features(root / Path(directory).name, p) for p in paths], *args)
 
 
+def _init_schedule(args: argparse.Namespace) -> dict | None:
+    """The state `--init`'s draft was exported with (its training.json), whose token count the schedule goes
+    on from; None without --init, with --new-schedule, or for a draft without one. Refused when it has
+    reached --total-tokens: the run would end at once, having trained nothing."""
+    from acchead.distill.draft import TRAINING_FILE
+
+    if args.init is None or args.new_schedule or not (args.init / TRAINING_FILE).is_file():
+        return None
+    start = json.loads((args.init / TRAINING_FILE).read_text())
+    if start.get("tokens", 0) >= args.total_tokens:
+        raise AccheadError(
+            f"--init {args.init} was trained on {start['tokens']:,} labelled tokens, at or past "
+            f"--total-tokens {args.total_tokens:,}: raise it (the schedule spans runs) or pass --new-schedule"
+        )
+    return start
+
+
 def run_train_stage(args: argparse.Namespace) -> dict:
     check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
     if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
@@ -52,6 +69,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     feature = args.features is not None
     if args.chain < 1:
         raise AccheadError(f"--chain must be >= 1, got {args.chain}")
+    if not (args.out / "checkpoint.pt").is_file():
+        _init_schedule(args)  # refused before anything loads
     if (args.soft_labels or args.chain > 1 or args.cls_weight is not None) and not feature:
         raise AccheadError("--soft-labels, --chain and --cls-weight train a feature draft: add --features")
     args.cls_weight = 0.1 if args.cls_weight is None else args.cls_weight
@@ -65,7 +84,6 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     from acchead.assets import TARGET_DIR_NAME, asset_path
     from acchead.distill.draft import (
         INDEPENDENT,
-        TRAINING_FILE,
         TrainConfig,
         build_vocabulary,
         coverage,
@@ -150,9 +168,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     train += pack_extra(to_draft, args.max_len)
     held_out = pack(args.responses, every[len(train_shards) :], held_shards, to_draft, args.max_len)
     draft = to_device(draft, args.device)
-    start = None
-    if not resuming and args.init is not None and (args.init / TRAINING_FILE).is_file():
-        start = json.loads((args.init / TRAINING_FILE).read_text())
+    start = None if resuming else _init_schedule(args)
     state = train_draft(
         draft,
         train,

@@ -128,6 +128,15 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     out = capsys.readouterr().out
     assert "agreement_resp=" in out and "coverage_resp=" in out
     assert json.loads((tmp_path / "run2" / "progress.json").read_text())["tokens"] >= trained["tokens"] + 50
+    # a schedule --init's draft has finished is refused before anything loads (it trained nothing, silently);
+    # --new-schedule starts one anew from its weights
+    ended = [*more[:6], str(tmp_path / "run3"), *more[7:]]
+    ended[ended.index("--total-tokens") + 1] = str(trained["tokens"])
+    capsys.readouterr()
+    assert cli.main(ended) == 2 and "--new-schedule" in capsys.readouterr().err
+    assert cli.main([*ended, "--new-schedule"]) == 0
+    anew = json.loads((tmp_path / "run3" / "progress.json").read_text())
+    assert anew["tokens"] > 0  # it trained: a schedule of --total-tokens counted from 0
     assert cli.main(["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
                      str(tmp_path / "other"), "--layers", "7", "--vocab-size", "16"]) == 2  # fmt: skip
     assert "the target has 2 layers" in capsys.readouterr().err
