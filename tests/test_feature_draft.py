@@ -272,9 +272,10 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     shutil.copytree(tmp_path / "teacher", tmp_path / "teacher-2")  # no states stored for this one
     assert cli.main([*with_teacher[:-1], str(tmp_path / "teacher-2")]) == 2
     assert "acchead-distill features" in capsys.readouterr().err
-    # soft labels: the target's distribution at every position, continuing the run from its draft
+    # soft labels: the target's distribution at every position, a new schedule from the run's draft (its own
+    # schedule has ended: going on with it would train nothing, and is refused)
     soft = [*train[:6], str(tmp_path / "run-soft"), *train[7:], "--init", str(tmp_path / "run" / "draft"),
-            "--soft-labels", "--chain", "3", "--cls-weight", "0.5"]  # fmt: skip
+            "--new-schedule", "--soft-labels", "--chain", "3", "--cls-weight", "0.5"]  # fmt: skip
     assert cli.main(soft) == 0
     out = capsys.readouterr().out
     assert "agreement_resp=" in out and "agreement_by_depth_resp=" in out
