@@ -69,8 +69,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     feature = args.features is not None
     if args.chain < 1:
         raise AccheadError(f"--chain must be >= 1, got {args.chain}")
-    if not (args.out / "checkpoint.pt").is_file():
-        _init_schedule(args)  # refused before anything loads
+    resuming = (args.out / "checkpoint.pt").is_file()
+    start = None if resuming else _init_schedule(args)  # read (and refused) before anything loads
     if (args.soft_labels or args.chain > 1 or args.cls_weight is not None) and not feature:
         raise AccheadError("--soft-labels, --chain and --cls-weight train a feature draft: add --features")
     args.cls_weight = 0.1 if args.cls_weight is None else args.cls_weight
@@ -116,7 +116,6 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             teacher_states += [load_features(root, p) for p in sorted(Path(directory).glob(TEACHER_GLOB))]
     target_path = args.target or asset_path(TARGET_DIR_NAME)
     tok = load_tokenizer(target_path)
-    resuming = (args.out / "checkpoint.pt").is_file()
     if resuming or args.init is not None:
         draft = load_causal_lm(args.out / "draft" if resuming else args.init)
     else:
@@ -168,7 +167,6 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     train += pack_extra(to_draft, args.max_len)
     held_out = pack(args.responses, every[len(train_shards) :], held_shards, to_draft, args.max_len)
     draft = to_device(draft, args.device)
-    start = None if resuming else _init_schedule(args)
     state = train_draft(
         draft,
         train,

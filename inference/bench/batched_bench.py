@@ -116,11 +116,13 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         tallies = _timed_passes(bench, decs, runs, chosen, index, size)
         ar = next((tallies[_key(s, r)].digests for s, r in runs if _is_ar(s)), None)
         greedy = args.temperature == 0
-        for n, (s, rule) in enumerate(runs):
+        twinned: set[str] = set()
+        for s, rule in runs:
             key = _key(s, rule)
             t, batch_stop = tallies[key], decs[key].batch_stop
             # the single-prompt twin once per setting: beside its first (setting, rule) row
-            one = tallies.get(_single_key(s)) if all(r[0] is not s for r in runs[:n]) else None
+            one = None if s.key in twinned else tallies.get(_single_key(s))
+            twinned.add(s.key)
             rows.append(BatchedRow(
                 batch_size=size, method=s.family, spec=s.spec, verifier=s.verifier,
                 batch_stop=str(batch_stop) if batch_stop else None, rows=len(index), passes=PASSES,
@@ -188,19 +190,19 @@ def _timed_passes(
             order = list(turns)
             random.Random(args.seed * 100_003 + size * 1_009 + p * 101 + c).shuffle(order)
             for s, rule in order:
-                if rule is _SINGLE:
-                    t = tallies[_single_key(s)]
-                    res = bench.run_one(s, decs[_single_key(s)], chunk[0])
-                    t.wall, t.tokens = t.wall + res.wall_time, t.tokens + res.tokens
-                    continue
-                t = tallies[_key(s, rule)]
-                res = decs[_key(s, rule)].generate(
-                    [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=[args.seed + i for i in chunk], eos_token_id=bench.eos,
-                )  # fmt: skip
+                single = rule is _SINGLE
+                key = _single_key(s) if single else _key(s, rule)
+                if single:
+                    res = bench.run_one(s, decs[key], chunk[0])
+                else:
+                    res = decs[key].generate(
+                        [prompts[i] for i in chunk], max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=[args.seed + i for i in chunk], eos_token_id=bench.eos,
+                    )  # fmt: skip
+                t = tallies[key]
                 t.wall, t.tokens = t.wall + res.wall_time, t.tokens + res.tokens
-                if p == 0:  # counts and outputs are the same every pass
+                if p == 0 and not single:  # counts and outputs are the same every pass
                     for k in COUNTS:
                         t.counts[k] += getattr(res, k)
                     t.digests += [_digest(r.new_ids.tolist()) for r in res.rows]
