@@ -17,7 +17,7 @@ this module's registry, keyed weakly by the model (nothing is stored on the mode
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -71,10 +71,6 @@ class ModelRunner(Protocol):
         """Forget everything past the first `length` tokens."""
         ...
 
-    def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
-        """Prepare the forwards of these token counts (the fast path compiles them); resets the sequence."""
-        ...
-
 
 class EagerRunner:
     """The eager path: a `KVSequence` of one row, cropped on rollback.
@@ -117,9 +113,6 @@ class EagerRunner:
         self.seq.length += post_feeds
         logits, hidden = logits[0], hidden[0] if want_hidden or all_hidden else None
         return (logits, hidden) if post is None else post(logits, hidden, self.model, self.cache, *post_args)
-
-    def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
-        self.reset(0)  # nothing to compile
 
     def rollback(self, length: int) -> None:
         self.seq.crop(length)

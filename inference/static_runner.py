@@ -32,7 +32,7 @@ import logging
 import time
 import types
 import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
 import torch
@@ -212,7 +212,8 @@ class StaticRunner:
             changing them afterwards needs a new runner.
         capacity: tokens the cache holds, rounded up to a multiple of `_CAPACITY_STEP`; `reset`
             and `feed` grow it when a sequence needs more (the cached keys/values are copied), which
-            recompiles: `warm_up` with the longest sequence first keeps that out of timed decoding.
+            recompiles: a decoder's `warm_up` with the longest sequence first keeps that out of timed
+            decoding.
         compile: False runs the static cache eagerly (no capture): the same cache logic, testable in
             seconds; the decoders' fast path compiles.
         device_path: compile the units as the CUDA default does (`acchead.inference.device_path`: graph
@@ -318,19 +319,6 @@ class StaticRunner:
     def reset(self, capacity: int) -> None:
         self._reserve(capacity, 0)
         self.rollback(0)
-
-    def warm_up(self, counts: Iterable[int], keep_all: bool, hidden: Iterable[bool] = (False,)) -> None:
-        """Compile the forward of every token count in `counts` now (with `keep` = count if `keep_all`,
-        else 1), once per value in `hidden`; the sequence is reset afterwards."""
-        counts = list(counts)
-        dummy = torch.zeros(max([*counts, 2]), dtype=torch.long)
-        for want_hidden in hidden:
-            self.reset(self.capacity)
-            self.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
-            for n in counts:
-                self.rollback(1)
-                self.feed(dummy[:n], n if keep_all else 1, want_hidden)
-        self.reset(self.capacity)
 
     # ----------------------------------------------------------------------------------------- forwards
 
