@@ -109,3 +109,44 @@ def test_kd_corpus_takes_evenly_spaced_whole_windows():
     corpus, suffix = build.kd_corpus(ids, 4, 3)
     assert suffix == "-w3" and corpus.tolist() == [*range(0, 4), *range(16, 20), *range(36, 40)]
     assert build.kd_corpus(ids, 4, None) == (ids, "") and build.kd_corpus(ids, 4, 10)[1] == ""
+
+
+def test_pair_report_scores_both_drafts_and_writes_its_json(tmp_path, capsys):
+    """`--stage report` on tiny models: a "distilled" draft that is the target itself agrees with it on every
+    greedy position of both prompt sets and is always accepted at T = 1, a random one is not; losses, step
+    costs, operator counts, corpus and machine are recorded, and pair_report.json holds what it returned."""
+    import json
+
+    from acchead.zoo.pair_report import pair_report
+
+    tok = make_tiny_tokenizer()
+    vocab, eos = len(tok), tok.eos_token_id
+    pair = PAIRS[DEFAULT_PAIR]
+    out, baseline = tmp_path / "out", tmp_path / "baseline"
+    target = make_tiny_llama(vocab, hidden_size=64, num_layers=2, seed=1, eos_token_id=eos)
+    # the target saved twice: as itself and as the "distilled" draft; the corpus draft is another model
+    for model, path in ((target, out / pair.target.name), (target, out / pair.distilled_draft.name),
+                        (make_tiny_llama(vocab, 32, 2, seed=2, eos_token_id=eos), baseline)):  # fmt: skip
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    args = argparse.Namespace(out_dir=out, baseline_draft=str(baseline), report_prompts=2, seed=0, seq_len=32,
+                              eval_tokens=64)  # fmt: skip
+    heldout_ids = np.random.default_rng(0).integers(0, vocab, 400)
+    report = pair_report(pair, args, heldout_ids, corpus={"sources": "test"})
+
+    assert json.loads((out / "pair_report.json").read_text()) == report
+    assert set(report["prompt_sets"]) == {"stdlib-heldout-functions", "humaneval"}
+    for scores in report["prompt_sets"].values():
+        assert scores["prompts"] == 2
+        # the target drafting for itself
+        assert scores["after"] == {"greedy_agreement": 1.0, "acceptance_t1": 1.0}
+        # (random tied-embedding models all tend to repeat the last token greedily, so the random draft's
+        # greedy agreement can be 1 too; its distribution is not the target's)
+        assert 0.0 < scores["before"]["acceptance_t1"] < 1.0
+    assert report["after"]["heldout"] == report["target"]["heldout"]  # the same weights, the same windows
+    assert report["before"]["heldout"]["loss"] != report["target"]["heldout"]["loss"]
+    for who in ("before", "after", "target"):
+        assert report[who]["decode_step_ms"] > 0
+    assert report["op_counts"]["ratio"] == 1.0  # the "distilled" draft has the target's shape
+    assert report["corpus"] == {"sources": "test"} and "CPU threads" in report["machine"]
+    capsys.readouterr()
