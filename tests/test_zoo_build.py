@@ -111,7 +111,7 @@ def test_kd_corpus_takes_evenly_spaced_whole_windows():
     assert build.kd_corpus(ids, 4, None) == (ids, "") and build.kd_corpus(ids, 4, 10)[1] == ""
 
 
-def test_pair_report_scores_both_drafts_and_writes_its_json(tmp_path, capsys):
+def test_pair_report_scores_both_drafts_and_writes_its_json(tmp_path):
     """`--stage report` on tiny models: a "distilled" draft that is the target itself agrees with it on every
     greedy position of both prompt sets and is always accepted at T = 1, a random one is not; losses, step
     costs, operator counts, corpus and machine are recorded, and pair_report.json holds what it returned."""
@@ -149,4 +149,3 @@ def test_pair_report_scores_both_drafts_and_writes_its_json(tmp_path, capsys):
         assert report[who]["decode_step_ms"] > 0
     assert report["op_counts"]["ratio"] == 1.0  # the "distilled" draft has the target's shape
     assert report["corpus"] == {"sources": "test"} and "CPU threads" in report["machine"]
-    capsys.readouterr()
