@@ -24,6 +24,8 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
         raise AccheadError("--code-every must be >= 0")
     if args.minutes is not None and args.minutes <= 0:
         raise AccheadError("--minutes must be > 0")
+    import torch
+
     from acchead.assets import TARGET_DIR_NAME, asset_path
     from acchead.chat_sets import (
         SHAREGPT_HELDOUT,
@@ -49,7 +51,7 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
         plan = build_plan(chat, code, args.num_prompts, args.code_every, more)
     target, tok = load_causal_lm(target_path), load_tokenizer(target_path)
     fingerprint = model_identity(target)["fingerprint"]  # of the weights as stored, before any move
-    target = to_device(target, args.device)
+    target = to_device(target, args.device).to(getattr(torch, args.dtype))
     config = ResponsesConfig(
         target=fingerprint, prompts=args.prompts, num_prompts=len(plan),
         code_every=args.code_every,

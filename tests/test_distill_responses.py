@@ -3,8 +3,10 @@ round-trip, a killed run resumes after its last complete shard, and other settin
 
 from __future__ import annotations
 
+import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,3 +150,21 @@ def test_a_time_limit_stops_between_shards_and_a_rerun_goes_on(tiny_llama_pair, 
     rest = run_responses(target, tiny_tokenizer, plan, tmp_path, _config(), batch_size=2)
     assert rest["shards_written"] == 3 and len(load_responses(tmp_path)) == 3
     assert json.loads((tmp_path / "responses.json").read_text())["complete"] is True
+
+
+def test_each_shard_records_the_dtype_it_was_answered_in(tiny_llama_pair, tiny_tokenizer, tmp_path):
+    """A bfloat16 run and a float32 run extend one directory; each shard says which answered it, and a
+    shard written before the record existed reads as float32."""
+    target, _ = tiny_llama_pair
+    plan = [PlanItem(p, False, "code") for p in PROMPTS]
+    bf16 = copy.deepcopy(target).to(torch.bfloat16)  # the fixture's model is shared: cast a copy
+    first = run_responses(bf16, tiny_tokenizer, plan[:4], tmp_path, _config(num_prompts=4), batch_size=2)
+    assert first["weights_dtype"] == "bfloat16" and first["shards_written"] == 2
+    rest = run_responses(target, tiny_tokenizer, plan, tmp_path, _config(), batch_size=2)
+    assert rest["weights_dtype"] == "float32" and rest["shards_written"] == 1
+    assert [s.weights_dtype for s in load_responses(tmp_path)] == ["bfloat16", "bfloat16", "float32"]
+    old = tmp_path / "shard-00000.npz"
+    with np.load(old) as z:
+        arrays = {k: z[k] for k in z.files if k != "weights_dtype"}
+    np.savez_compressed(old, **arrays)
+    assert load_responses(tmp_path)[0].weights_dtype == "float32"
