@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "with AMX, and its greedy text leaves float32's after some tokens in about half of the "
                    "answers; each shard records it")  # fmt: skip
     r.add_argument("--shard-prompts", type=int, default=64, help="plan items per shard file (64)")
+    r.add_argument("--group-shards", type=int, default=1,
+                   help="shards answered together (1; at least as many as one batch spans): their prompts "
+                   "are sorted by length before being cut into batches, so each batch pads less; a kill "
+                   "loses the group in flight")  # fmt: skip
     r.add_argument("--minutes", type=float, default=None,
                    help="stop starting new shards after this long (default: answer the whole plan); "
                    "what is answered is saved, and a rerun goes on")  # fmt: skip

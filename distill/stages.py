@@ -17,9 +17,8 @@ def check_positive(args: argparse.Namespace, names: tuple[str, ...]) -> None:
 
 
 def run_responses_stage(args: argparse.Namespace) -> dict:
-    check_positive(
-        args, ("num_prompts", "max_new_tokens", "max_prompt_tokens", "batch_size", "shard_prompts")
-    )
+    check_positive(args, ("num_prompts", "max_new_tokens", "max_prompt_tokens", "batch_size",
+                          "shard_prompts", "group_shards"))  # fmt: skip
     if args.code_every < 0:
         raise AccheadError("--code-every must be >= 0")
     if args.minutes is not None and args.minutes <= 0:
@@ -59,7 +58,8 @@ def run_responses_stage(args: argparse.Namespace) -> dict:
         shard_prompts=args.shard_prompts, heldout_chat=SHAREGPT_HELDOUT,
     )  # fmt: skip
     seconds = None if args.minutes is None else args.minutes * 60
-    summary = run_responses(target, tok, plan, args.out, config, args.batch_size, max_seconds=seconds)
+    summary = run_responses(target, tok, plan, args.out, config, args.batch_size, max_seconds=seconds,
+                            group_shards=args.group_shards)  # fmt: skip
     return {**asdict(config), **summary}
 
 

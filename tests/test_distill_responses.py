@@ -117,18 +117,20 @@ def test_plan_goes_on_with_later_turns_and_a_longer_plan_extends_a_shorter_one()
     assert long[: len(short)] == short
 
 
-def test_a_batch_spanning_shards_writes_the_same_shards(tiny_llama_pair, tiny_tokenizer, tmp_path):
-    """A GPU's batch (larger than a shard) answers several shards at once; the shards are those that one
-    small batch at a time writes."""
+def test_a_batch_or_a_group_spanning_shards_writes_the_same_shards(tiny_llama_pair, tiny_tokenizer, tmp_path):
+    """A GPU's batch (larger than a shard), or a group of shards sorted together, answers several shards at
+    once; the shards are those that one small batch at a time writes."""
     target, _ = tiny_llama_pair
     plan = [PlanItem(p, False, "code") for p in PROMPTS]
     run_responses(target, tiny_tokenizer, plan, tmp_path / "one", _config(), batch_size=1)
     wide = run_responses(target, tiny_tokenizer, plan, tmp_path / "wide", _config(), batch_size=6)
-    assert wide["shards_written"] == 3
-    one, many = load_responses(tmp_path / "one"), load_responses(tmp_path / "wide")
-    assert [(s.plan_index, s.prompts, s.responses, s.ended) for s in one] == [
-        (s.plan_index, s.prompts, s.responses, s.ended) for s in many
-    ]
+    grouped = run_responses(target, tiny_tokenizer, plan, tmp_path / "grouped", _config(), batch_size=2,
+                            group_shards=3)  # fmt: skip
+    assert wide["shards_written"] == grouped["shards_written"] == 3
+    def rows(name: str) -> list[tuple]:
+        return [(s.plan_index, s.prompts, s.responses, s.ended) for s in load_responses(tmp_path / name)]
+
+    assert rows("wide") == rows("one") and rows("grouped") == rows("one")
 
 
 def test_device_errors_are_one_line():
