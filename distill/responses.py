@@ -16,7 +16,7 @@ shard in flight and a rerun (the same arguments) resumes after the last complete
 Generation is batched (left-padded `generate`, prompts of a batch sorted by length): ~5x the tokens/s of
 batch 1 on a 2-core CPU. `--dtype bfloat16` answers with the target's weights in bfloat16: on a CPU with
 bfloat16 matrix units (AMX) 1.8x float32's tokens/s (312 against 174 at batch 64, 2 threads, 2026-11-27;
-407 at batch 128); its greedy text leaves float32's after some tokens in about half of the answers
+407 at batch 128); its greedy text leaves float32's within 32 tokens in about half of the answers
 (ties the rounding breaks otherwise), still text this target writes. Each shard records the dtype it was
 answered in (`weights_dtype`), so a directory may mix them; the dtype is not part of the config a rerun
 must match, like the batch size (left padding moves float32's results by rounding too).
