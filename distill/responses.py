@@ -203,11 +203,10 @@ def run_responses(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     s = config.shard_prompts
     shards = [k for k in range((len(plan) + s - 1) // s) if not (out / f"shard-{k:05d}.npz").is_file()]
-    # A batch larger than a shard (a GPU's) answers several shards' prompts at once: the pending shards
-    # go in groups of ceil(batch_size / S), each group's prompts sorted by length (less padding) and cut
-    # into batches, and each shard of a group is written once the group is answered.
-    # A larger group sorts more prompts before cutting batches: a batch of ShareGPT turns (median 48
-    # tokens, longest ~350) padded to its longest prompt wastes most of its prefill otherwise.
+    # The pending shards go in groups of max(group_shards, ceil(batch_size / S)) (a GPU's batch spans
+    # several shards), each group's prompts sorted by length and cut into batches, each shard written once
+    # its group is answered: a batch of ShareGPT turns (median 48 tokens, longest ~350) padded to its
+    # longest prompt wastes most of its prefill, and a larger group sorts more prompts before cutting.
     per_group = max(1, group_shards, -(-batch_size // s))
     tokens, skipped, start = 0, 0, time.perf_counter()
     bar = tqdm(total=len(shards), desc="responses (shards)", unit="shard")
