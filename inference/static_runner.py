@@ -6,7 +6,7 @@ causal mask and overwritten by the next write); and every unit (a forward of a g
 the decoder's work on its output, `feed(..., post=...)`; `acchead.inference.units`) is compiled once
 with `torch.compile` (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph
 (`mode="reduce-overhead"`), on the CPU as Inductor's fused C++ kernels with the weights frozen into the
-graph (prepacked for MKL, which is what makes a one-token forward cheaper than eager's GEMV calls;
+graph (kept in Inductor's on-disk cache, so a later process loads it rather than compiling it again;
 docs/speed.md). The prompt (a new length every call) runs eager on the same cache.
 
 Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
@@ -151,10 +151,15 @@ def compile_units(fn: Callable, path: DevicePath) -> Callable[..., Any]:
     if not path.on:
         # Inductor reads these from its global config when it compiles (passing them in `options=`
         # left the weights unfrozen), so they are set around the call that compiles a new shape:
-        # freezing folds the weights into the graph, prepacked for MKL (4.9 instead of 5.6 ms per
-        # target step, measured); the C++ wrapper drops the Python wrapper's per-kernel overhead
-        # (4.3-4.7 instead of 4.9 ms).
-        inductor = functools.partial(inductor_config.patch, freezing=True, cpp_wrapper=True)
+        # freezing folds the weights into the graph (4.9 instead of 5.6 ms per target step, measured);
+        # the C++ wrapper drops the Python wrapper's per-kernel overhead (4.3-4.7 instead of 4.9 ms).
+        # No MKL weight prepacking: its packed tensors cannot be pickled, so every graph bypassed
+        # Inductor's on-disk cache and each process compiled it again; without it a later process
+        # loads the graph (AR's warm-up 11 instead of 42 s on the demo pair) at equal speed (toy and
+        # real targets, interleaved A/B; docs/speed.md, sixteenth session).
+        inductor = functools.partial(
+            inductor_config.patch, {"freezing": True, "cpp_wrapper": True, "cpp.weight_prepack": False}
+        )
 
         @contextlib.contextmanager
         def compiling():

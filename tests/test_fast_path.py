@@ -229,3 +229,44 @@ def test_new_confidence_and_entropy_thresholds_compile_nothing(compiled_pair):
         specs = [f"{rule}:tau={t},max=3" for t in taus]
         lengths = _new_thresholds_replay(target, draft, specs[0], specs[1:])
         assert lengths[0] != lengths[1], rule
+
+
+_CACHE_PROBE = """
+import sys, torch
+from torch._dynamo.utils import counters
+sys.path.insert(0, {tests!r})
+from conftest import make_tiny_llama
+from acchead.inference.decoder import SpeculativeDecoder
+
+ids = torch.tensor([[5, 6, 7, 8]])
+out = []
+for seed in (1, 1, 2):  # a second object of the same weights, then other weights of the same shape
+    torch._dynamo.reset()  # forget the process's compiled code: only Inductor's cache is left
+    model = make_tiny_llama(64, hidden_size=16, num_layers=1, seed=seed)
+    fast = SpeculativeDecoder(model, None, policy="autoregressive", fast=True)
+    fast.warm_up(16)
+    tokens = fast.generate(ids, max_new_tokens=6, temperature=0.0).tokens
+    eager = SpeculativeDecoder(model, None, policy="autoregressive")
+    out.append(tokens == eager.generate(ids, max_new_tokens=6, temperature=0.0).tokens)
+print(out, dict(counters["inductor"]))
+"""
+
+
+def test_a_compiled_unit_is_loaded_from_inductors_cache_by_a_later_compile(tmp_path):
+    """The CPU fast path's frozen graphs go through Inductor's on-disk FX graph cache (MKL-prepacked
+    weights cannot be pickled, so with them every process compiled everything again): after dynamo forgets
+    a unit, the same unit of a new model object is a cache hit, and a cached graph run with other weights
+    of the same shape still gives that model's own eager tokens (the frozen weights are not in the cache)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    code = _CACHE_PROBE.format(tests=str(Path(__file__).parent))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("[True, True, True]"), line
+    assert "'fxgraph_cache_bypass'" not in line, line
+    assert "'fxgraph_cache_hit': 2" in line, line
