@@ -155,8 +155,8 @@ def compile_units(fn: Callable, path: DevicePath) -> Callable[..., Any]:
         # the C++ wrapper drops the Python wrapper's per-kernel overhead (4.3-4.7 instead of 4.9 ms).
         # No MKL weight prepacking: its packed tensors cannot be pickled, so every graph bypassed
         # Inductor's on-disk cache and each process compiled it again; without it a later process
-        # loads the graph (AR's warm-up 11 instead of 42 s on the demo pair) at equal speed (toy and
-        # real targets, interleaved A/B; docs/speed.md, sixteenth session).
+        # loads the graph (AR's warm-up in a second process: 11 s instead of 38 s, demo pair) at equal
+        # speed (toy and real targets, interleaved A/B; docs/speed.md, sixteenth session).
         inductor = functools.partial(
             inductor_config.patch, {"freezing": True, "cpp_wrapper": True, "cpp.weight_prepack": False}
         )
