@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the target's layers the draft starts from (default 0,29; a feature draft: the last)",
     )
+    t.add_argument("--grow-layers", type=int, default=0, metavar="N",
+                   help="with --init: add N decoder layers on top of its draft, copies of its last whose "
+                   "output projections start at zero, so the grown draft starts as the same function "
+                   "(ignored when resuming: the checkpoint has them; default 0)")  # fmt: skip
     t.add_argument("--soft-labels", action="store_true",
                    help="a feature draft learns the target's distribution over its vocabulary at every "
                    "position, prompt included (default: the greedy token on response positions)")  # fmt: skip

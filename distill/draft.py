@@ -15,6 +15,7 @@ is saved as a transformers directory at the end and at every checkpoint (bf16, t
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import Counter
@@ -95,6 +96,30 @@ def init_from_target(
         draft.model.norm.load_state_dict(target.model.norm.state_dict())
     draft.generation_config = target.generation_config
     return draft
+
+
+def grow_layers(draft: ReducedVocabLlamaForCausalLM, count: int) -> ReducedVocabLlamaForCausalLM:
+    """`draft` with `count` more decoder layers on top that compute the same function until trained: each
+    new layer is a copy of the last one whose output projections (`o_proj`, `down_proj`) are zero, so it
+    adds nothing to the residual stream (and its other weights get gradients once those move off zero,
+    as a LoRA's zero-initialised half does). Returns a new model; `draft` is left as it was."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    config = copy.deepcopy(draft.config)
+    config.num_hidden_layers += count
+    if getattr(config, "layer_types", None):  # one entry per layer in newer transformers
+        config.layer_types = [*config.layer_types, *[config.layer_types[-1]] * count]
+    grown = type(draft)(config).to(dtype=draft.dtype)
+    grown.load_state_dict(draft.state_dict(), strict=False)  # every weight but the new layers'
+    with torch.no_grad():
+        grown.get_input_embeddings().weight.copy_(draft.get_input_embeddings().weight)
+        for layer in grown.model.layers[-count:]:
+            layer.load_state_dict(draft.model.layers[-1].state_dict())
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    grown.get_input_embeddings().weight.requires_grad_(False)  # the target's: never trained here
+    grown.generation_config = draft.generation_config
+    return grown
 
 
 def pack_examples(shards: list[ResponseShard], to_draft: torch.Tensor, max_len: int) -> list[tuple]:

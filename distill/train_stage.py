@@ -69,6 +69,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     feature = args.features is not None
     if args.chain < 1:
         raise AccheadError(f"--chain must be >= 1, got {args.chain}")
+    if args.grow_layers < 0 or (args.grow_layers and args.init is None):
+        raise AccheadError("--grow-layers N (N >= 0) grows the --init draft: add --init")
     resuming = (args.out / "checkpoint.pt").is_file()
     start = None if resuming else _init_schedule(args)  # read (and refused) before anything loads
     if (args.soft_labels or args.chain > 1 or args.cls_weight is not None) and not feature:
@@ -87,6 +89,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         TrainConfig,
         build_vocabulary,
         coverage,
+        grow_layers,
         init_from_target,
         pack_examples,
         train_draft,
@@ -118,6 +121,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     tok = load_tokenizer(target_path)
     if resuming or args.init is not None:
         draft = load_causal_lm(args.out / "draft" if resuming else args.init)
+        if args.grow_layers and not resuming:
+            draft = grow_layers(draft, args.grow_layers)
     else:
         target = load_causal_lm(target_path)
         layers = layers or (target.config.num_hidden_layers - 1,)

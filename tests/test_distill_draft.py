@@ -20,6 +20,7 @@ from acchead.distill.draft import (
     build_vocabulary,
     collate,
     coverage,
+    grow_layers,
     init_from_target,
     pack_examples,
     train_draft,
@@ -55,6 +56,30 @@ def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
     short = init_from_target(target, vocab, (0, 2))
     assert short.config.num_hidden_layers == 2
     assert torch.equal(short.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
+
+
+@pytest.mark.parametrize("feature", [False, True])
+def test_a_grown_draft_starts_as_the_same_function_and_its_new_layers_learn(feature):
+    target = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
+    draft = init_from_target(target, torch.arange(40), (1,), feature=feature).eval()
+    grown = grow_layers(draft, 2).eval()
+    assert grown.config.num_hidden_layers == 3 and draft.config.num_hidden_layers == 1  # the draft kept
+    ids, feats = torch.tensor([[1, 5, 9, 2, 33, 5]]), torch.randn(1, 6, 32)
+    with torch.no_grad():
+        if feature:
+            ours, theirs = grown.hidden_states(ids, feats), draft.hidden_states(ids, feats)
+        else:
+            ours, theirs = grown(input_ids=ids).logits, draft(input_ids=ids).logits
+    torch.testing.assert_close(ours, theirs)
+    new = grown.model.layers[1]
+    assert not new.self_attn.o_proj.weight.any() and not new.mlp.down_proj.weight.any()
+    assert torch.equal(new.mlp.up_proj.weight, draft.model.layers[0].mlp.up_proj.weight)
+    assert not grown.get_input_embeddings().weight.requires_grad
+    out = grown.hidden_states(ids, feats) if feature else grown(input_ids=ids).logits
+    out.square().sum().backward()
+    assert new.mlp.down_proj.weight.grad.abs().sum() > 0  # the zeroed projections move first
+    with pytest.raises(ValueError, match="count"):
+        grow_layers(draft, 0)
 
 
 def test_labels_cover_response_positions_only():
@@ -127,6 +152,11 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     assert cli.main(more) == 0
     out = capsys.readouterr().out
     assert "agreement_resp=" in out and "coverage_resp=" in out
+    grown = [*more[:6], str(tmp_path / "grown"), *more[7:], "--grow-layers", "1"]
+    assert cli.main(grown) == 0
+    assert load_causal_lm(tmp_path / "grown" / "draft").config.num_hidden_layers == 2
+    assert cli.main([*more[:6], str(tmp_path / "x"), "--grow-layers", "1"]) == 2  # nothing to grow
+    assert "--init" in capsys.readouterr().err
     assert json.loads((tmp_path / "run2" / "progress.json").read_text())["tokens"] >= trained["tokens"] + 50
     # a schedule --init's draft has finished is refused before anything loads (it trained nothing, silently);
     # --new-schedule starts one anew from its weights
