@@ -110,14 +110,13 @@ def grow_layers(draft: ReducedVocabLlamaForCausalLM, count: int) -> ReducedVocab
     if getattr(config, "layer_types", None):  # one entry per layer in newer transformers
         config.layer_types = [*config.layer_types, *[config.layer_types[-1]] * count]
     grown = type(draft)(config).to(dtype=draft.dtype)
-    grown.load_state_dict(draft.state_dict(), strict=False)  # every weight but the new layers'
+    # every weight but the new layers', the frozen embedding included (its requires_grad stays False)
+    grown.load_state_dict(draft.state_dict(), strict=False)
     with torch.no_grad():
-        grown.get_input_embeddings().weight.copy_(draft.get_input_embeddings().weight)
         for layer in grown.model.layers[-count:]:
             layer.load_state_dict(draft.model.layers[-1].state_dict())
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
-    grown.get_input_embeddings().weight.requires_grad_(False)  # the target's: never trained here
     grown.generation_config = draft.generation_config
     return grown
 
