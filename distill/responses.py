@@ -123,12 +123,12 @@ def ragged(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([t for x in seqs for t in x], dtype=np.uint16), offsets
 
 
-def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """`arrays` as one compressed .npz, written atomically."""
+def save_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool = True) -> None:
+    """`arrays` as one .npz (compressed unless `compress` is False), written atomically."""
 
     def write(tmp: Path) -> None:
         with tmp.open("wb") as f:
-            np.savez_compressed(f, **arrays)
+            (np.savez_compressed if compress else np.savez)(f, **arrays)
 
     atomic_write(path, write)
 

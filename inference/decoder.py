@@ -134,7 +134,7 @@ class SpeculativeDecoder:
             # the fast path pads each round to a verification width (a graph per width; the uncompiled
             # static runner too, so its tests run the padding); on the device path the longer widths
             # share one symbolic graph, captured per width (on the CPU a symbolic graph runs ~2x slower)
-            padded=self.fast, symbolic=self.fast and compile and self.path.on,
+            padded=self.fast, symbolic=self.fast and compile and self.path.symbolic_shapes,
         )
         if is_feature_draft(draft):
             draft = FeatureDrafter(draft)  # eager; on the fast path the target's units hand it the states

@@ -65,13 +65,28 @@ class DevicePath:
         return cls(device.type == "cuda" if device_path is None else bool(device_path))
 
     @property
-    def compile_options(self) -> dict[str, str]:
-        """`torch.compile`'s backend and mode: CUDA graphs on the device path (a CPU graph runs uncaptured),
-        through Inductor or the `cudagraphs` backend; else Inductor's default mode (on the CPU the caller
-        adds Inductor's weight freezing and C++ wrapper)."""
+    def compile_options(self) -> dict[str, Any]:
+        """`torch.compile`'s backend and options: CUDA graphs on the device path (a CPU graph runs
+        uncaptured), through Inductor (`mode="reduce-overhead"`'s one option, `triton.cudagraphs`) or the
+        `cudagraphs` backend; else Inductor's default mode (on the CPU the caller adds Inductor's weight
+        freezing and C++ wrapper).
+
+        Why no split reductions on the device path: the real target's softmax over its 49,152-token
+        vocabulary is one row, which Inductor splits across blocks; torch 2.11's Triton code generation
+        then failed on the split's second stage (`assert self.inside_reduction`, an H200, 2026-11-28,
+        docs/speed.md) before the first token. One block per row is what a decoding step's few rows need."""
         if self.backend == "cudagraphs":
             return {"backend": "cudagraphs"}
-        return {"mode": "reduce-overhead"} if self.on else {}
+        return {"options": {"triton.cudagraphs": True, "split_reductions": False}} if self.on else {}
+
+    @property
+    def symbolic_shapes(self) -> bool:
+        """Whether compiled units may take a symbolic token count (`torch._dynamo.mark_dynamic`): on the
+        device path through Inductor, whose CUDA-graph trees record one graph per size. The `cudagraphs`
+        backend replays the graph of the first size it saw, so a symbolic count fed a new size into the
+        captured inputs (an H200 failed SpecDec++'s warm-up so, 2026-11-28): it gets a static graph per
+        width."""
+        return self.on and self.backend == "inductor"
 
     @property
     def copy_outputs(self) -> bool:

@@ -196,13 +196,14 @@ class StaticRaggedCache:
         """The width of the graph a feed of `width` tokens runs. On the CPU the next width of the single-row
         verification's ladder (`VERIFY_WIDTHS`; holes pad the block on the left): static graphs, since
         Inductor's kernels for a symbolic row count ran a toy-pair verification at B = 1 ~40% slower
-        (docs/batched.md). On the device path the width itself (from `SYMBOLIC_FROM`: one symbolic graph,
-        captured per width)."""
-        return width if self.path.on else verify_width(width)
+        (docs/batched.md). On the device path through Inductor the width itself (from `SYMBOLIC_FROM`: one
+        symbolic graph, captured per width); the `cudagraphs` backend takes the ladder's static graphs
+        (`DevicePath.symbolic_shapes`)."""
+        return width if self.path.symbolic_shapes else verify_width(width)
 
     def graph_widths(self, widest: int) -> list[int]:
         """Widths whose feeds compile every graph that feeds of 1..`widest` tokens run."""
-        if self.path.on:
+        if self.path.symbolic_shapes:
             return list(range(1, min(widest, SYMBOLIC_FROM) + 1))
         return sorted({self.graph_width(w) for w in range(1, widest + 1)})
 
@@ -269,7 +270,10 @@ class StaticRaggedCache:
         if not self.compile or prefill:
             out = ragged_forward(*args)
         else:
-            symbolic = width >= SYMBOLIC_FROM if self.path.on else width > VERIFY_WIDTHS[-1]
+            if self.path.symbolic_shapes:
+                symbolic = width >= SYMBOLIC_FROM
+            else:  # past the ladder, symbolic on the CPU; a static graph each for the `cudagraphs` backend
+                symbolic = width > VERIFY_WIDTHS[-1] and not self.path.on
             if symbolic:
                 for t in (tokens, positions) + ((features,) if features is not None else ()):
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)

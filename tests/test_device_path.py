@@ -48,9 +48,12 @@ def test_device_path_defaults_to_cuda_and_is_forced_by_the_flag():
         (p.compile_options, p.copy_outputs, p.fast_default, p.round_unit_default)
         for p in map(DevicePath, (True, False))
     ]
-    assert flags == [({"mode": "reduce-overhead"}, True, True, True), ({}, False, False, False)]
+    device_options = {"options": {"triton.cudagraphs": True, "split_reductions": False}}
+    assert flags == [(device_options, True, True, True), ({}, False, False, False)]
     graphs = DevicePath(True, backend="cudagraphs")
     assert graphs.compile_options == {"backend": "cudagraphs"} and DevicePath.resolve(cpu, graphs) is graphs
+    # symbolic token counts: Inductor's device path only (the cudagraphs backend replays one size)
+    assert [p.symbolic_shapes for p in (DevicePath(True), DevicePath(False), graphs)] == [True, False, False]
     with pytest.raises(ValueError, match="pass on=True"):
         DevicePath(False, backend="cudagraphs")
     with pytest.raises(ValueError, match="unknown compile backend"):
@@ -123,7 +126,8 @@ def test_device_path_samples_from_the_target():
 
 
 def test_compiled_unit_on_the_device_path_copies_its_outputs(tiny_tokenizer, monkeypatch):
-    """The device path's compiled units: `torch.compile(mode="reduce-overhead")` (on CPU tensors Inductor
+    """The device path's compiled units: `torch.compile` with CUDA graphs (`mode="reduce-overhead"`'s option)
+    and no split reductions (on CPU tensors Inductor
     skips the CUDA-graph capture and runs the same kernels), and every replay's outputs copied out
     (`copy_out`). An autoregressive decode compiles one unit (the one-token verification); its tokens are
     eager decoding's. Own models: a model's compiled runner serves one device path."""
@@ -132,7 +136,7 @@ def test_compiled_unit_on_the_device_path_copies_its_outputs(tiny_tokenizer, mon
     compile_, copy_out = torch.compile, static_runner.copy_out
 
     def compile_spy(fn, **kwargs):
-        modes.append(kwargs.get("mode"))
+        modes.append(kwargs.get("options"))
         return compile_(fn, **kwargs)
 
     def copy_spy(out):
@@ -143,7 +147,7 @@ def test_compiled_unit_on_the_device_path_copies_its_outputs(tiny_tokenizer, mon
     monkeypatch.setattr(torch, "compile", compile_spy)
     monkeypatch.setattr(static_runner, "copy_out", copy_spy)
     dec = SpeculativeDecoder(target, None, policy="autoregressive", device_path=True)
-    assert dec.fast and modes == ["reduce-overhead"]
+    assert dec.fast and modes == [{"triton.cudagraphs": True, "split_reductions": False}]
     got = dec.generate(PROMPT, max_new_tokens=12, temperature=0)
     assert got.new_ids.tolist() == _ar_greedy(target, PROMPT, 12)
     assert len(copies) == got.rounds - 1 and all(copies)  # every replay (the prompt's forward is eager)
@@ -158,8 +162,9 @@ def test_cudagraphs_backend_compiles_without_inductor(tiny_tokenizer, monkeypatc
     """`DevicePath(True, backend="cudagraphs")`: every unit goes to torch's `cudagraphs` backend (on CPU
     tensors it skips the capture and runs the traced graph eagerly: the twin of the CUDA run, without
     Inductor's minutes of code generation), fixed K through its round unit, SpecDec++ with the head inside
-    its draft steps and its long rounds through the symbolic width; nothing compiles after `warm_up`, and
-    the greedy tokens are autoregressive decoding's."""
+    its draft steps and its long rounds through static padded widths (the backend replays the first size a
+    graph saw: a symbolic width failed SpecDec++'s warm-up on an H200, 8 tokens fed into a graph of 6);
+    nothing compiles after `warm_up`, and the greedy tokens are autoregressive decoding's."""
     vocab = len(tiny_tokenizer)
     target = make_tiny_llama(vocab, hidden_size=64, num_layers=2, seed=1)
     draft = make_tiny_llama(vocab, hidden_size=32, num_layers=2, seed=2)
@@ -173,7 +178,7 @@ def test_cudagraphs_backend_compiles_without_inductor(tiny_tokenizer, monkeypatc
     monkeypatch.setattr(torch, "compile", compile_spy)
     path = DevicePath(True, backend="cudagraphs")
     dec = SpeculativeDecoder(target, draft, policy=spec, head=head, device_path=path)
-    assert dec.fast and dec.drafter.round_unit and dec._runner.path is path
+    assert dec.fast and dec.drafter.round_unit and dec._runner.path is path and not dec._verifier.symbolic
     assert backends == [("cudagraphs", None)] * 2  # the target's runner and the draft's
     dec.warm_up(64, temperature=0.0)
     with torch.compiler.set_stance("fail_on_recompile"):
