@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a feature (EAGLE) draft: a directory holding, per responses or teacher directory "
         "(by name: --responses, each --teacher and --eval), the target's states from `features`",
     )
+    t.add_argument("--target-states", action="store_true",
+                   help="train a feature draft on the target's states computed in memory on "
+                   "--device when the stage starts, instead of --features' files (no features stage; "
+                   "for a GPU)")  # fmt: skip
     t.add_argument("--minutes", type=float, default=60.0, help="training time of this run (60)")
     t.add_argument("--held-out-shards", type=int, default=2,
                    help="the last N shards are not trained on; agreement is measured there (2)")  # fmt: skip

@@ -2,8 +2,9 @@
 
 It gathers what `acchead.distill.draft.train_draft` needs: the response shards (the last `--held-out-shards`
 held out), the optional teacher labels, the draft (resumed from the run directory, or `--init`, or built
-from the target with a vocabulary ranked by the responses), and for a feature draft (`--features`) the
-target's states beside every response, then reports agreement on each `--eval` set.
+from the target with a vocabulary ranked by the responses), and for a feature draft the target's states
+beside every response (stored by `acchead-distill features` and read from `--features`, or computed in
+memory by the target when the stage starts, `--target-states`), then reports agreement on each `--eval` set.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -20,6 +22,10 @@ from acchead.errors import AccheadError
 # A feature draft's eval sets are scored at the depths of a round's first candidates too (later ones read
 # its own states): agreement_by_depth_<set> in the summary.
 EVAL_DEPTHS = 4
+
+# Tokens per target forward of `--target-states` (padding included): the features stage's CPU default; a
+# GPU takes a shard or more per forward.
+STATES_BATCH_TOKENS = {"cpu": 3072, "cuda": 65536}
 
 
 def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
@@ -37,12 +43,40 @@ def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
     return counts
 
 
-def _pack_with_states(root: Path, pack, directory: Path, paths: list[Path], shards: list, *args) -> list:
-    """A feature draft's examples of `shards` (read from `paths` of `directory`), with the target's states
-    from `root / directory.name` (`acchead-distill features`)."""
-    from acchead.distill.features import load_features
+StatesReader = Callable[[Path, list[Path]], list]  # (directory, its shard paths) -> states per shard
 
-    return pack(shards, [load_features(root / Path(directory).name, p) for p in paths], *args)
+
+def _states_reader(args: argparse.Namespace, target_path) -> StatesReader:
+    """Where a feature draft's target states come from: the files of `--features` (by directory name), or
+    with `--target-states` the target itself, run over each shard when it is packed (bfloat16 autocast, as
+    the features stage): no stage and no files, for a GPU, where 4.6M tokens' states are 5.3 GB of files
+    and the forward is the cheap part (an H200 wrote ~1 shard a second, 2026-11-28)."""
+    from acchead.distill.features import load_features, shard_features, shard_sequences
+
+    if args.features is not None:
+        root = args.features
+        return lambda directory, paths: [load_features(root / Path(directory).name, p) for p in paths]
+    from tqdm.auto import tqdm
+
+    from acchead.models import load_causal_lm
+
+    target = to_device(load_causal_lm(target_path), args.device)
+    batch_tokens = STATES_BATCH_TOKENS.get(target.device.type, STATES_BATCH_TOKENS["cpu"])
+
+    def compute(directory: Path, paths: list[Path]) -> list:
+        name = Path(directory).name
+        bar = tqdm(paths, desc=f"target states ({name})", unit="shard", disable=len(paths) < 2)
+        return [shard_features(target, shard_sequences(p), batch_tokens, bf16=True) for p in bar]
+
+    return compute
+
+
+def _pack_with_states(
+    read: StatesReader, pack, directory: Path, paths: list[Path], shards: list, *args
+) -> list:  # fmt: skip
+    """A feature draft's examples of `shards` (read from `paths` of `directory`), with the target's states
+    from `read` (`_states_reader`)."""
+    return pack(shards, read(directory, paths), *args)
 
 
 def _init_schedule(args: argparse.Namespace) -> dict | None:
@@ -66,7 +100,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
     if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
         raise AccheadError("--minutes and --lr must be > 0, --held-out-shards and --vocab-background >= 0")
-    feature = args.features is not None
+    if args.features is not None and args.target_states:
+        raise AccheadError("--features and --target-states are two sources of the target's states: pass one")
+    feature = args.features is not None or args.target_states
     if args.chain < 1:
         raise AccheadError(f"--chain must be >= 1, got {args.chain}")
     if args.grow_layers < 0 or (args.grow_layers and args.init is None):
@@ -74,7 +110,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     resuming = (args.out / "checkpoint.pt").is_file()
     start = None if resuming else _init_schedule(args)  # read (and refused) before anything loads
     if (args.soft_labels or args.chain > 1 or args.cls_weight is not None) and not feature:
-        raise AccheadError("--soft-labels, --chain and --cls-weight train a feature draft: add --features")
+        raise AccheadError(
+            "--soft-labels, --chain and --cls-weight train a feature draft: add --features or --target-states"
+        )
     args.cls_weight = 0.1 if args.cls_weight is None else args.cls_weight
     if args.cls_weight <= 0:
         raise AccheadError(f"--cls-weight must be > 0 (got {args.cls_weight})")
@@ -106,18 +144,16 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         )
     train_shards = shards[: len(shards) - args.held_out_shards]
     held_shards = shards[len(shards) - args.held_out_shards :]
+    target_path = args.target or asset_path(TARGET_DIR_NAME)
+    read_states = _states_reader(args, target_path) if feature else None
     teacher, teacher_states = [], []
     for directory in args.teacher:
         found = load_teacher(directory)
         if not found:
             raise AccheadError(f"--teacher {directory}: no teacher shards there (acchead-distill teacher)")
         teacher += found
-        if feature:  # the target's states over the exchanges, from `features --teacher` (by directory name)
-            from acchead.distill.features import load_features
-
-            root = args.features / Path(directory).name
-            teacher_states += [load_features(root, p) for p in sorted(Path(directory).glob(TEACHER_GLOB))]
-    target_path = args.target or asset_path(TARGET_DIR_NAME)
+        if read_states is not None:  # the target's states over the exchanges
+            teacher_states += read_states(directory, sorted(Path(directory).glob(TEACHER_GLOB)))
     tok = load_tokenizer(target_path)
     if resuming or args.init is not None:
         draft = load_causal_lm(args.out / "draft" if resuming else args.init)
@@ -162,7 +198,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             head = load_causal_lm(target_path).get_output_embeddings().weight.detach()
             rows = head[draft.lm_head.to_full.cpu()].float().to(args.device)
         objective = feature_objective(cls_weight=args.cls_weight, teacher_rows=rows, chain=args.chain)
-        pack = partial(_pack_with_states, args.features, pack_feature_examples)
+        pack = partial(_pack_with_states, read_states, pack_feature_examples)
         pack_extra = partial(pack_teacher_features, teacher, teacher_states)
     else:
         objective, pack = INDEPENDENT, (lambda directory, paths, shards, *a: pack_examples(shards, *a))

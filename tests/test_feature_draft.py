@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from acchead.distill.feature_training import (
 )
 from acchead.distill.features import load_features, run_features, shard_features, shard_sequences
 from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
+from acchead.distill.train_stage import _states_reader
 from acchead.errors import AccheadError
 from acchead.feature_draft import FeatureDraftForCausalLM, TargetFedDraft, is_feature_draft
 from acchead.head import AcceptanceHead
@@ -281,6 +283,14 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     assert "agreement_resp=" in out and "agreement_by_depth_resp=" in out
     assert cli.main([*train[:-4], "--cls-weight", "0.5"]) == 2  # without --features
     assert "train a feature draft" in capsys.readouterr().err
+    # --target-states: the target's states computed when the stage starts, no features stage, no files
+    online = [*train[:6], str(tmp_path / "run-on"), *train[7:-4], "--target-states", *train[-2:]]
+    assert cli.main(online) == 0 and "agreement_resp=" in (out := capsys.readouterr().out)
+    assert "train_examples=3" in out
+    read = _states_reader(SimpleNamespace(features=None, device="cpu"), target_dir)
+    np.testing.assert_allclose(read(tmp_path / "resp", [shard])[0][0].astype(np.float32),
+                               got.astype(np.float32), rtol=0.05, atol=0.05)  # fmt: skip
+    assert cli.main([*train, "--target-states"]) == 2 and "two sources" in capsys.readouterr().err
     with pytest.raises(AccheadError, match="features"):
         load_features(tmp_path / "nowhere", shard)
     assert run_features(target, tmp_path / "resp", feats / "resp")["shards_written"] == 0
