@@ -108,3 +108,34 @@ def test_backend_flag_reaches_the_device_path_and_is_refused_off_it(check_argv, 
     assert "use --path device" in capsys.readouterr().err
     assert main([*check_argv, "--path", "device", "--backend", "tvm"]) == 2
     assert "unknown compile backend" in capsys.readouterr().err
+
+
+def test_a_decoder_that_fails_to_compile_is_a_line_and_the_rest_run(check_argv, tmp_path, monkeypatch):
+    """A compile or replay error of one decoder (an H200's Inductor failed so on the real pair, ending the
+    whole run with a traceback) is a line in the report and fails the verdict; the others are still
+    checked and timed."""
+    from acchead.inference.decoder import SpeculativeDecoder
+    from acchead.inference.policies import SpecDecPP
+
+    warm_up = SpeculativeDecoder.warm_up
+
+    def failing(self, *args, **kwargs):
+        if isinstance(self.policy, SpecDecPP):
+            raise RuntimeError("InductorError: AssertionError: \n(the rest of the message)")
+        return warm_up(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculativeDecoder, "warm_up", failing)
+    out = tmp_path / "gpu-check.json"
+    assert main([*check_argv, "--exact-dtypes", "float32", "--out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    pair = report["pairs"]["toy"]
+    line = "RuntimeError: InductorError: AssertionError: "
+    assert pair["speed"]["failed"] == {"specdecpp:h=0.4,max=4": line, "specdecpp:h=0.6,max=4": line}
+    assert set(pair["speed"]["rows"]) == {"autoregressive", "specdec:k=1", "specdec:k=2"}
+    assert pair["exactness"]["float32"]["specdecpp:h=0.4,max=4"] == {"failed": line}
+    assert pair["exactness"]["float32"]["specdec:k=2"]["equal"] and report["ok"] is False
+    md = tmp_path / "gpu-check.md"
+    assert main([*check_argv, "--exact-dtypes", "float32", "--out", str(md)]) == 1
+    text = md.read_text()
+    assert f"| `specdecpp:h=0.6,max=4` | FAILED: {line} |" in text and "verdict: FAILED" in text
+    assert f"exactness float32, `specdecpp:h=0.4,max=4`: FAILED to run: {line}" in text

@@ -206,6 +206,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
             if d != "float32":
                 exact[d] = check_exactness(run, d, checked, budget)
         ok = ok and all(c.get("equal", True) for c in exact.get("float32", {}).values())
+        # a decoder that failed to compile or replay, in any check, fails the run
+        ok = ok and not speed["failed"] and not any("failed" in c for d in exact.values() for c in d.values())
         report["pairs"][name] = {"exactness": exact, "speed_dtype": speed_dtype, "speed": speed}
     if args.no_tests:
         report["tests"] = {"ran": False}

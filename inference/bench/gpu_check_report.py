@@ -68,6 +68,9 @@ def render(report: dict[str, Any]) -> str:
                         f"- exactness {dtype}, `{spec}`: skipped (past the {report['budget_s']:g} s budget)"
                     )
                     continue
+                if "failed" in c:
+                    lines.append(f"- exactness {dtype}, `{spec}`: FAILED to run: {c['failed']}")
+                    continue
                 said = (
                     "equal to eager AR" if c["equal"] else "DIFFERS from eager AR: " + ", ".join(c["differs"])
                 )
@@ -87,6 +90,8 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"| `{spec}` | {r['warm_up_s']} | {r['tokens']} | {rate} |")
         for spec in sp["skipped"]:
             lines.append(f"| `{spec}` | skipped (past the {report['budget_s']:g} s budget) | | | |")
+        for spec, line in sp.get("failed", {}).items():
+            lines.append(f"| `{spec}` | FAILED: {line} | | | |")
         lines.append("")
         if "best_fixed" in sp:
             lines.append(

@@ -91,6 +91,16 @@ def _warm(dec, run: PairRun) -> float:
     return time.perf_counter() - start
 
 
+def _failure(spec: str, run: PairRun, e: RuntimeError) -> str:
+    """One line for a decoder that failed to compile or replay (torch's compile and CUDA-graph errors are
+    RuntimeErrors): the check goes on with the others, as a freshly lent GPU's minutes are few (an H200's
+    Inductor error on the real pair, 2026-11-28, ended a whole run with a traceback)."""
+    first = next((line for line in str(e).splitlines() if line.strip()), "")
+    line = f"{type(e).__name__}: {first}"[:300]
+    _progress(f"{run.name} {spec}: FAILED ({line})")
+    return line
+
+
 def _progress(line: str) -> None:
     """One line per finished check on stderr, so a run cut short still shows what it measured."""
     print(f"[gpu-check] {line}", file=sys.stderr, flush=True)
@@ -112,7 +122,8 @@ class Budget:
 
 def check_exactness(run: PairRun, dtype: str, specs: list[str], budget: Budget) -> dict[str, Any]:
     """Each spec's greedy tokens on the chosen path against eager AR greedy decoding in `dtype`; a spec
-    that would start past the budget is {"skipped": True}."""
+    that would start past the budget is {"skipped": True}, one that fails to compile or replay
+    {"failed": its error's first line}."""
     if budget.over():
         return {spec: {"skipped": True} for spec in specs}
     ref_dec = run.decoder(dtype, "autoregressive", "eager")
@@ -122,11 +133,15 @@ def check_exactness(run: PairRun, dtype: str, specs: list[str], budget: Budget) 
         if budget.over():
             out[spec] = {"skipped": True}
             continue
-        dec = run.decoder(dtype, spec, run.args.path)
-        _warm(dec, run)
+        try:
+            dec = run.decoder(dtype, spec, run.args.path)
+            _warm(dec, run)
+            gots = [run.greedy(dec, p)[0] for p in run.prompts]
+        except RuntimeError as e:
+            out[spec] = {"failed": _failure(spec, run, e)}
+            continue
         diffs = []
-        for i, (p, ref) in enumerate(zip(run.prompts, refs, strict=True)):
-            got = run.greedy(dec, p)[0]
+        for i, (got, ref) in enumerate(zip(gots, refs, strict=True)):
             if got != ref:
                 at = next(
                     (j for j, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b),
@@ -144,15 +159,20 @@ def measure_speed(run: PairRun, dtype: str, specs: list[str], budget: Budget) ->
     median round is reported with the rounds' range. Interleaving puts every decoder under the same drift
     of the machine (an H100 run of one round each saw AR move 351 -> 486 tokens/s between two runs).
     Warm-up seconds are summed over the specs; specs whose warm-up would start past the budget are listed
-    in "skipped", and the ratios need AR, a fixed K and a SpecDec++ setting among those timed."""
-    decoders, warm, skipped = {}, {}, []
+    in "skipped", those that fail to compile or replay in "failed" (spec: line), and the ratios need AR, a
+    fixed K and a SpecDec++ setting among those timed."""
+    decoders, warm, skipped, failed = {}, {}, [], {}
     for spec in specs:
         if budget.over():
             skipped.append(spec)
             continue
-        dec = run.decoder(dtype, spec, run.args.path)
-        warm[spec] = _warm(dec, run)
-        run.greedy(dec, run.prompts[0])  # first-call costs (allocator, caches) out of the timing
+        try:
+            dec = run.decoder(dtype, spec, run.args.path)
+            warm[spec] = _warm(dec, run)
+            run.greedy(dec, run.prompts[0])  # first-call costs (allocator, caches) out of the timing
+        except RuntimeError as e:
+            failed[spec] = _failure(spec, run, e)
+            continue
         decoders[spec] = dec
         _progress(f"{run.name} speed {dtype} {spec}: warm-up {warm[spec]:.1f} s")
     rates: dict[str, list[float]] = {spec: [] for spec in decoders}
@@ -174,7 +194,9 @@ def measure_speed(run: PairRun, dtype: str, specs: list[str], budget: Budget) ->
             "tokens_per_s_range": [min(r), max(r)],
         }
         _progress(f"{run.name} speed {dtype} {spec}: {rows[spec]['tokens_per_s']:.1f} tokens/s (median)")
-    out: dict[str, Any] = {"rows": rows, "warm_up_s": round(sum(warm.values()), 1), "skipped": skipped}
+    out: dict[str, Any] = {
+        "rows": rows, "warm_up_s": round(sum(warm.values()), 1), "skipped": skipped, "failed": failed,
+    }  # fmt: skip
     kinds = {s: type(parse_policy_spec(s)) for s in rows}
     fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
     adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecPPSpec}
