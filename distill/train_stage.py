@@ -49,8 +49,8 @@ StatesReader = Callable[[Path, list[Path]], list]  # (directory, its shard paths
 def _states_reader(args: argparse.Namespace, target_path) -> StatesReader:
     """Where a feature draft's target states come from: the files of `--features` (by directory name), or
     with `--target-states` the target itself, run over each shard when it is packed (bfloat16 autocast, as
-    the features stage): no stage and no files, for a GPU, where 4.6M tokens' states are 5.3 GB of files
-    and the forward is the cheap part (an H200 wrote ~1 shard a second, 2026-11-28)."""
+    the features stage): no stage and no files, for a GPU, where 4.6M tokens' states make 5.3 GB of files
+    and the features stage wrote ~1 shard a second on an H200 (2026-11-28)."""
     from acchead.distill.features import load_features, shard_features, shard_sequences
 
     if args.features is not None:
