@@ -14,6 +14,7 @@ from test_feature_draft import trained_feature_pair
 from torch._dynamo.utils import counters
 
 from acchead.inference.batched import BatchedDecoder
+from acchead.inference.device_path import DevicePath
 from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
 
 
@@ -117,14 +118,16 @@ def test_fast_feature_draft_rows_equal_the_eager_batch(tmp_path_factory, compile
         pytest.param("specdec:k=1", None, None, marks=pytest.mark.slow),
         pytest.param("specdec:k=4", None, None, marks=pytest.mark.slow),  # width 5: padded to 6
         pytest.param("specdecpp:h=0.5,max=6", "candidate", None, marks=pytest.mark.slow),
+        # the `cudagraphs` backend: the ladder's static widths (5 tokens padded to 6), no symbolic graph
+        pytest.param("specdec:k=4", None, DevicePath(True, "cudagraphs"), id="specdec:k=4-cudagraphs"),
     ],
 )
 def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, device_path):
     """Compiled forwards (one graph per (B, width): on the CPU the padded widths' static graphs, on the
-    device path one symbolic graph from 5 tokens; the graphs shared by every batched decoder of the model
-    and path; SpecDec++'s step in the draft's graphs): after
-    `warm_up`, greedy rows and counts equal the eager batch's, a second threshold reuses the graphs, and an
-    autoregressive decoder of the same target reuses the compiled cache."""
+    device path one symbolic graph from 5 tokens, with the `cudagraphs` backend the static ones; the graphs
+    shared by every batched decoder of the model and path; SpecDec++'s step in the draft's graphs): after
+    `warm_up`, nothing compiles, greedy rows and counts equal the eager batch's, a second threshold reuses
+    the graphs, and an autoregressive decoder of the same target reuses the compiled cache."""
     target, draft = peaked_pair
     batch_stop = kind is not None  # the batch rule too: its c(B)·B is a graph input
     fast = _decoder(peaked_pair, spec, kind, batch_stop=batch_stop, fast=True, device_path=device_path)
@@ -132,7 +135,9 @@ def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, devic
     assert (fast.t_cache, fast._feed.cache) == shared and fast.t_cache.path.on == bool(device_path)
     assert fast.warm_up(4, 40) > 0
     ref = _decoder(peaked_pair, spec, kind, batch_stop=batch_stop).generate(PROMPTS, MAX_NEW, temperature=0)
+    graphs = counters["stats"]["unique_graphs"]
     res = fast.generate(PROMPTS, MAX_NEW, temperature=0)
+    assert counters["stats"]["unique_graphs"] == graphs  # warm_up compiled every width the decode fed
     assert [r.new_ids.tolist() for r in res.rows] == [r.new_ids.tolist() for r in ref.rows]
     counts = ("target_calls", "draft_calls", "head_calls", "batch_stops")
     assert [getattr(res, c) for c in counts] == [getattr(ref, c) for c in counts]
