@@ -46,21 +46,18 @@ def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
 StatesReader = Callable[[Path, list[Path]], list]  # (directory, its shard paths) -> states per shard
 
 
-def _states_reader(args: argparse.Namespace, target_path) -> StatesReader:
-    """Where a feature draft's target states come from: the files of `--features` (by directory name), or
-    with `--target-states` the target itself, run over each shard when it is packed (bfloat16 autocast, as
-    the features stage): no stage and no files, for a GPU, where 4.6M tokens' states make 5.3 GB of files
-    and the features stage wrote ~1 shard a second on an H200 (2026-11-28)."""
+def _states_reader(features: Path | None, target) -> StatesReader:
+    """Where a feature draft's target states come from: the files under `features` (`--features`, by
+    directory name), or else `target` itself (`--target-states`: the loaded target, on the training device),
+    run over each shard when it is packed (bfloat16 autocast, as the features stage): no stage and no files,
+    for a GPU, where 4.6M tokens' states make 5.3 GB of files and the features stage wrote ~1 shard a second
+    on an H200 (2026-11-28)."""
     from acchead.distill.features import load_features, shard_features, shard_sequences
 
-    if args.features is not None:
-        root = args.features
-        return lambda directory, paths: [load_features(root / Path(directory).name, p) for p in paths]
+    if features is not None:
+        return lambda directory, paths: [load_features(features / Path(directory).name, p) for p in paths]
     from tqdm.auto import tqdm
 
-    from acchead.models import load_causal_lm
-
-    target = to_device(load_causal_lm(target_path), args.device)
     batch_tokens = STATES_BATCH_TOKENS.get(target.device.type, STATES_BATCH_TOKENS["cpu"])
 
     def compute(directory: Path, paths: list[Path]) -> list:
@@ -145,7 +142,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     train_shards = shards[: len(shards) - args.held_out_shards]
     held_shards = shards[len(shards) - args.held_out_shards :]
     target_path = args.target or asset_path(TARGET_DIR_NAME)
-    read_states = _states_reader(args, target_path) if feature else None
+    # --target-states: the target, loaded once, computes the states (and gives the soft labels' rows)
+    states_target = to_device(load_causal_lm(target_path), args.device) if args.target_states else None
+    read_states = _states_reader(args.features, states_target) if feature else None
     teacher, teacher_states = [], []
     for directory in args.teacher:
         found = load_teacher(directory)
@@ -195,7 +194,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
 
         rows = None
         if args.soft_labels:  # the target's head rows of the draft's vocabulary: its distribution on V_d
-            head = load_causal_lm(target_path).get_output_embeddings().weight.detach()
+            source = states_target if states_target is not None else load_causal_lm(target_path)
+            head = source.get_output_embeddings().weight.detach()
             rows = head[draft.lm_head.to_full.cpu()].float().to(args.device)
         objective = feature_objective(cls_weight=args.cls_weight, teacher_rows=rows, chain=args.chain)
         pack = partial(_pack_with_states, read_states, pack_feature_examples)

@@ -132,8 +132,8 @@ class SpeculativeDecoder:
         self._verifier = RoundVerifier(
             self._runner, VERIFIERS[verifier], vocab, self._device, key_tensors=self.fast and compile,
             # the fast path pads each round to a verification width (a graph per width; the uncompiled
-            # static runner too, so its tests run the padding); on the device path the longer widths
-            # share one symbolic graph, captured per width (on the CPU a symbolic graph runs ~2x slower)
+            # static runner too, so its tests run the padding); on the device path through Inductor the
+            # longer widths share one symbolic graph, captured per width (on the CPU ~2x slower)
             padded=self.fast, symbolic=self.fast and compile and self.path.symbolic_shapes,
         )
         if is_feature_draft(draft):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -283,11 +282,13 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     assert "agreement_resp=" in out and "agreement_by_depth_resp=" in out
     assert cli.main([*train[:-4], "--cls-weight", "0.5"]) == 2  # without --features
     assert "train a feature draft" in capsys.readouterr().err
-    # --target-states: the target's states computed when the stage starts, no features stage, no files
-    online = [*train[:6], str(tmp_path / "run-on"), *train[7:-4], "--target-states", *train[-2:]]
+    # --target-states: the target's states computed when the stage starts, no features stage, no files;
+    # the same loaded target gives the soft labels' rows
+    on = ["--target-states", "--soft-labels"]
+    online = [*train[:6], str(tmp_path / "run-on"), *train[7:-4], *on, *train[-2:]]
     assert cli.main(online) == 0 and "agreement_resp=" in (out := capsys.readouterr().out)
     assert "train_examples=3" in out
-    read = _states_reader(SimpleNamespace(features=None, device="cpu"), target_dir)
+    read = _states_reader(None, target)
     np.testing.assert_allclose(read(tmp_path / "resp", [shard])[0][0].astype(np.float32),
                                got.astype(np.float32), rtol=0.05, atol=0.05)  # fmt: skip
     assert cli.main([*train, "--target-states"]) == 2 and "two sources" in capsys.readouterr().err
