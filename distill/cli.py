@@ -5,6 +5,7 @@
     acchead-distill teacher --out data/smollm2/teacher --num-exchanges 4000     # cheap teacher-forced labels
     acchead-distill train --responses data/smollm2/responses --teacher data/smollm2/teacher \
         --out runs/smollm2-draft --minutes 60
+    acchead-distill average --drafts runs/a/draft runs/b/draft --out runs/soup   # a model soup
 
 Every stage is resumable: rerun the same command after a kill and it continues where it stopped.
 """
@@ -194,6 +195,28 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval", type=Path, action="append", default=[],
                    help="a responses directory to report top-1 agreement on (repeatable; e.g. the target's "
                    "MT-bench and HumanEval responses from `responses --prompts`)")  # fmt: skip
+    a = sub.add_parser(
+        "average",
+        help="a weighted average of drafts' weights (a model soup), then its agreement on --eval sets",
+        description="Average the weights of drafts of one architecture and vocabulary (e.g. runs that "
+        "went on one from another) into a new draft directory, exported in bf16 as `train` exports; "
+        "with --eval, report its agreement as `train` does. The last draft's training.json goes on "
+        "(a later `train --init` continues its schedule) with what was averaged.",
+    )  # fmt: skip
+    _add_target(a)
+    a.add_argument("--drafts", type=Path, nargs="+", required=True, help="the draft directories to average")
+    a.add_argument("--weights", type=float, nargs="+", default=None,
+                   help="one weight per draft, normalised to sum 1 (default: uniform)")  # fmt: skip
+    a.add_argument("--out", type=Path, required=True, help="the averaged draft's directory")
+    a.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    a.add_argument("--eval", type=Path, action="append", default=[],
+                   help="a responses directory to report top-1 agreement on (repeatable)")  # fmt: skip
+    a.add_argument("--features", type=Path, default=None,
+                   help="a feature draft's --eval states: a directory holding the target's states per "
+                   "--eval directory (by name), from `features`")  # fmt: skip
+    a.add_argument("--target-states", action="store_true",
+                   help="a feature draft's --eval states computed by the target when the stage starts")
+    a.add_argument("--max-len", type=int, default=512, help="tokens per example, prompt included (512)")
     return p
 
 
@@ -213,11 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             run_responses_stage,
             run_teacher_stage,
         )
-        from acchead.distill.train_stage import run_train_stage
+        from acchead.distill.train_stage import run_average_stage, run_train_stage
 
         stages = {"responses": run_responses_stage, "teacher": run_teacher_stage, "cost": run_cost_stage,
                   "features": run_features_stage,
-                  "train": run_train_stage}  # fmt: skip
+                  "train": run_train_stage, "average": run_average_stage}  # fmt: skip
         summary = stages[args.stage](args)
     except AccheadError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

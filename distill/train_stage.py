@@ -76,6 +76,13 @@ def _pack_with_states(
     return pack(shards, read(directory, paths), *args)
 
 
+def _pack_independent(directory: Path, paths: list[Path], shards: list, *args) -> list:
+    """An independent draft's examples of `shards` (it reads no states: `directory` and `paths` unused)."""
+    from acchead.distill.draft import pack_examples
+
+    return pack_examples(shards, *args)
+
+
 def _init_schedule(args: argparse.Namespace) -> dict | None:
     """The state `--init`'s draft was exported with (its training.json), whose token count the schedule goes
     on from; None without --init, with --new-schedule, or for a draft without one. Refused when it has
@@ -126,7 +133,6 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         coverage,
         grow_layers,
         init_from_target,
-        pack_examples,
         train_draft,
     )
     from acchead.distill.responses import SHARD_GLOB, load_responses
@@ -186,7 +192,6 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if feature:
         from acchead.distill.feature_training import (
-            agreement_by_depth,
             feature_objective,
             pack_feature_examples,
             pack_teacher_features,
@@ -201,7 +206,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         pack = partial(_pack_with_states, read_states, pack_feature_examples)
         pack_extra = partial(pack_teacher_features, teacher, teacher_states)
     else:
-        objective, pack = INDEPENDENT, (lambda directory, paths, shards, *a: pack_examples(shards, *a))
+        objective, pack = INDEPENDENT, _pack_independent
         pack_extra = partial(pack_teacher, teacher)
     every = sorted(args.responses.glob(SHARD_GLOB))
     train = pack(args.responses, every[: len(train_shards)], train_shards, to_draft, args.max_len)
@@ -220,14 +225,66 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         tokenizer=tok,
         objective=objective,
     )
-    for directory in args.eval:
-        shards = load_responses(directory)
-        examples = pack(directory, sorted(directory.glob(SHARD_GLOB)), shards, to_draft, args.max_len)
-        state[f"agreement_{directory.name}"] = round(objective.agreement(draft, examples, pad), 4)
-        if feature:  # candidates 1..4 of a round: the later ones read the draft's own states
-            by_depth = agreement_by_depth(draft, examples, pad, EVAL_DEPTHS)
-            state[f"agreement_by_depth_{directory.name}"] = [round(a, 4) for a in by_depth]
-        state[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
+    state.update(evaluate(draft, args.eval, pack, objective.agreement, pad, args.max_len, feature))
     state["train_examples"] = len(train)
     state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full.cpu()), 4)
     return state
+
+
+def evaluate(draft, directories: list[Path], pack, agreement, pad: int, max_len: int, feature: bool) -> dict:
+    """Per `--eval` responses directory: the draft's top-1 agreement with the target's tokens (a feature
+    draft's also as the candidates 1..4 of a round, the later ones reading its own states) and the share
+    of the tokens its vocabulary covers; `pack` makes a directory's examples as training packs them."""
+    from acchead.distill.draft import coverage
+    from acchead.distill.feature_training import agreement_by_depth
+    from acchead.distill.responses import SHARD_GLOB, load_responses
+
+    to_draft, out = draft.lm_head.to_draft.cpu(), {}
+    for directory in directories:
+        shards = load_responses(directory)
+        examples = pack(directory, sorted(directory.glob(SHARD_GLOB)), shards, to_draft, max_len)
+        out[f"agreement_{directory.name}"] = round(agreement(draft, examples, pad), 4)
+        if feature:
+            by_depth = agreement_by_depth(draft, examples, pad, EVAL_DEPTHS)
+            out[f"agreement_by_depth_{directory.name}"] = [round(a, 4) for a in by_depth]
+        out[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
+    return out
+
+
+def run_average_stage(args: argparse.Namespace) -> dict:
+    """`acchead-distill average`: the weighted average of --drafts exported to --out (bf16, as `train`
+    exports), then its agreement on each --eval set."""
+    from acchead.assets import TARGET_DIR_NAME, asset_path
+    from acchead.distill.average import average_drafts, training_record
+    from acchead.distill.draft import INDEPENDENT, export
+    from acchead.feature_draft import is_feature_draft
+    from acchead.models import load_causal_lm, load_tokenizer
+
+    if args.out.exists() and any(args.out.iterdir()) and not args.overwrite:
+        raise AccheadError(f"--out {args.out} is not empty: pass --overwrite to replace it")
+    missing = [str(d) for d in args.drafts if not (d / "config.json").is_file()]
+    if missing:
+        raise AccheadError(f"--drafts: no draft directory at {', '.join(missing)}")
+    draft, weights = average_drafts(args.drafts, args.weights)
+    feature = is_feature_draft(draft)
+    if args.eval and feature and args.features is None and not args.target_states:
+        raise AccheadError(
+            "--eval of a feature draft reads the target's states: add --features or --target-states"
+        )
+    target_path = args.target or asset_path(TARGET_DIR_NAME)
+    tok = load_tokenizer(args.drafts[-1])
+    export(draft, args.out, training_record(args.drafts, weights), tok)
+    summary = {"out": str(args.out), "weights": [round(w, 6) for w in weights]}
+    if not args.eval:
+        return summary
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    draft = to_device(load_causal_lm(args.out), args.device)  # the exported (bf16-rounded) weights
+    if feature:
+        from acchead.distill.feature_training import feature_agreement, pack_feature_examples
+
+        states_target = to_device(load_causal_lm(target_path), args.device) if args.target_states else None
+        pack = partial(_pack_with_states, _states_reader(args.features, states_target), pack_feature_examples)
+        agreement = feature_agreement
+    else:
+        pack, agreement = _pack_independent, INDEPENDENT.agreement
+    return {**summary, **evaluate(draft, args.eval, pack, agreement, pad, args.max_len, feature)}

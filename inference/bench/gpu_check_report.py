@@ -81,7 +81,7 @@ def render(report: dict[str, Any]) -> str:
             "",
             f"Speed in {pair['speed_dtype']} (warm-up {sp['warm_up_s']} s in all):",
             "",
-            f"| method | warm-up (s) | tokens per repeat | tokens/s (median of {report['repeats']}) | range |",
+            f"| method | warm-up (s) | tokens a repeat | tokens/s (median of {report['repeats']}) | range |",
             "|---|---|---|---|---|",
         ]
         for spec, r in sp["rows"].items():
