@@ -83,6 +83,16 @@ def _pack_independent(directory: Path, paths: list[Path], shards: list, *args) -
     return pack_examples(shards, *args)
 
 
+def _packer(read_states: StatesReader | None):
+    """How a directory's response shards become examples: a feature draft's with the target's states from
+    `read_states`, or (None) an independent draft's."""
+    if read_states is None:
+        return _pack_independent
+    from acchead.distill.feature_training import pack_feature_examples
+
+    return partial(_pack_with_states, read_states, pack_feature_examples)
+
+
 def _init_schedule(args: argparse.Namespace) -> dict | None:
     """The state `--init`'s draft was exported with (its training.json), whose token count the schedule goes
     on from; None without --init, with --new-schedule, or for a draft without one. Refused when it has
@@ -191,11 +201,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     )  # fmt: skip
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if feature:
-        from acchead.distill.feature_training import (
-            feature_objective,
-            pack_feature_examples,
-            pack_teacher_features,
-        )
+        from acchead.distill.feature_training import feature_objective, pack_teacher_features
 
         rows = None
         if args.soft_labels:  # the target's head rows of the draft's vocabulary: its distribution on V_d
@@ -203,11 +209,10 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             head = source.get_output_embeddings().weight.detach()
             rows = head[draft.lm_head.to_full.cpu()].float().to(args.device)
         objective = feature_objective(cls_weight=args.cls_weight, teacher_rows=rows, chain=args.chain)
-        pack = partial(_pack_with_states, read_states, pack_feature_examples)
         pack_extra = partial(pack_teacher_features, teacher, teacher_states)
     else:
-        objective, pack = INDEPENDENT, _pack_independent
-        pack_extra = partial(pack_teacher, teacher)
+        objective, pack_extra = INDEPENDENT, partial(pack_teacher, teacher)
+    pack = _packer(read_states)
     every = sorted(args.responses.glob(SHARD_GLOB))
     train = pack(args.responses, every[: len(train_shards)], train_shards, to_draft, args.max_len)
     train += pack_extra(to_draft, args.max_len)
@@ -225,17 +230,18 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         tokenizer=tok,
         objective=objective,
     )
-    state.update(evaluate(draft, args.eval, pack, objective.agreement, pad, args.max_len, feature))
+    state.update(evaluate(draft, args.eval, pack, pad, args.max_len, feature))
     state["train_examples"] = len(train)
     state["coverage_held_out"] = round(coverage(held_shards, draft.lm_head.to_full.cpu()), 4)
     return state
 
 
-def evaluate(draft, directories: list[Path], pack, agreement, pad: int, max_len: int, feature: bool) -> dict:
+def evaluate(draft, directories: list[Path], pack, pad: int, max_len: int, feature: bool) -> dict:
     """Per `--eval` responses directory: the draft's top-1 agreement with the target's tokens (a feature
-    draft's also as the candidates 1..4 of a round, the later ones reading its own states) and the share
-    of the tokens its vocabulary covers; `pack` makes a directory's examples as training packs them."""
-    from acchead.distill.draft import coverage
+    draft's also as the candidates 1..4 of a round, the later ones reading its own states; the first is
+    its agreement) and the share of the tokens its vocabulary covers; `pack` makes a directory's examples
+    as training packs them."""
+    from acchead.distill.draft import INDEPENDENT, coverage
     from acchead.distill.feature_training import agreement_by_depth
     from acchead.distill.responses import SHARD_GLOB, load_responses
 
@@ -243,10 +249,12 @@ def evaluate(draft, directories: list[Path], pack, agreement, pad: int, max_len:
     for directory in directories:
         shards = load_responses(directory)
         examples = pack(directory, sorted(directory.glob(SHARD_GLOB)), shards, to_draft, max_len)
-        out[f"agreement_{directory.name}"] = round(agreement(draft, examples, pad), 4)
-        if feature:
-            by_depth = agreement_by_depth(draft, examples, pad, EVAL_DEPTHS)
-            out[f"agreement_by_depth_{directory.name}"] = [round(a, 4) for a in by_depth]
+        if feature:  # one chained forward per batch gives every depth, the first candidate's included
+            by_depth = [round(a, 4) for a in agreement_by_depth(draft, examples, pad, EVAL_DEPTHS)]
+            out[f"agreement_{directory.name}"] = by_depth[0]
+            out[f"agreement_by_depth_{directory.name}"] = by_depth
+        else:
+            out[f"agreement_{directory.name}"] = round(INDEPENDENT.agreement(draft, examples, pad), 4)
         out[f"coverage_{directory.name}"] = round(coverage(shards, draft.lm_head.to_full.cpu()), 4)
     return out
 
@@ -256,7 +264,7 @@ def run_average_stage(args: argparse.Namespace) -> dict:
     exports), then its agreement on each --eval set."""
     from acchead.assets import TARGET_DIR_NAME, asset_path
     from acchead.distill.average import average_drafts, training_record
-    from acchead.distill.draft import INDEPENDENT, export
+    from acchead.distill.draft import export
     from acchead.feature_draft import is_feature_draft
     from acchead.models import load_causal_lm, load_tokenizer
 
@@ -271,7 +279,6 @@ def run_average_stage(args: argparse.Namespace) -> dict:
         raise AccheadError(
             "--eval of a feature draft reads the target's states: add --features or --target-states"
         )
-    target_path = args.target or asset_path(TARGET_DIR_NAME)
     tok = load_tokenizer(args.drafts[-1])
     export(draft, args.out, training_record(args.drafts, weights), tok)
     summary = {"out": str(args.out), "weights": [round(w, 6) for w in weights]}
@@ -279,12 +286,10 @@ def run_average_stage(args: argparse.Namespace) -> dict:
         return summary
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     draft = to_device(load_causal_lm(args.out), args.device)  # the exported (bf16-rounded) weights
-    if feature:
-        from acchead.distill.feature_training import feature_agreement, pack_feature_examples
-
-        states_target = to_device(load_causal_lm(target_path), args.device) if args.target_states else None
-        pack = partial(_pack_with_states, _states_reader(args.features, states_target), pack_feature_examples)
-        agreement = feature_agreement
-    else:
-        pack, agreement = _pack_independent, INDEPENDENT.agreement
-    return {**summary, **evaluate(draft, args.eval, pack, agreement, pad, args.max_len, feature)}
+    read_states = None
+    if feature:  # the target is needed (and its asset resolved) only to compute states
+        target = None
+        if args.target_states:
+            target = to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
+        read_states = _states_reader(args.features, target)
+    return {**summary, **evaluate(draft, args.eval, _packer(read_states), pad, args.max_len, feature)}
