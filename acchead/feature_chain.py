@@ -57,9 +57,10 @@ def chain_hidden_states(
 ) -> list[torch.Tensor]:
     """The draft's outputs at chain depths 0..levels-1 (module docstring).
 
-    draft: a `FeatureDraftForCausalLM`; input_ids (B, T): t_{j+1} per pair j; states (B, T, H): the
-    target's f_j; pair_mask (B, T): 1 on real pairs (left or right padding). Returns one (B, T, H) tensor per
-    level computed: level k's column j is the depth-k candidate's h of the round that started at pair j - k.
+    draft: a `FeatureDraftForCausalLM`; input_ids (B, T): t_{j+1} per pair j; states (B, T, W): the
+    target's f_j (W = `draft.state_width`); pair_mask (B, T): 1 on real pairs (left or right padding).
+    Returns one (B, T, H) tensor per level computed: level k's column j is the depth-k candidate's h of
+    the round that started at pair j - k.
     `keep_going(k, h_k)`, when given, is asked after each level whether to compute the next (the oracle
     stops once no run of agreeing candidates is that long)."""
     position_ids = (pair_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T)
@@ -75,7 +76,8 @@ def chain_hidden_states(
         outs.append(h)
         if k + 1 == levels or (keep_going is not None and not keep_going(k, h)):
             break
-        reads = torch.cat([states[:, :1], h[:, :-1].to(states.dtype)], dim=1)  # pair j reads h^k_{j-1}
+        # pair j reads h^k_{j-1}: the final state's guess, no fused layers' states (the draft reads zeros)
+        reads = torch.cat([states[:, :1, : h.shape[-1]], h[:, :-1].to(states.dtype)], dim=1)
     return outs
 
 

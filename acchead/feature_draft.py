@@ -31,9 +31,18 @@ from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausal
 
 
 class FeatureDraftConfig(ReducedVocabConfig):
-    """A reduced-vocabulary draft's config; `model_type` marks it as reading the target's states."""
+    """A reduced-vocabulary draft's config; `model_type` marks it as reading the target's states.
+
+    `fused_layers`: indices of the target's decoder layers (each below its last) whose outputs the draft
+    reads beside the final state, as EAGLE-3 fuses low-, mid- and high-level states (default: none). The
+    states it reads are then (..., (1 + len(fused_layers)) × H): the final state first, then those layers'
+    outputs in this order (`acchead.distill.features` stores them so)."""
 
     model_type = "acchead_feature_llama"
+
+    def __init__(self, fused_layers: list[int] | None = None, **kwargs) -> None:
+        self.fused_layers = list(fused_layers or [])
+        super().__init__(**kwargs)
 
 
 class FeatureDraftForCausalLM(ReducedVocabLlamaForCausalLM):
@@ -45,18 +54,37 @@ class FeatureDraftForCausalLM(ReducedVocabLlamaForCausalLM):
     def __init__(self, config: FeatureDraftConfig) -> None:
         super().__init__(config)
         h = config.hidden_size
-        # [embedding; state] -> H. Starts as their sum (the layer then sees a residual-stream-like input).
-        self.fc = nn.Linear(2 * h, h, bias=False)
+        fused = len(config.fused_layers)
+        # [embedding; state; fused layers' states] -> H. Starts as the sum of the first two (the layer then
+        # sees a residual-stream-like input); the fused states' columns start at zero.
+        self.fc = nn.Linear((2 + fused) * h, h, bias=False)
         with torch.no_grad():
-            self.fc.weight.copy_(torch.cat([torch.eye(h), torch.eye(h)], dim=1))
+            self.fc.weight.copy_(torch.cat([torch.eye(h), torch.eye(h), torch.zeros(h, fused * h)], dim=1))
+
+    @property
+    def state_width(self) -> int:
+        """The width of the states it reads: H, or (1 + len(fused_layers)) × H."""
+        return self.fc.in_features - self.config.hidden_size
 
     def hidden_states(self, input_ids: torch.Tensor, features: torch.Tensor, **kwargs) -> torch.Tensor:
-        """(B, T) next tokens t_{j+1} and (B, T, H) states f_j → (B, T, H) predicted states h_j.
+        """(B, T) next tokens t_{j+1} and (B, T, W) states f_j → (B, T, H) predicted states h_j.
 
+        W is `state_width`, or H alone: a candidate past a round's first reads the draft's own guess h of
+        the final state and has no fused layers' states, which read as zeros (as training's chain feeds
+        them). Each fused layer's state is RMS-normalised first (a residual stream's scale grows with depth).
         `kwargs` go to the Llama stack: the KV cache (`acchead.models.CACHE_ARG`), `attention_mask`,
         `position_ids` (position j is the pair's index j, the position of f_j)."""
         emb = self.get_input_embeddings()(input_ids)  # (B, T, H)
-        x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))  # (B, T, H)
+        h, width = emb.shape[-1], self.state_width
+        features = features.to(emb.dtype)
+        if width > h:
+            extra = features[..., h:]  # (B, T, W - H) or (B, T, 0)
+            if extra.shape[-1] == 0:
+                extra = features.new_zeros(*features.shape[:-1], width - h)
+            parts = extra.unflatten(-1, (-1, h))  # (B, T, fused, H)
+            parts = parts * torch.rsqrt(parts.pow(2).mean(-1, keepdim=True) + 1e-6)  # zeros stay zeros
+            features = torch.cat([features[..., :h], parts.flatten(-2)], dim=-1)  # (B, T, W)
+        x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, H)
         return self.model(inputs_embeds=x, **kwargs).last_hidden_state
 
     def forward(self, *args, **kwargs):

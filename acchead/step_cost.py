@@ -30,7 +30,9 @@ def step_multiply_adds(config) -> int:
     kv = config.num_key_value_heads * head_dim
     layer = h * q + 2 * h * kv + q * h + 3 * h * inter  # q, k, v, o projections; gate, up, down
     rows = getattr(config, "draft_vocab_size", None) or config.vocab_size  # the head's rows
-    fuse = 2 * h * h if config.model_type == FeatureDraftConfig.model_type else 0  # a feature draft's fc
+    fuse = 0  # a feature draft's fc: [embedding; state; fused layers' states] -> H
+    if config.model_type == FeatureDraftConfig.model_type:
+        fuse = (2 + len(getattr(config, "fused_layers", ()))) * h * h
     return config.num_hidden_layers * layer + rows * h + fuse
 
 

@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the target in float32 (default: bfloat16 autocast, 2x faster with AMX)",
     )
     fe.add_argument("--minutes", type=float, default=None, help="stop starting shards after this long")
+    fe.add_argument("--fused-layers", default="", metavar="I,J,...",
+                    help="also store these decoder layers' outputs after the final state (EAGLE-3's fused "
+                    "states, for a draft trained with `train --fused-layers`; each below the last layer; "
+                    "default: none)")  # fmt: skip
     c = sub.add_parser(
         "cost",
         help="the draft's cost per token against the target's: multiply-adds and measured step time",
@@ -163,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --init: add N decoder layers on top of its draft, copies of its last whose "
                    "output projections start at zero, so the grown draft starts as the same function "
                    "(ignored when resuming: the checkpoint has them; default 0)")  # fmt: skip
+    t.add_argument("--fused-layers", default=None, metavar="I,J,...",
+                   help="a feature draft also reads these target layers' outputs beside its final state "
+                   "(EAGLE-3's fused states; --features must hold them: `features --fused-layers`). With "
+                   "--init, the new input columns start at zero, so the draft starts as the same function "
+                   "(default: the --init or resumed draft's, else none)")  # fmt: skip
     t.add_argument("--soft-labels", action="store_true",
                    help="a feature draft learns the target's distribution over its vocabulary at every "
                    "position, prompt included (default: the greedy token on response positions)")  # fmt: skip

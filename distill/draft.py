@@ -121,6 +121,27 @@ def grow_layers(draft: ReducedVocabLlamaForCausalLM, count: int) -> ReducedVocab
     return grown
 
 
+def fuse_layers(draft: FeatureDraftForCausalLM, layers: tuple[int, ...]) -> FeatureDraftForCausalLM:
+    """`draft` reading the outputs of the target's decoder `layers` beside its final state (EAGLE-3's fused
+    states, `FeatureDraftConfig.fused_layers`), computing the same function until trained: the new columns
+    of its input projection `fc` start at zero. Returns a new model; `draft` is left as it was."""
+    if list(layers) == draft.config.fused_layers:
+        return draft
+    if draft.config.fused_layers:
+        raise ValueError(f"the draft already reads layers {draft.config.fused_layers}, not {list(layers)}")
+    config = copy.deepcopy(draft.config)
+    config.fused_layers = list(layers)
+    fused = type(draft)(config).to(dtype=draft.dtype)
+    state = draft.state_dict()
+    old = state.pop("fc.weight")  # (H, 2H)
+    fused.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        fused.fc.weight.zero_()
+        fused.fc.weight[:, : old.shape[1]] = old
+    fused.generation_config = draft.generation_config
+    return fused
+
+
 def pack_examples(shards: list[ResponseShard], to_draft: torch.Tensor, max_len: int) -> list[tuple]:
     """(input ids, labels) per response: prompt + response cut to `max_len`, labels the head row of the
     next token on response positions (OUTSIDE where the head lacks it) and IGNORE on the prompt's."""

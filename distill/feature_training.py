@@ -73,8 +73,8 @@ def pack_teacher_features(
 
 
 def collate_features(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, ...]:
-    """Right-padded (B, T) ids, (B, T) mask, (B, T) labels, (B, T, H) states read, (B, T, H) states
-    to regress (float32)."""
+    """Right-padded (B, T) ids, (B, T) mask, (B, T) labels, (B, T, W) states read, (B, T, W) states
+    to regress (float32; the final state is their first H columns, `feature_loss` regresses those)."""
     width = max(len(x) for x, _, _ in examples)
     h = examples[0][2].shape[1]
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -105,7 +105,9 @@ def feature_loss(
     candidate is the target-fed pairs up to its round's start and its round's candidates), with the same
     targets, each depth's loss added, the gradient flowing through the chain (EAGLE-3's training-time
     test). N forwards per step over one cache; the accuracy reported is depth 0's."""
-    ids, mask, _, read, _ = batch
+    ids, mask, labels, read, target = batch
+    # the states regressed (and softmaxed into soft labels) are the final ones: the first H of W columns
+    batch = (ids, mask, labels, read, target[..., : draft.config.hidden_size])
     if noise:
         read = read + (torch.rand_like(read) * 2 - 1) * noise
     with torch.autocast(ids.device.type, torch.bfloat16):

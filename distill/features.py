@@ -20,8 +20,10 @@ float32, 2026-11-26) at a mean relative error of 1.5% in the states, far below t
 are trained with. The states are stored as float16 (2 bytes per value: 576 values per token on SmolLM2,
 ~1.2 kB per token, so these files stay out of git).
 
-Features file arrays: `features` (N, H) float16, the states of every position of every response of the
-shard (prompt and response), concatenated in the shard's order; `offsets` (n + 1,) int64 into it.
+Features file arrays: `features` (N, W) float16, the states of every position of every response of the
+shard (prompt and response), concatenated in the shard's order; `offsets` (n + 1,) int64 into it; `layers`
+(m,) int64: the decoder layers whose outputs follow the final state (`--layers`, EAGLE-3's fused states;
+W = (1 + m) × H; absent in older files: none).
 """
 
 from __future__ import annotations
@@ -64,12 +66,18 @@ def shard_sequences(path: Path) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def shard_features(target, seqs: list[list[int]], batch_tokens: int, bf16: bool) -> list[np.ndarray]:
+def shard_features(
+    target, seqs: list[list[int]], batch_tokens: int, bf16: bool, layers: tuple[int, ...] = ()
+) -> list[np.ndarray]:
     """The target's final hidden states over each token-id list of `seqs` (`shard_sequences`): (T_i, H)
-    float16 each.
+    float16 each, or with `layers` (indices of decoder layers below the last) (T_i, (1 + len(layers)) × H):
+    the final state, then each of those layers' outputs (what a draft with `fused_layers` reads).
 
     Sequences are sorted by length and right-padded into batches of about `batch_tokens` tokens (a causal
     model's states at real positions do not depend on padding after them)."""
+    last = target.config.num_hidden_layers - 1
+    if any(not 0 <= i < last for i in layers):
+        raise AccheadError(f"--layers {list(layers)}: each must be a layer below the target's last ({last})")
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list[np.ndarray | None] = [None] * len(seqs)
     device = target.device
@@ -88,9 +96,11 @@ def shard_features(target, seqs: list[list[int]], batch_tokens: int, bf16: bool)
             ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
             mask[row, : len(seqs[i])] = 1
         with autocast:
-            hidden = decoder(
-                input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False
-            ).last_hidden_state  # (B, width, H)
+            res = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False,
+                          output_hidden_states=bool(layers))  # fmt: skip
+        hidden = res.last_hidden_state  # (B, width, H)
+        if layers:  # hidden_states[i + 1] is layer i's output (the last entry alone is normed)
+            hidden = torch.cat([hidden, *(res.hidden_states[i + 1] for i in layers)], dim=-1)  # (B, width, W)
         hidden = hidden.to(torch.float16).cpu()  # one rounding, as float32 then float16; half the copy
         for row, i in enumerate(batch):
             out[i] = hidden[row, : len(seqs[i])].numpy()
@@ -100,10 +110,10 @@ def shard_features(target, seqs: list[list[int]], batch_tokens: int, bf16: bool)
 
 def run_features(
     target, responses: Path, out: Path, batch_tokens: int = 3072, bf16: bool = True,
-    max_seconds: float | None = None,
+    max_seconds: float | None = None, layers: tuple[int, ...] = (),
 ) -> dict:  # fmt: skip
     """Write the features file of every shard of `responses` (a responses or a teacher directory) that
-    `out` lacks; a summary dict."""
+    `out` lacks (with `layers`' outputs after the final state: `shard_features`); a summary dict."""
     shards = text_shards(responses)
     out.mkdir(parents=True, exist_ok=True)
     todo = [p for p in shards if not features_path(out, p).is_file()]
@@ -112,11 +122,12 @@ def run_features(
     for path in todo:
         if max_seconds is not None and time.perf_counter() - start >= max_seconds:
             break
-        states = shard_features(target, shard_sequences(path), batch_tokens, bf16)
+        states = shard_features(target, shard_sequences(path), batch_tokens, bf16, layers)
         offsets = np.cumsum([0, *(len(s) for s in states)]).astype(np.int64)
         # uncompressed: zlib shrinks float16 states by 7% for 0.39 s a shard (this 2-core box), while an H200
         # wrote ~1 shard a second in all (2026-11-28): the time went to the host, not the GPU
-        arrays = {"features": np.concatenate(states), "offsets": offsets}
+        arrays = {"features": np.concatenate(states), "offsets": offsets,
+                  "layers": np.array(layers, dtype=np.int64)}  # fmt: skip
         save_npz(features_path(out, path), arrays, compress=False)
         tokens += int(offsets[-1])
         written += 1
@@ -133,11 +144,19 @@ def run_features(
     }
 
 
-def load_features(out: Path, shard_path: Path) -> list[np.ndarray]:
-    """The (T_i, H) float16 states of each response of a shard, from its features file."""
+def load_features(out: Path, shard_path: Path, layers: tuple[int, ...] = ()) -> list[np.ndarray]:
+    """The (T_i, W) float16 states of each response of a shard, from its features file; one line if the
+    file's fused layers are not `layers` (a draft reads exactly those)."""
     path = features_path(out, shard_path)
     if not path.is_file():
         raise AccheadError(f"{path} is missing: run `acchead-distill features` on {shard_path.parent}")
     with np.load(path) as z:
+        stored = tuple(int(i) for i in z["layers"]) if "layers" in z.files else ()
+        if stored != tuple(layers):
+            flag = f" --fused-layers {','.join(map(str, layers))}" if layers else ""
+            raise AccheadError(
+                f"{path} holds the states of layers {list(stored)} after the final one, the draft reads "
+                f"{list(layers)}: run `acchead-distill features{flag}` again into another directory"
+            )
         feats, offsets = z["features"], z["offsets"]
         return [feats[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

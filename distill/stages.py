@@ -94,7 +94,19 @@ def run_features_stage(args: argparse.Namespace) -> dict:
     text_shards(text)  # a directory without shards is refused before the target loads
     target = to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
     seconds = None if args.minutes is None else args.minutes * 60
-    return run_features(target, text, args.out, args.batch_tokens, not args.float32, seconds)
+    layers = parse_layers(args.fused_layers, "--fused-layers")
+    return run_features(target, text, args.out, args.batch_tokens, not args.float32, seconds, layers)
+
+
+def parse_layers(spec: str | None, flag: str) -> tuple[int, ...]:
+    """Comma-separated layer indices (`flag`'s value) → a tuple; "" or None → (); one line if malformed."""
+    try:
+        layers = tuple(int(x) for x in spec.split(",")) if spec else ()
+    except ValueError:
+        raise AccheadError(f"{flag} takes comma-separated layer indices (got {spec!r})") from None
+    if len(set(layers)) != len(layers) or any(i < 0 for i in layers):
+        raise AccheadError(f"{flag} {spec}: distinct layer indices >= 0")
+    return layers
 
 
 def to_device(model, device: str):

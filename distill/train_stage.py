@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from acchead.distill.stages import check_positive, to_device
+from acchead.distill.stages import check_positive, parse_layers, to_device
 from acchead.errors import AccheadError
 
 # A feature draft's eval sets are scored at the depths of a round's first candidates too (later ones read
@@ -46,16 +46,18 @@ def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
 StatesReader = Callable[[Path, list[Path]], list]  # (directory, its shard paths) -> states per shard
 
 
-def _states_reader(features: Path | None, target) -> StatesReader:
+def _states_reader(features: Path | None, target, layers: tuple[int, ...] = ()) -> StatesReader:
     """Where a feature draft's target states come from: the files under `features` (`--features`, by
     directory name), or else `target` itself (`--target-states`: the loaded target, on the training device),
     run over each shard when it is packed (bfloat16 autocast, as the features stage): no stage and no files,
     for a GPU, where 4.6M tokens' states make 5.3 GB of files and the features stage wrote ~1 shard a second
-    on an H200 (2026-11-28)."""
+    on an H200 (2026-11-28). `layers`: the draft's fused layers, whose outputs follow the final state."""
     from acchead.distill.features import load_features, shard_features, shard_sequences
 
     if features is not None:
-        return lambda directory, paths: [load_features(features / Path(directory).name, p) for p in paths]
+        return lambda directory, paths: [
+            load_features(features / Path(directory).name, p, layers) for p in paths
+        ]
     from tqdm.auto import tqdm
 
     batch_tokens = STATES_BATCH_TOKENS.get(target.device.type, STATES_BATCH_TOKENS["cpu"])
@@ -63,7 +65,7 @@ def _states_reader(features: Path | None, target) -> StatesReader:
     def compute(directory: Path, paths: list[Path]) -> list:
         name = Path(directory).name
         bar = tqdm(paths, desc=f"target states ({name})", unit="shard", disable=len(paths) < 2)
-        return [shard_features(target, shard_sequences(p), batch_tokens, bf16=True) for p in bar]
+        return [shard_features(target, shard_sequences(p), batch_tokens, True, layers) for p in bar]
 
     return compute
 
@@ -110,6 +112,23 @@ def _init_schedule(args: argparse.Namespace) -> dict | None:
     return start
 
 
+def _fused_layers(args: argparse.Namespace, resuming: bool) -> tuple[int, ...]:
+    """The target layers whose states the draft reads beside the final one: --fused-layers, else those of
+    the draft it resumes or starts from (its config.json), else none. Refused if they differ from a resumed
+    draft's, or from an --init draft's that already fuses others."""
+    given = parse_layers(args.fused_layers, "--fused-layers") if args.fused_layers is not None else None
+    source = args.out / "draft" if resuming else args.init
+    config = source / "config.json" if source is not None else None
+    have = ()
+    if config is not None and config.is_file():
+        have = tuple(json.loads(config.read_text()).get("fused_layers") or ())
+    if given is None:
+        return have
+    if (have or resuming) and given != have:
+        raise AccheadError(f"--fused-layers {args.fused_layers}: the draft in {source} reads {list(have)}")
+    return given
+
+
 def run_train_stage(args: argparse.Namespace) -> dict:
     check_positive(args, ("vocab_size", "batch_size", "max_len", "total_tokens"))
     if args.minutes <= 0 or args.held_out_shards < 0 or args.lr <= 0 or args.vocab_background < 0:
@@ -123,6 +142,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         raise AccheadError("--grow-layers N (N >= 0) grows the --init draft: add --init")
     resuming = (args.out / "checkpoint.pt").is_file()
     start = None if resuming else _init_schedule(args)  # read (and refused) before anything loads
+    fused = _fused_layers(args, resuming)
+    if fused and not feature:
+        raise AccheadError("--fused-layers: a feature draft's: add --features or --target-states")
     if (args.soft_labels or args.chain > 1 or args.cls_weight is not None) and not feature:
         raise AccheadError(
             "--soft-labels, --chain and --cls-weight train a feature draft: add --features or --target-states"
@@ -141,6 +163,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         TrainConfig,
         build_vocabulary,
         coverage,
+        fuse_layers,
         grow_layers,
         init_from_target,
         train_draft,
@@ -160,7 +183,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     target_path = args.target or asset_path(TARGET_DIR_NAME)
     # --target-states: the target, loaded once, computes the states (and gives the soft labels' rows)
     states_target = to_device(load_causal_lm(target_path), args.device) if args.target_states else None
-    read_states = _states_reader(args.features, states_target) if feature else None
+    read_states = _states_reader(args.features, states_target, fused) if feature else None
     teacher, teacher_states = [], []
     for directory in args.teacher:
         found = load_teacher(directory)
@@ -174,6 +197,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         draft = load_causal_lm(args.out / "draft" if resuming else args.init)
         if args.grow_layers and not resuming:
             draft = grow_layers(draft, args.grow_layers)
+        if fused and not resuming:
+            draft = fuse_layers(draft, fused)
     else:
         target = load_causal_lm(target_path)
         layers = layers or (target.config.num_hidden_layers - 1,)
@@ -193,6 +218,8 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         # the shipped draft reads the embedding from the installed asset; any other from the target's path
         source = f"asset:{TARGET_DIR_NAME}" if args.target is None else str(Path(target_path).resolve())
         draft = init_from_target(target, vocab, layers, embedding_source=source, feature=feature)
+        if fused:
+            draft = fuse_layers(draft, fused)
         del target
     to_draft = draft.lm_head.to_draft.cpu()
     config = TrainConfig(
