@@ -86,3 +86,21 @@ def gather_levels(outs: list[torch.Tensor], level_of: torch.Tensor) -> torch.Ten
     stacked = torch.stack(outs)  # (L, B, T, H)
     index = level_of[None, :, :, None].expand(1, *stacked.shape[1:])
     return stacked.gather(0, index)[0]
+
+
+def with_layers(
+    final: torch.Tensor, hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...], rows: int
+) -> torch.Tensor:
+    """The final states (B, rows, H) followed by decoder `layers`' outputs at the same positions →
+    (B, rows, (1 + len(layers)) × H). `hidden_states` is transformers' tuple (the embeddings, then each
+    layer's output; the last entry is normed, so a fused layer is below the last)."""
+    return torch.cat([final, *(hidden_states[i + 1][:, -rows:] for i in layers)], dim=-1)
+
+
+def target_states(target, layers: tuple[int, ...] = (), **kwargs) -> torch.Tensor:
+    """The target's states over a forward of its decoder stack (`kwargs`: input_ids, masks, positions):
+    (B, T, H) final hidden states, or with `layers` (a feature draft's `fused_layers`) (B, T, W) with those
+    layers' outputs after them (`with_layers`)."""
+    out = target.get_decoder()(**kwargs, output_hidden_states=bool(layers))
+    states = out.last_hidden_state  # (B, T, H)
+    return with_layers(states, out.hidden_states, layers, states.shape[1]) if layers else states

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from acchead.feature_chain import chain_hidden_states, gather_levels
+from acchead.feature_chain import chain_hidden_states, gather_levels, target_states
 from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM
 
 
@@ -144,10 +144,12 @@ class TargetFedDraft(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         t_dev = self.target.device
-        states = self.target.get_decoder()(
-            input_ids=input_ids.to(t_dev), attention_mask=attention_mask.to(t_dev),
+        states = target_states(
+            self.target, tuple(self.draft.config.fused_layers), input_ids=input_ids.to(t_dev),
+            attention_mask=attention_mask.to(t_dev),
             position_ids=position_ids.to(t_dev) if position_ids is not None else None,
-        ).last_hidden_state.to(self.device)  # fmt: skip  # (B, T, H)
+        )  # fmt: skip  # (B, T, W)
+        states = states.to(self.device)
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         pair_mask = mask[:, :-1] * mask[:, 1:]  # pair j: the state at column j, the token at j + 1: both real
         pair_pos = (pair_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T - 1)

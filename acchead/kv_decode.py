@@ -52,14 +52,18 @@ class KVSequence:
     Args:
         model: the causal LM (eval mode, any device/dtype, may be sharded with a device map).
         name: what messages call it ("the draft").
+        state_layers: decoder layers whose outputs follow the final state in the hidden states `feed`
+            returns (a target beside a feature draft with `fused_layers`; `acchead.lm_forward`).
 
     Attributes:
         length: columns in the cache (left padding included).
         logits: (B, V) the last fed position's logits (they predict the next token), None before a feed.
     """
 
-    def __init__(self, model: PreTrainedModel, name: str = "the model") -> None:
-        self.model, self.name = model, name
+    def __init__(
+        self, model: PreTrainedModel, name: str = "the model", state_layers: tuple[int, ...] = ()
+    ) -> None:
+        self.model, self.name, self.state_layers = model, name, tuple(state_layers)
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self.device: torch.device = model.device
         self.cache = DynamicCache()
@@ -108,7 +112,7 @@ class KVSequence:
         # with the CPU's fast form of a few-row LM head).
         logits, hidden = lm_forward(
             self.model, ids.to(self.device), keep, want_hidden or all_hidden, n if all_hidden else None,
-            features, **kwargs, **{CACHE_ARG: self.cache}, use_cache=True,
+            features, self.state_layers, **kwargs, **{CACHE_ARG: self.cache}, use_cache=True,
         )  # fmt: skip
         self.length += n
         self.logits = logits[:, -1]

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from acchead.feature_chain import with_layers
 from acchead.models import final_hidden
 
 # Per model: does decoder stack + `head_logits` reproduce its logits? Checked once, freed with the model.
@@ -73,21 +74,33 @@ def lm_forward(
     want_hidden: bool,
     hidden_rows: int | None = None,
     features: torch.Tensor | None = None,
+    state_layers: tuple[int, ...] = (),
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of `model` over `input_ids` (B, n) with `kwargs` (the cache, masks, positions).
 
-    `features` (B, n, H): `model` is a feature draft (`acchead.feature_draft`) and these are the states its
+    `features` (B, n, W): `model` is a feature draft (`acchead.feature_draft`) and these are the states its
     pairs read beside the ids (its `hidden_states`, then its head). Returns logits (B, keep, V) of the last
     `keep` positions and, if `want_hidden`, the final hidden states (B, hidden_rows, H) of the last
-    `hidden_rows` positions (default `keep`; what the LM head read there), else None.
+    `hidden_rows` positions (default `keep`; what the LM head read there), else None. `state_layers`: the
+    hidden states are (B, hidden_rows, (1 + len) × H), the final state then those decoder layers' outputs
+    (the states a feature draft with `fused_layers` reads; its target's forward only).
     """
     rows = keep if hidden_rows is None else hidden_rows
     if features is not None:  # a feature draft has no plain forward over ids
         full = model.hidden_states(input_ids, features.to(input_ids.device), **kwargs)  # (B, n, H)
         return model.lm_head(full[:, -keep:]), full[:, -rows:] if want_hidden else None
+    fused = want_hidden and bool(state_layers)
     if not splits_cleanly(model):
         out = model(input_ids=input_ids, logits_to_keep=keep, output_hidden_states=want_hidden, **kwargs)
-        return out.logits[:, -keep:], final_hidden(out)[:, -rows:] if want_hidden else None
-    full = model.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state  # (B, n, H)
-    return head_logits(model, full[:, -keep:]), full[:, -rows:] if want_hidden else None
+        hidden = final_hidden(out)[:, -rows:] if want_hidden else None
+        if fused:
+            hidden = with_layers(hidden, out.hidden_states, state_layers, rows)
+        return out.logits[:, -keep:], hidden
+    out = model.get_decoder()(input_ids=input_ids, output_hidden_states=fused, **kwargs)
+    full = out.last_hidden_state  # (B, n, H)
+    hidden = full[:, -rows:] if want_hidden else None
+    if fused:
+        hidden = with_layers(hidden, out.hidden_states, state_layers, rows)
+    return head_logits(model, full[:, -keep:]), hidden
+

@@ -40,6 +40,7 @@ from acchead.distill.responses import SHARD_GLOB, load_shard, save_npz
 from acchead.distill.teacher import SHARD_GLOB as TEACHER_GLOB
 from acchead.distill.teacher import load_teacher_shard
 from acchead.errors import AccheadError
+from acchead.feature_chain import target_states
 
 
 def features_path(out: Path, shard_path: Path) -> Path:
@@ -82,7 +83,6 @@ def shard_features(
     out: list[np.ndarray | None] = [None] * len(seqs)
     device = target.device
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    decoder = target.get_decoder()
     b = 0
     while b < len(order):
         e = b + 1  # grow the batch while it stays under the token budget (the longest row sets the width)
@@ -96,11 +96,8 @@ def shard_features(
             ids[row, : len(seqs[i])] = torch.tensor(seqs[i])
             mask[row, : len(seqs[i])] = 1
         with autocast:
-            res = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False,
-                          output_hidden_states=bool(layers))  # fmt: skip
-        hidden = res.last_hidden_state  # (B, width, H)
-        if layers:  # hidden_states[i + 1] is layer i's output (the last entry alone is normed)
-            hidden = torch.cat([hidden, *(res.hidden_states[i + 1] for i in layers)], dim=-1)  # (B, width, W)
+            hidden = target_states(target, layers, input_ids=ids.to(device), attention_mask=mask.to(device),
+                                   use_cache=False)  # fmt: skip  # (B, width, W)
         hidden = hidden.to(torch.float16).cpu()  # one rounding, as float32 then float16; half the copy
         for row, i in enumerate(batch):
             out[i] = hidden[row, : len(seqs[i])].numpy()

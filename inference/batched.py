@@ -120,10 +120,13 @@ class BatchedDecoder:
         self._vocab = target.get_output_embeddings().weight.shape[0]
         self.fast = bool(fast)
 
-        def cache(model: PreTrainedModel) -> RaggedCache | StaticRaggedCache:
-            return ragged_cache(model, compile, device_path) if self.fast else RaggedCache(model)
+        def cache(model: PreTrainedModel, fused: tuple[int, ...] = ()) -> RaggedCache | StaticRaggedCache:
+            if fused and self.fast:
+                raise AccheadError("a feature draft that reads fused layers' states runs on the eager path")
+            return ragged_cache(model, compile, device_path) if self.fast else RaggedCache(model, fused)
 
-        self.t_cache = cache(target)
+        # a feature draft with fused layers reads those layers' outputs beside the target's final states
+        self.t_cache = cache(target, tuple(draft.config.fused_layers) if is_feature_draft(draft) else ())
         feed = FeatureFeed if is_feature_draft(draft) else TokenFeed
         self._feed = feed(cache(draft)) if draft is not None else None
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None

@@ -83,14 +83,14 @@ class TokenFeed:
 
 
 class FeatureFeed(TokenFeed):
-    """A feature draft's feeds (module docstring). `states[b]`: (known, H) the target's final hidden states
+    """A feature draft's feeds (module docstring). `states[b]`: (known, W) the target's states
     of row b's positions 0..known-1."""
 
     wants_target_states = True
 
     def __init__(self, cache: RaggedCache) -> None:
         super().__init__(cache)
-        self.hidden_size = int(cache.model.config.hidden_size)
+        self.state_width = int(cache.model.state_width)  # W: the final state and any fused layers' outputs
 
     @property
     def ready(self) -> bool:
@@ -98,7 +98,7 @@ class FeatureFeed(TokenFeed):
 
     def reset(self, batch: int, capacity: int = 0) -> None:
         super().reset(batch, capacity)
-        self.states = [torch.empty(0, self.hidden_size, device=self.cache.device) for _ in range(batch)]
+        self.states = [torch.empty(0, self.state_width, device=self.cache.device) for _ in range(batch)]
         self.true_pairs = [0] * batch  # pairs in the cache built on the target's states
 
     def select(self, rows: torch.Tensor) -> None:
@@ -118,7 +118,7 @@ class FeatureFeed(TokenFeed):
         keep = [min(t, m - 2) for t, m in zip(self.true_pairs, n, strict=True)]
         cache.rollback(torch.tensor(keep, device=dev))
         tokens, counts = right_aligned([r[k + 1 : m] for r, k, m in zip(ids, keep, n, strict=True)], dev)
-        feats = torch.zeros(len(ids), tokens.shape[1], self.hidden_size, device=dev)  # (R, W, H), like ids
+        feats = torch.zeros(len(ids), tokens.shape[1], self.state_width, device=dev)  # (R, T, W), like ids
         for b, (k, m) in enumerate(zip(keep, n, strict=True)):
             feats[b, tokens.shape[1] - (m - 1 - k) :] = self.states[b][k : m - 1]
         out = cache.feed(tokens, counts, keep=1, want_hidden=True, features=feats, post=post)
@@ -136,7 +136,7 @@ class FeatureFeed(TokenFeed):
         return _last(out, post)
 
     def observe(self, row: int, states: torch.Tensor) -> None:
-        """The target's states (m, H) of row `row`'s next m positions, all committed."""
+        """The target's states (m, W) of row `row`'s next m positions, all committed."""
         self.states[row] = torch.cat([self.states[row], states.to(self.states[row].dtype)])
 
     def commit(self, kept: torch.Tensor) -> None:

@@ -44,7 +44,7 @@ from transformers import PreTrainedModel
 
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
-from acchead.feature_chain import chain_hidden_states
+from acchead.feature_chain import chain_hidden_states, target_states
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.device_path import DevicePath, PhaseClock, upload
@@ -125,7 +125,8 @@ class SpeculativeDecoder:
         self.fast = bool(fast)
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
-        self._runner = make_runner(target, self.fast, compile, device_path=self.path)
+        fused = tuple(draft.config.fused_layers) if is_feature_draft(draft) else ()  # read beside f (EAGLE-3)
+        self._runner = make_runner(target, self.fast, compile, device_path=self.path, state_layers=fused)
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self._device: torch.device = target.device
         vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
@@ -364,7 +365,8 @@ class SpeculativeDecoder:
         if not self.reads_states:
             logits = self.draft_model(input_ids=full).logits[0, n - 1 : -1]
             return [read(logits.argmax(-1) == target_ids)]
-        states = self.target.get_decoder()(input_ids=full.to(self.target.device)).last_hidden_state
+        fused = tuple(self.draft_model.config.fused_layers)
+        states = target_states(self.target, fused, input_ids=full.to(self.target.device))  # (1, T, W)
         levels: list[torch.Tensor] = []  # (len(ref),) bool per depth
         alive = torch.ones(len(ref), dtype=torch.bool, device=full.device)  # runs still agreeing, by position
 

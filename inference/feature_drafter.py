@@ -55,7 +55,7 @@ class FeatureDrafter(Drafter):
     def _reset(self) -> None:
         self.seq = KVSequence(self.model, "the feature draft")  # its cache holds pairs
         self._true_pairs = 0  # of which the first are built on the target's states
-        self._states = torch.empty(0, self.model.config.hidden_size, device=self.device)  # (known, H)
+        self._states = torch.empty(0, self.model.state_width, device=self.device)  # (known, W)
         # what the last forward left for the next position: (slot, q, token, logits, h that produced q)
         self._pending: tuple | None = None
         self._handed: tuple | None = None  # (slot, token, h that drew it) of the last candidate handed out
@@ -72,13 +72,14 @@ class FeatureDrafter(Drafter):
         return self._states.shape[0] > 0
 
     def observe(self, states: torch.Tensor, start: int) -> None:
-        """The target's final hidden states (m, H) of positions start..start+m-1, all committed."""
+        """The target's states (m, W) of positions start..start+m-1, all committed: its final hidden
+        states, then the draft's fused layers' outputs (`FeatureDraftConfig.fused_layers`)."""
         known = self._states[:start]
         self._states = torch.cat([known, states.to(self.device, self._states.dtype)])
 
     def _forward(self, ids: torch.Tensor, features: torch.Tensor, slot: tuple[int, int]) -> None:
-        """Feed pairs (ids (m,), features (m, H)) after the cache; draw the candidate of `slot` from the last
-        pair's h and keep it pending."""
+        """Feed pairs (ids (m,), features (m, W), or (m, H): the draft's own guess) after the cache; draw
+        the candidate of `slot` from the last pair's h and keep it pending."""
         logits, h = self.seq.feed(ids[None], want_hidden=True, features=features[None])  # (1, 1, V), (1, H)
         self.draft_calls += 1
         logits, h = logits[0], h[0]  # (1, V): -inf outside the draft's vocabulary; (H,)

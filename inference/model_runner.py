@@ -77,11 +77,13 @@ class EagerRunner:
 
     Args:
         model: the causal LM (eval mode, any device/dtype).
+        state_layers: decoder layers whose outputs follow the final state in the hidden states it returns
+            (the target of a feature draft with `fused_layers`).
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model
-        self.seq = KVSequence(model)
+    def __init__(self, model: PreTrainedModel, state_layers: tuple[int, ...] = ()) -> None:
+        self.model, self.state_layers = model, tuple(state_layers)
+        self.seq = KVSequence(model, state_layers=self.state_layers)
         self.device: torch.device = self.seq.device
 
     @property
@@ -94,7 +96,7 @@ class EagerRunner:
         return self.seq.length
 
     def reset(self, capacity: int) -> None:
-        self.seq = KVSequence(self.model)
+        self.seq = KVSequence(self.model, state_layers=self.state_layers)
 
     def feed(
         self,
@@ -123,8 +125,9 @@ _FAST_RUNNERS: weakref.WeakKeyDictionary[PreTrainedModel, StaticRunner] = weakre
 
 
 def make_runner(
-    model: PreTrainedModel, fast: bool, compile: bool = True, device_path: bool | DevicePath | None = None
-) -> ModelRunner:
+    model: PreTrainedModel, fast: bool, compile: bool = True, device_path: bool | DevicePath | None = None,
+    state_layers: tuple[int, ...] = (),
+) -> ModelRunner:  # fmt: skip
     """`EagerRunner`, or for the fast path the model's one compiled `StaticRunner`.
 
     Every decoder that runs `model` on the fast path shares that runner (decoders take turns: each
@@ -133,10 +136,16 @@ def make_runner(
     CPU; a CUDA graph records their addresses), and a second cache would silently replay into the first.
     `compile=False` (tests) gets a private runner. `device_path` (None: on CUDA) picks how the units compile
     (`acchead.inference.device_path`; a `DevicePath` also picks the compile backend); a model's runner
-    serves one choice, another is refused.
+    serves one choice, another is refused. `state_layers` (the target of a feature draft with
+    `fused_layers`): the eager path only.
     """
     if not fast:
-        return EagerRunner(model)
+        return EagerRunner(model, state_layers)
+    if state_layers:
+        raise AccheadError(
+            "a feature draft that reads fused layers' states runs on the eager path: pass fast=False "
+            "(the compiled units return the final states only)"
+        )
     if not compile:
         return StaticRunner(model, compile=False, device_path=device_path)
     runner = _FAST_RUNNERS.get(model)

@@ -56,8 +56,8 @@ class RaggedCache:
         length: (B,) int64, the number of tokens each row holds (its valid slots).
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model
+    def __init__(self, model: PreTrainedModel, state_layers: tuple[int, ...] = ()) -> None:
+        self.model, self.state_layers = model, tuple(state_layers)  # see `acchead.kv_decode.KVSequence`
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self.device: torch.device = model.device
         self.reset(0)
@@ -106,7 +106,7 @@ class RaggedCache:
         attention = None if bool(mask.all()) else mask.long()
         # a feature draft's pairs (t_{j+1}, f_j): a pair's position id is its index j, as a token's
         logits, hidden = lm_forward(
-            self.model, tokens.to(self.device), keep, want_hidden, hidden_rows, features,
+            self.model, tokens.to(self.device), keep, want_hidden, hidden_rows, features, self.state_layers,
             attention_mask=attention, position_ids=pos, **{CACHE_ARG: self.cache}, use_cache=True,
         )  # fmt: skip
         self.mask = mask

@@ -17,8 +17,13 @@ from acchead.distill.feature_training import feature_agreement, feature_objectiv
 from acchead.distill.features import load_features, shard_features, shard_sequences
 from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
 from acchead.errors import AccheadError
-from acchead.feature_chain import chain_hidden_states
+from acchead.feature_chain import chain_hidden_states, target_states
+from acchead.feature_draft import TargetFedDraft
+from acchead.inference.batched import BatchedDecoder
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.feature_drafter import FeatureDrafter
 from acchead.models import load_causal_lm
+from acchead.sampling import SamplingConfig
 
 VOCAB = 12
 KEPT = torch.tensor([1, 4, 7, 0, 2, 9, 11, 5])
@@ -75,8 +80,10 @@ def test_stored_states_are_the_final_state_then_each_layers_output(target):
         _states(target, ids, (1,))
 
 
-def test_training_moves_the_fused_columns_and_raises_agreement(target, tmp_path):
-    g = torch.Generator().manual_seed(1)
+def _trained_fused_draft(target, tmp_path, seed: int = 1) -> tuple:
+    """A feature draft reading layer 0 beside the final state, trained briefly on the target's greedy text;
+    (draft, its agreement before training, the run's state)."""
+    g = torch.Generator().manual_seed(seed)
     shards, states = [], []
     with torch.inference_mode():
         for i in range(6):
@@ -92,8 +99,53 @@ def test_training_moves_the_fused_columns_and_raises_agreement(target, tmp_path)
     config = TrainConfig(lr=3e-3, batch_size=3, warmup_steps=1, total_tokens=600, checkpoint_seconds=1e9)
     state = train_draft(draft, examples, examples, tmp_path, config, 0, max_seconds=60, log=lambda *_: None,
                         objective=feature_objective(noise=0.0, chain=2))  # fmt: skip
+    return draft.eval(), before, state
+
+
+@pytest.fixture(scope="module")
+def fused_draft(target, tmp_path_factory):
+    return _trained_fused_draft(target, tmp_path_factory.mktemp("fused"))
+
+
+def test_training_moves_the_fused_columns_and_raises_agreement(target, fused_draft):
+    draft, before, state = fused_draft
     assert draft.fc.weight[:, 2 * target.config.hidden_size :].abs().sum() > 0
     assert state["held_out_agreement"] > before
+
+
+@torch.inference_mode()
+def test_decoders_hand_the_draft_the_fused_states(target, fused_draft):
+    """The oracle drafts exactly the candidates its teacher-forced reference (the target's fused states)
+    says agree: had a decoder handed the draft the final states alone, its proposals would differ and be
+    rejected. Greedy output equals the target's on both decoders; gen-data's view is the drafter's."""
+    draft = fused_draft[0]
+    with torch.no_grad():  # make the fused columns count, so reading zeros there would change proposals
+        draft.fc.weight[:, 2 * target.config.hidden_size :] *= 4
+    prompt = torch.tensor([[2, 9, 3]])
+    ref = target.generate(prompt, max_new_tokens=40, do_sample=False, pad_token_id=0)[0, 3:].tolist()
+    oracle = SpeculativeDecoder(target, draft, policy="oracle", fast=False)
+    oracle = oracle.generate(prompt, max_new_tokens=40, temperature=0)
+    assert oracle.new_ids.tolist() == ref
+    assert oracle.drafted_per_round == oracle.accepted_per_round and max(oracle.accepted_per_round) >= 1
+    single = SpeculativeDecoder(target, draft, policy="specdec:k=3", fast=False)
+    single = single.generate(prompt, max_new_tokens=40, temperature=0)
+    assert single.new_ids.tolist() == ref
+    batched = BatchedDecoder(target, draft, policy="specdec:k=3")
+    batched = batched.generate([prompt[0], prompt[0, :2]], max_new_tokens=40, temperature=0)
+    assert batched.rows[0].new_ids.tolist() == ref
+    assert batched.rows[0].accepted_per_round == single.accepted_per_round  # the same states, row by row
+    # gen-data's teacher-forced view (`TargetFedDraft`) reads the same fused states as the drafter
+    seq = [1, 4, 7, 2, 9, 5, 0, 3]
+    h = TargetFedDraft(draft, target)(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+    drafter = FeatureDrafter(draft)
+    drafter.begin(torch.tensor(seq[:6]), SamplingConfig(0.0), seed=0)
+    drafter.observe(target_states(target, (0,), input_ids=torch.tensor([seq[:5]]))[0], 0)
+    step = drafter.propose(torch.tensor(seq[:6]), 1, want_hidden=False, want_state=True)
+    torch.testing.assert_close(h[5], step.state, rtol=1e-4, atol=1e-5)
+    with pytest.raises(AccheadError, match="eager path"):
+        SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False)
+    with pytest.raises(AccheadError, match="eager path"):
+        BatchedDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False)
 
 
 def test_features_and_train_commands_take_fused_layers(tiny_pair_dirs, tiny_tokenizer, tmp_path, capsys):
