@@ -52,18 +52,14 @@ class KVSequence:
     Args:
         model: the causal LM (eval mode, any device/dtype, may be sharded with a device map).
         name: what messages call it ("the draft").
-        state_layers: decoder layers whose outputs follow the final state in the hidden states `feed`
-            returns (a target beside a feature draft with `fused_layers`; `acchead.lm_forward`).
 
     Attributes:
         length: columns in the cache (left padding included).
         logits: (B, V) the last fed position's logits (they predict the next token), None before a feed.
     """
 
-    def __init__(
-        self, model: PreTrainedModel, name: str = "the model", state_layers: tuple[int, ...] = ()
-    ) -> None:
-        self.model, self.name, self.state_layers = model, name, tuple(state_layers)
+    def __init__(self, model: PreTrainedModel, name: str = "the model") -> None:
+        self.model, self.name = model, name
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self.device: torch.device = model.device
         self.cache = DynamicCache()
@@ -85,6 +81,7 @@ class KVSequence:
         mask: torch.Tensor | None = None,
         all_hidden: bool = False,
         features: torch.Tensor | None = None,
+        state_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Append `ids` (B, n) (any device) after the cached columns.
 
@@ -92,7 +89,8 @@ class KVSequence:
         feeds are real tokens. `features` (B, n, H): a feature draft's (`acchead.feature_draft`) states
         read beside the ids, pair by pair. Returns logits (B, min(keep, n), V) of the last positions and,
         if `want_hidden`, the final hidden state (B, H) of the last position (`all_hidden`: (B, n, H),
-        every fed position's; else None).
+        every fed position's; else None). `state_layers`: the hidden states also hold those decoder layers'
+        outputs after the final state, (..., W) (the target of a feature draft with `fused_layers`).
         """
         n = ids.size(1)
         kwargs: dict[str, Any] = {}
@@ -112,7 +110,7 @@ class KVSequence:
         # with the CPU's fast form of a few-row LM head).
         logits, hidden = lm_forward(
             self.model, ids.to(self.device), keep, want_hidden or all_hidden, n if all_hidden else None,
-            features, self.state_layers, **kwargs, **{CACHE_ARG: self.cache}, use_cache=True,
+            features, state_layers, **kwargs, **{CACHE_ARG: self.cache}, use_cache=True,
         )  # fmt: skip
         self.length += n
         self.logits = logits[:, -1]

@@ -120,13 +120,12 @@ class BatchedDecoder:
         self._vocab = target.get_output_embeddings().weight.shape[0]
         self.fast = bool(fast)
 
-        def cache(model: PreTrainedModel, fused: tuple[int, ...] = ()) -> RaggedCache | StaticRaggedCache:
-            if fused and self.fast:
-                raise AccheadError("a feature draft that reads fused layers' states runs on the eager path")
-            return ragged_cache(model, compile, device_path) if self.fast else RaggedCache(model, fused)
+        def cache(model: PreTrainedModel) -> RaggedCache | StaticRaggedCache:
+            return ragged_cache(model, compile, device_path) if self.fast else RaggedCache(model)
 
+        self.t_cache = cache(target)
         # a feature draft with fused layers reads those layers' outputs beside the target's final states
-        self.t_cache = cache(target, tuple(draft.config.fused_layers) if is_feature_draft(draft) else ())
+        self._fused = tuple(draft.config.fused_layers) if is_feature_draft(draft) else ()
         feed = FeatureFeed if is_feature_draft(draft) else TokenFeed
         self._feed = feed(cache(draft)) if draft is not None else None
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
@@ -174,7 +173,7 @@ class BatchedDecoder:
         span = self._span([length])
         widths = self.t_cache.graph_widths(self.cap + 1)  # a round feeds 1..cap + 1 tokens
         states = self._feed is not None and self._feed.wants_target_states
-        self.t_cache.warm_up(batch, span, [(w, w, states, w, False, None) for w in widths])
+        self.t_cache.warm_up(batch, span, [(w, w, states, w, False, None) for w in widths], self._fused)
         if self._feed is not None and self.cap > 0:
             want = self._rule.head is not None
             lams = [0.5] * batch if isinstance(self.policy, AdaEDL) else None
@@ -361,7 +360,8 @@ class BatchedDecoder:
         states = self._feed is not None and self._feed.wants_target_states
         tokens, counts = right_aligned(feeds, dev)
         width = tokens.shape[1]  # the states of every fed position: a feature draft reads the accepted ones
-        logits, hidden = cache.feed(tokens, counts, keep=keep, want_hidden=states, hidden_rows=width)
+        logits, hidden = cache.feed(tokens, counts, keep=keep, want_hidden=states, hidden_rows=width,
+                                    state_layers=self._fused if states else ())  # fmt: skip
         if sampling.greedy:  # one-hot p and q: τ = the longest agreeing prefix, then the target's argmax
             argmax = logits.argmax(-1).tolist()
         else:  # every row's (τ, next token) at once, read back in one transfer

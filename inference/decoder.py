@@ -125,8 +125,7 @@ class SpeculativeDecoder:
         self.fast = bool(fast)
         if self.fast and draft is target:
             raise AccheadError("the fast path keeps one cache per model: pass distinct target and draft")
-        fused = tuple(draft.config.fused_layers) if is_feature_draft(draft) else ()  # read beside f (EAGLE-3)
-        self._runner = make_runner(target, self.fast, compile, device_path=self.path, state_layers=fused)
+        self._runner = make_runner(target, self.fast, compile, device_path=self.path)
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self._device: torch.device = target.device
         vocab = target.get_output_embeddings().weight.shape[0]  # the width of p
@@ -136,6 +135,7 @@ class SpeculativeDecoder:
             # static runner too, so its tests run the padding); on the device path through Inductor the
             # longer widths share one symbolic graph, captured per width (on the CPU ~2x slower)
             padded=self.fast, symbolic=self.fast and compile and self.path.symbolic_shapes,
+            state_layers=tuple(draft.config.fused_layers) if is_feature_draft(draft) else (),  # EAGLE-3's
         )
         if is_feature_draft(draft):
             draft = FeatureDrafter(draft)  # eager; on the fast path the target's units hand it the states

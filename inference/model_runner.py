@@ -49,6 +49,7 @@ class ModelRunner(Protocol):
         post_feeds: int = 0,
         all_hidden: bool = False,
         symbolic: int = 0,
+        state_layers: tuple[int, ...] = (),
     ) -> Any:
         """Append `tokens` ((n,) int64, any device) after the cached prefix.
 
@@ -61,7 +62,8 @@ class ModelRunner(Protocol):
         `post_feeds`: tokens `post` itself feeds to the model through `step_forward` and this runner's
         cache (a fixed-K draft round), counted in `length`.
         `all_hidden`: `hidden` is (n, H), every fed position's final hidden state (the states a feature
-        draft reads, `acchead.inference.feature_drafter`).
+        draft reads, `acchead.inference.feature_drafter`); with `state_layers`, (n, W): each state followed
+        by those decoder layers' outputs (a feature draft with `fused_layers`).
         `symbolic` > 0: on the fast path, one compiled graph serves every count n ≥ `symbolic`
         (`StaticRunner.feed`). `keep` = 0 keeps every position. Eager: nothing to do.
         """
@@ -77,13 +79,11 @@ class EagerRunner:
 
     Args:
         model: the causal LM (eval mode, any device/dtype).
-        state_layers: decoder layers whose outputs follow the final state in the hidden states it returns
-            (the target of a feature draft with `fused_layers`).
     """
 
-    def __init__(self, model: PreTrainedModel, state_layers: tuple[int, ...] = ()) -> None:
-        self.model, self.state_layers = model, tuple(state_layers)
-        self.seq = KVSequence(model, state_layers=self.state_layers)
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.seq = KVSequence(model)
         self.device: torch.device = self.seq.device
 
     @property
@@ -96,7 +96,7 @@ class EagerRunner:
         return self.seq.length
 
     def reset(self, capacity: int) -> None:
-        self.seq = KVSequence(self.model, state_layers=self.state_layers)
+        self.seq = KVSequence(self.model)
 
     def feed(
         self,
@@ -108,9 +108,11 @@ class EagerRunner:
         post_feeds: int = 0,
         all_hidden: bool = False,
         symbolic: int = 0,
+        state_layers: tuple[int, ...] = (),
     ) -> Any:
         keep = keep or tokens.numel()  # 0: every position
-        logits, hidden = self.seq.feed(tokens[None], keep, want_hidden, all_hidden=all_hidden)
+        logits, hidden = self.seq.feed(tokens[None], keep, want_hidden, all_hidden=all_hidden,
+                                       state_layers=state_layers)  # fmt: skip
         # Tokens `post` feeds itself (a fixed-K draft round) went through the same cache.
         self.seq.length += post_feeds
         logits, hidden = logits[0], hidden[0] if want_hidden or all_hidden else None
@@ -125,9 +127,8 @@ _FAST_RUNNERS: weakref.WeakKeyDictionary[PreTrainedModel, StaticRunner] = weakre
 
 
 def make_runner(
-    model: PreTrainedModel, fast: bool, compile: bool = True, device_path: bool | DevicePath | None = None,
-    state_layers: tuple[int, ...] = (),
-) -> ModelRunner:  # fmt: skip
+    model: PreTrainedModel, fast: bool, compile: bool = True, device_path: bool | DevicePath | None = None
+) -> ModelRunner:
     """`EagerRunner`, or for the fast path the model's one compiled `StaticRunner`.
 
     Every decoder that runs `model` on the fast path shares that runner (decoders take turns: each
@@ -136,16 +137,10 @@ def make_runner(
     CPU; a CUDA graph records their addresses), and a second cache would silently replay into the first.
     `compile=False` (tests) gets a private runner. `device_path` (None: on CUDA) picks how the units compile
     (`acchead.inference.device_path`; a `DevicePath` also picks the compile backend); a model's runner
-    serves one choice, another is refused. `state_layers` (the target of a feature draft with
-    `fused_layers`): the eager path only.
+    serves one choice, another is refused.
     """
     if not fast:
-        return EagerRunner(model, state_layers)
-    if state_layers:
-        raise AccheadError(
-            "a feature draft that reads fused layers' states runs on the eager path: pass fast=False "
-            "(the compiled units return the final states only)"
-        )
+        return EagerRunner(model)
     if not compile:
         return StaticRunner(model, compile=False, device_path=device_path)
     runner = _FAST_RUNNERS.get(model)

@@ -56,8 +56,8 @@ class RaggedCache:
         length: (B,) int64, the number of tokens each row holds (its valid slots).
     """
 
-    def __init__(self, model: PreTrainedModel, state_layers: tuple[int, ...] = ()) -> None:
-        self.model, self.state_layers = model, tuple(state_layers)  # see `acchead.kv_decode.KVSequence`
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self.device: torch.device = model.device
         self.reset(0)
@@ -76,6 +76,7 @@ class RaggedCache:
     def feed(
         self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False,
         hidden_rows: int | None = None, features: torch.Tensor | None = None, post: Post | None = None,
+        state_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
         """Append each row's next tokens and run the model on them.
 
@@ -86,6 +87,8 @@ class RaggedCache:
             keep: how many last positions to return logits (and hidden states) for.
             want_hidden: also return the final hidden states (`acchead.models.final_hidden`).
             hidden_rows: how many last positions to return hidden states for (default `keep`).
+            state_layers: the hidden states also hold these decoder layers' outputs after the final
+                state, (B, hidden_rows, W) (the target of a feature draft with `fused_layers`).
             features: (B, W, H) for a feature draft (`acchead.feature_draft`): the state each pair reads
                 beside its token, aligned like `tokens` (holes: any values).
             post: what runs on the output (`Post`; e.g. `acchead.inference.batched_step.draft_step`).
@@ -106,7 +109,7 @@ class RaggedCache:
         attention = None if bool(mask.all()) else mask.long()
         # a feature draft's pairs (t_{j+1}, f_j): a pair's position id is its index j, as a token's
         logits, hidden = lm_forward(
-            self.model, tokens.to(self.device), keep, want_hidden, hidden_rows, features, self.state_layers,
+            self.model, tokens.to(self.device), keep, want_hidden, hidden_rows, features, state_layers,
             attention_mask=attention, position_ids=pos, **{CACHE_ARG: self.cache}, use_cache=True,
         )  # fmt: skip
         self.mask = mask

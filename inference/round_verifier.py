@@ -78,14 +78,18 @@ class RoundVerifier:
             the round's tokens.
         symbolic: the widths from `SYMBOLIC_FROM` on share one graph symbolic in the token count (the
             device path: compiled once, captured per width).
+        state_layers: with `verify(..., states=True)`, the states also hold these decoder layers' outputs
+            after the final state (a feature draft with `fused_layers`).
     """
 
     def __init__(
         self, runner: ModelRunner, verify: Callable, vocab: int, device: torch.device, key_tensors: bool,
         padded: bool = False,
         symbolic: bool = False,
+        state_layers: tuple[int, ...] = (),
     ) -> None:  # fmt: skip
         self.runner = runner
+        self.state_layers = tuple(state_layers)
         self.verify_fn = verify
         self.vocab = vocab
         self.device = device
@@ -109,8 +113,8 @@ class RoundVerifier:
 
         Feeds seq[runner.length : n + L] to the target, then writes the next token into seq[n + τ].
         Returns the packed status, (2 + L,) int64 on the device: [τ, next token, X_1..X_L]. The caller
-        reads it and rolls the cache back (`rollback`) to the tokens it keeps. `states` (eager path): also
-        return the target's final hidden states of every fed position, (fed, H), for a feature drafter.
+        reads it and rolls the cache back (`rollback`) to the tokens it keeps. `states`: also return the
+        target's states of every fed position, (fed, W), for a feature drafter (`state_layers`).
         """
         num = len(steps)
         keys = [self.key(seed, purpose, n) for purpose in (TAU, NEXT)]
@@ -123,6 +127,7 @@ class RoundVerifier:
             out = self.runner.feed(
                 seq[self.runner.length : n + num], keep=num + 1, all_hidden=states,
                 post=_verify_with_states if states else verify_post, post_args=post_args,
+                state_layers=self.state_layers if states else (),
             )  # fmt: skip
         status = out[0]
         seq.index_copy_(0, status[:1] + n, status[1:2])  # the next token, after the τ accepted
@@ -148,7 +153,7 @@ class RoundVerifier:
         post_args = (tokens, q, sampling, self.verify_fn, *keys, real)
         post = _verify_with_states if states else verify_post
         return {"tokens": ids, "keep": 0, "post": post, "post_args": post_args, "symbolic": symbolic,
-                "all_hidden": states}  # fmt: skip
+                "all_hidden": states, "state_layers": self.state_layers if states else ()}  # fmt: skip
 
     def key(self, seed: int, purpose: int, n: int) -> Word:
         """The key of a verifier draw in the round starting at n."""

@@ -77,18 +77,20 @@ def ragged_forward(
     keep: int,
     want_hidden: bool,
     hidden_rows: int,
+    state_layers: tuple[int, ...] = (),
     post: Callable | None = None,
     *post_args: Any,
 ) -> tuple[torch.Tensor | None, ...]:
     """One batched forward: the unit `torch.compile` captures. ids, positions (B, W); attention (B, C) bool,
     the slots each row may attend to (the block's own included); features (B, W, H) for a feature draft.
     keep / hidden_rows = 0: every fed position (a graph that does not specialise on W). Returns logits
-    (B, keep, V) and the final hidden states (B, hidden_rows, H) or None; with `post`,
+    (B, keep, V) and the final hidden states (B, hidden_rows, H) (with `state_layers`, those decoder layers'
+    outputs after them: (B, hidden_rows, W)) or None; with `post`,
     `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (`Post`)."""
     kwargs = {CACHE_ARG: cache, "attention_mask": attention, "position_ids": positions, "use_cache": True}
     width = ids.shape[1]
     logits, hidden = lm_forward(model, ids, keep or width, want_hidden, hidden_rows or width, features,
-                                **kwargs)  # fmt: skip
+                                state_layers, **kwargs)  # fmt: skip
     return (logits, hidden) if post is None else post(logits, hidden, model, cache, *post_args)
 
 
@@ -208,18 +210,20 @@ class StaticRaggedCache:
         return sorted({self.graph_width(w) for w in range(1, widest + 1)})
 
     def warm_up(
-        self, batch: int, capacity: int, shapes: list[tuple[int, int, bool, int, bool, Post | None]]
-    ) -> None:
+        self, batch: int, capacity: int, shapes: list[tuple[int, int, bool, int, bool, Post | None]],
+        state_layers: tuple[int, ...] = (),
+    ) -> None:  # fmt: skip
         """Compile the forwards of `batch` rows for each (width, keep, want_hidden, hidden_rows, features,
-        post) in `shapes` now, at the capacity a decode of `capacity` slots uses; the cache is reset after."""
+        post) in `shapes` now (the states with `state_layers`' outputs), at the capacity a decode of
+        `capacity` slots uses; the cache is reset after."""
         self.reset(batch, capacity)
         ids = torch.ones(batch, max([2, *(w for w, *_ in shapes)]), dtype=torch.long, device=self.device)
-        hidden = int(self.model.config.hidden_size)
+        read = int(getattr(self.model, "state_width", self.model.config.hidden_size))  # a feature draft's W
 
         def feed(width: int, keep: int, want: bool, rows: int, feats: bool, post: Post | None) -> None:
             counts = torch.full((batch,), width, device=self.device)
-            f = torch.zeros(batch, width, hidden, device=self.device) if feats else None
-            self.feed(ids[:, :width], counts, keep, want, rows, f, post)
+            f = torch.zeros(batch, width, read, device=self.device) if feats else None
+            self.feed(ids[:, :width], counts, keep, want, rows, f, post, state_layers if want else ())
 
         with torch.inference_mode():
             feed(2, 1, False, 1, is_feature_draft(self.model), None)  # a prompt (eager)
@@ -232,10 +236,11 @@ class StaticRaggedCache:
     def feed(
         self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False,
         hidden_rows: int | None = None, features: torch.Tensor | None = None, post: Post | None = None,
+        state_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
         """`RaggedCache.feed` for the active rows: tokens (R, W) right-aligned, counts (R,); returns logits
-        (R, keep, V) and hidden (R, hidden_rows, H) or None, or `post`'s outputs (traced into the forward's
-        graph; its per-row inputs and outputs span the physical batch inside it)."""
+        (R, keep, V) and hidden (R, hidden_rows, H or W) or None, or `post`'s outputs (traced into the
+        forward's graph; its per-row inputs and outputs span the physical batch inside it)."""
         rows = hidden_rows if hidden_rows is not None else keep
         prefill = self.used == 0 and tokens.shape[1] > 1
         pad = 0 if prefill else self.graph_width(tokens.shape[1]) - tokens.shape[1]
@@ -266,7 +271,7 @@ class StaticRaggedCache:
         # 0 = every position: the symbolic graph must not specialise on the width through them
         keep_arg, rows_arg = (0 if keep in (0, width) else keep), (0 if rows_in in (0, width) else rows_in)
         args = (self.model, self.cache, tokens, self._mask, positions, features, keep_arg, want_hidden,
-                rows_arg, fn, *per_row, *constants)  # fmt: skip
+                rows_arg, tuple(state_layers), fn, *per_row, *constants)  # fmt: skip
         if not self.compile or prefill:
             out = ragged_forward(*args)
         else:
@@ -277,8 +282,8 @@ class StaticRaggedCache:
             if symbolic:
                 for t in (tokens, positions) + ((features,) if features is not None else ()):
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
-            key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, self.capacity,
-                   features is not None, fn, *map(arg_key, per_row + constants))  # fmt: skip
+            key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, args[9],
+                   self.capacity, features is not None, fn, *map(arg_key, per_row + constants))  # fmt: skip
             call = self._calls.get(self.batch)
             if call is None:
                 call = self._calls[self.batch] = compile_units(ragged_forward, self.path)

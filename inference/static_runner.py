@@ -40,6 +40,7 @@ from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from acchead.errors import AccheadError
+from acchead.feature_chain import target_states
 from acchead.inference.device_path import DevicePath
 from acchead.lm_forward import splits_cleanly
 from acchead.models import CACHE_ARG
@@ -76,26 +77,29 @@ def step_forward(
     cache: StaticCache,
     input_ids: torch.Tensor,
     keep: int,
-    want_hidden: bool | Literal["all"],
+    want_hidden: bool | Literal["all"] | tuple,
     post: Callable | None = None,
     *post_args: Any,
 ):
     """One forward over `input_ids` ((1, n)) after the cache, and what the decoder does with its output:
-    the unit `torch.compile` captures. `want_hidden`: False, True (the last position's state) or "all"
-    (every fed position's, (n, H): the states a feature draft reads).
+    the unit `torch.compile` captures. `want_hidden`: False, True (the last position's state), "all"
+    (every fed position's, (n, H): the states a feature draft reads) or ("all", *layers) (every fed
+    position's state followed by those decoder layers' outputs, (n, W): a draft with `fused_layers`).
 
-    Runs the decoder stack and the LM head separately (public `get_decoder` / `get_output_embeddings`),
-    because the hidden states `output_hidden_states` returns are collected by hooks that a captured graph
-    cannot hold. `StaticRunner` checks once that this equals the model's own forward.
+    Runs the decoder stack and the LM head separately (public `get_decoder` / `get_output_embeddings`).
+    `StaticRunner` checks once that this equals the model's own forward. Only fused states ask the stack
+    for `output_hidden_states` (transformers collects them with hooks, which a captured graph traces).
     Returns logits (keep, V) (keep = 0: every position's, (n, V)) and the final hidden state (H,) of the
     last position (or None); with `post`,
     `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (a draft step's
     sampling and stop rule, a verification's acceptance and next token: `acchead.inference.units`).
     """
-    hidden = model.get_decoder()(input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True).last_hidden_state
-    rows = hidden[0, -keep:] if keep else hidden[0]  # (keep or n, H): what the LM head reads
+    fused = tuple(want_hidden[1:]) if isinstance(want_hidden, tuple) else ()
+    states = target_states(model, fused, input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True)  # (1,n,W)
+    hidden = states[0, :, : model.config.hidden_size]  # (n, H): the final states
+    rows = hidden[-keep:] if keep else hidden  # (keep or n, H): what the LM head reads
     logits = model.get_output_embeddings()(rows)
-    last = hidden[0] if want_hidden == "all" else rows[-1] if want_hidden else None
+    last = states[0] if want_hidden == "all" or fused else rows[-1] if want_hidden else None
     return (logits, last) if post is None else post(logits, last, model, cache, *post_args)
 
 
@@ -337,13 +341,14 @@ class StaticRunner:
         post_feeds: int = 0,
         all_hidden: bool = False,
         symbolic: int = 0,
+        state_layers: tuple[int, ...] = (),
     ) -> Any:
         """See `ModelRunner.feed`. `symbolic` > 0: the compiled graph serves every token count n ≥
         `symbolic` (n is a symbol of it, guarded to that range so that it never shadows the static graphs
         of smaller counts; the caller marks the matching dimensions of `post_args` with
         `torch._dynamo.mark_dynamic`, and passes keep = 0, every position, rather than a constant n)."""
-        if all_hidden:
-            want_hidden = "all"  # a graph of its own (the key holds want_hidden)
+        if all_hidden:  # a graph of its own (the key holds want_hidden)
+            want_hidden = ("all", *state_layers) if state_layers else "all"
         n = tokens.numel()
         self._reserve(self.length + n + post_feeds, self.length)
         ids = tokens.to(self.device)[None]

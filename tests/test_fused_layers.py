@@ -6,6 +6,8 @@ line."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ from acchead.feature_chain import chain_hidden_states, target_states
 from acchead.feature_draft import TargetFedDraft
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.device_path import DevicePath
 from acchead.inference.feature_drafter import FeatureDrafter
 from acchead.models import load_causal_lm
 from acchead.sampling import SamplingConfig
@@ -142,10 +145,13 @@ def test_decoders_hand_the_draft_the_fused_states(target, fused_draft):
     drafter.observe(target_states(target, (0,), input_ids=torch.tensor([seq[:5]]))[0], 0)
     step = drafter.propose(torch.tensor(seq[:6]), 1, want_hidden=False, want_state=True)
     torch.testing.assert_close(h[5], step.state, rtol=1e-4, atol=1e-5)
-    with pytest.raises(AccheadError, match="eager path"):
-        SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False)
-    with pytest.raises(AccheadError, match="eager path"):
-        BatchedDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False)
+    # the target's fast path (static cache; uncompiled here, the units the compiled path traces) too
+    fast = SpeculativeDecoder(target, draft, policy="specdec:k=3", fast=True, compile=False)
+    fast = fast.generate(prompt, max_new_tokens=40, temperature=0)
+    assert fast.new_ids.tolist() == ref and fast.accepted_per_round == single.accepted_per_round
+    batched_fast = BatchedDecoder(target, draft, policy="specdec:k=3", fast=True, compile=False)
+    batched_fast = batched_fast.generate([prompt[0], prompt[0, :2]], max_new_tokens=40, temperature=0)
+    assert batched_fast.rows[0].accepted_per_round == single.accepted_per_round
 
 
 def test_features_and_train_commands_take_fused_layers(tiny_pair_dirs, tiny_tokenizer, tmp_path, capsys):
@@ -184,3 +190,23 @@ def test_features_and_train_commands_take_fused_layers(tiny_pair_dirs, tiny_toke
     assert cli.main(more) == 0
     assert load_causal_lm(tmp_path / "run-3" / "draft").config.fused_layers == [0]
     assert cli.main([*more, "--fused-layers", "1"]) == 2 and "reads [0]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["cudagraphs", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_verification_hands_the_fused_states_over(target, fused_draft, backend):
+    """Compiled units (the device path's through `cudagraphs`, uncaptured on the CPU: seconds of tracing; the
+    CPU's own through Inductor, slow): transformers' hooks that collect the layers' outputs trace into the
+    verification's graph, `warm_up` prepares it, nothing compiles while decoding, and the rounds are the
+    eager decoder's."""
+    draft = fused_draft[0]
+    prompt = torch.tensor([2, 9, 3])
+    path = DevicePath(True, backend="cudagraphs") if backend == "cudagraphs" else None
+    # a model's compiled runner serves one path: each backend compiles its own copy of the target
+    compiled = copy.deepcopy(target)
+    dec = SpeculativeDecoder(compiled, draft, policy="specdec:k=3", fast=True, device_path=path)
+    dec.warm_up(prompt.numel() + 24)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        got = dec.generate(prompt, max_new_tokens=24, temperature=0)
+    eager = SpeculativeDecoder(target, draft, policy="specdec:k=3", fast=False)
+    ref = eager.generate(prompt, max_new_tokens=24, temperature=0)
+    assert got.new_ids.tolist() == ref.new_ids.tolist() and got.accepted_per_round == ref.accepted_per_round
