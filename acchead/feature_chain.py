@@ -104,3 +104,13 @@ def target_states(target, layers: tuple[int, ...] = (), **kwargs) -> torch.Tenso
     out = target.get_decoder()(**kwargs, output_hidden_states=bool(layers))
     states = out.last_hidden_state  # (B, T, H)
     return with_layers(states, out.hidden_states, layers, states.shape[1]) if layers else states
+
+
+@torch.inference_mode()
+def install_output_hooks(model) -> None:
+    """Run one eager one-token forward of `model`'s decoder stack asking for its layers' outputs, so that
+    transformers installs the forward hooks that collect them now: it installs them on first use, under a
+    lock that a compiled graph cannot trace (torch._dynamo refuses the lock's context manager). The fast
+    paths call it before their first compiled forward that returns fused states."""
+    ids = torch.ones(1, 1, dtype=torch.long, device=model.device)
+    model.get_decoder()(input_ids=ids, use_cache=False, output_hidden_states=True)

@@ -129,8 +129,11 @@ class FeatureFeed(TokenFeed):
         self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool,
         post: Post | None = None,
     ) -> tuple:  # fmt: skip
-        """Feed (candidate y, the h that drew it: `state` (R, H)) to the drafting rows."""
+        """Feed (candidate y, the h that drew it: `state` (R, H)) to the drafting rows. A draft with fused
+        layers reads zeros in their place (widened here, so every feed of the draft has one shape)."""
         assert state is not None
+        if state.shape[-1] < self.state_width:
+            state = torch.nn.functional.pad(state, (0, self.state_width - state.shape[-1]))  # (R, W)
         out = self.cache.feed(y[:, None], drafting.long(), keep=1, want_hidden=True, features=state[:, None],
                               post=post)  # fmt: skip
         return _last(out, post)

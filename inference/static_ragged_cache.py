@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
+from acchead.feature_chain import install_output_hooks
 from acchead.feature_draft import is_feature_draft
 from acchead.inference.device_path import DevicePath
 from acchead.inference.ragged_cache import Post
@@ -125,6 +126,7 @@ class StaticRaggedCache:
         # with one for all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4 (a size assert
         # inside Inductor's code caught it; not reproduced on a tiny model).
         self._calls: dict[int, Callable] = {}
+        self._output_hooks = False  # transformers' output hooks installed (`install_output_hooks`)
         self.capacity = _rounded(capacity)
         self.cache = None
         self._caches: dict[int, tuple] = {}  # batch size -> (its StaticCache, capacity)
@@ -284,6 +286,9 @@ class StaticRaggedCache:
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
             key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, args[9],
                    self.capacity, features is not None, fn, *map(arg_key, per_row + constants))  # fmt: skip
+            if state_layers and not self._output_hooks:
+                install_output_hooks(self.model)
+                self._output_hooks = True
             call = self._calls.get(self.batch)
             if call is None:
                 call = self._calls[self.batch] = compile_units(ragged_forward, self.path)

@@ -6,8 +6,6 @@ line."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -190,19 +188,26 @@ def test_features_and_train_commands_take_fused_layers(tiny_pair_dirs, tiny_toke
     assert cli.main(more) == 0
     assert load_causal_lm(tmp_path / "run-3" / "draft").config.fused_layers == [0]
     assert cli.main([*more, "--fused-layers", "1"]) == 2 and "reads [0]" in capsys.readouterr().err
+    # --target-states computes the fused states in memory (no features files), as a GPU session runs it
+    online = [*train[:6], str(tmp_path / "run-on"), *train[7:]]
+    online[online.index("--features") : online.index("--features") + 2] = ["--target-states"]
+    assert cli.main(online) == 0 and "agreement_resp=" in capsys.readouterr().out
+    assert load_causal_lm(tmp_path / "run-on" / "draft").config.fused_layers == [0]
 
 
 @pytest.mark.parametrize("backend", ["cudagraphs", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_verification_hands_the_fused_states_over(target, fused_draft, backend):
     """Compiled units (the device path's through `cudagraphs`, uncaptured on the CPU: seconds of tracing; the
-    CPU's own through Inductor, slow): transformers' hooks that collect the layers' outputs trace into the
-    verification's graph, `warm_up` prepares it, nothing compiles while decoding, and the rounds are the
-    eager decoder's."""
+    CPU's own through Inductor, slow): transformers' hooks that collect the layers' outputs (installed
+    eagerly first: their installation takes a lock no graph traces) run inside the verification's graph,
+    `warm_up` prepares it, nothing compiles while decoding, and the rounds are the eager decoder's; the
+    batched fast path's too."""
     draft = fused_draft[0]
     prompt = torch.tensor([2, 9, 3])
     path = DevicePath(True, backend="cudagraphs") if backend == "cudagraphs" else None
-    # a model's compiled runner serves one path: each backend compiles its own copy of the target
-    compiled = copy.deepcopy(target)
+    # a model's compiled runner serves one path: each backend compiles its own copy of the target, a fresh
+    # one (the same seeded weights) whose first forward asking for layers' outputs is the compiled one
+    compiled = _peaked_llama(VOCAB, seed=3)
     dec = SpeculativeDecoder(compiled, draft, policy="specdec:k=3", fast=True, device_path=path)
     dec.warm_up(prompt.numel() + 24)
     with torch.compiler.set_stance("fail_on_recompile"):
@@ -210,3 +215,9 @@ def test_compiled_verification_hands_the_fused_states_over(target, fused_draft, 
     eager = SpeculativeDecoder(target, draft, policy="specdec:k=3", fast=False)
     ref = eager.generate(prompt, max_new_tokens=24, temperature=0)
     assert got.new_ids.tolist() == ref.new_ids.tolist() and got.accepted_per_round == ref.accepted_per_round
+    if backend == "cudagraphs":  # the batched fast path's compiled units, on another fresh copy
+        batched = BatchedDecoder(_peaked_llama(VOCAB, seed=3), draft, policy="specdec:k=3", fast=True,
+                                 device_path=path)  # fmt: skip
+        batched.warm_up(1, prompt.numel() + 24)
+        rows = batched.generate([prompt], max_new_tokens=24, temperature=0).rows
+        assert rows[0].accepted_per_round == ref.accepted_per_round
