@@ -75,6 +75,7 @@ def lm_forward(
     hidden_rows: int | None = None,
     features: torch.Tensor | None = None,
     state_layers: tuple[int, ...] = (),
+    split_checked: bool = False,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of `model` over `input_ids` (B, n) with `kwargs` (the cache, masks, positions).
@@ -84,14 +85,16 @@ def lm_forward(
     `keep` positions and, if `want_hidden`, the final hidden states (B, hidden_rows, H) of the last
     `hidden_rows` positions (default `keep`; what the LM head read there), else None. `state_layers`: the
     hidden states are (B, hidden_rows, (1 + len) × H), the final state then those decoder layers' outputs
-    (the states a feature draft with `fused_layers` reads; its target's forward only).
+    (the states a feature draft with `fused_layers` reads; its target's forward only). `split_checked`: the
+    caller has checked `splits_cleanly` (a compiled unit: a lookup in its weak dictionary inside a graph
+    would make dynamo guard on the dictionary's keys, which change as models are freed).
     """
     rows = keep if hidden_rows is None else hidden_rows
     if features is not None:  # a feature draft has no plain forward over ids
         full = model.hidden_states(input_ids, features.to(input_ids.device), **kwargs)  # (B, n, H)
         return model.lm_head(full[:, -keep:]), full[:, -rows:] if want_hidden else None
     fused = want_hidden and bool(state_layers)
-    if not splits_cleanly(model):
+    if not split_checked and not splits_cleanly(model):
         out = model(input_ids=input_ids, logits_to_keep=keep, output_hidden_states=want_hidden, **kwargs)
         hidden = final_hidden(out)[:, -rows:] if want_hidden else None
         if fused:

@@ -91,7 +91,7 @@ def ragged_forward(
     kwargs = {CACHE_ARG: cache, "attention_mask": attention, "position_ids": positions, "use_cache": True}
     width = ids.shape[1]
     logits, hidden = lm_forward(model, ids, keep or width, want_hidden, hidden_rows or width, features,
-                                state_layers, **kwargs)  # fmt: skip
+                                state_layers, split_checked=True, **kwargs)  # checked when the cache is built
     return (logits, hidden) if post is None else post(logits, hidden, model, cache, *post_args)
 
 
