@@ -20,6 +20,7 @@ real pair attends to what exists of it (nothing reads it: it lies inside the pro
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -106,11 +107,18 @@ def target_states(target, layers: tuple[int, ...] = (), **kwargs) -> torch.Tenso
     return with_layers(states, out.hidden_states, layers, states.shape[1]) if layers else states
 
 
+# Models whose decoder stack has run once asking for its layers' outputs (`install_output_hooks`).
+_HOOKED: weakref.WeakSet = weakref.WeakSet()
+
+
 @torch.inference_mode()
 def install_output_hooks(model) -> None:
-    """Run one eager one-token forward of `model`'s decoder stack asking for its layers' outputs, so that
-    transformers installs the forward hooks that collect them now: it installs them on first use, under a
-    lock that a compiled graph cannot trace (torch._dynamo refuses the lock's context manager). The fast
-    paths call it before their first compiled forward that returns fused states."""
+    """Run one eager one-token forward of `model`'s decoder stack asking for its layers' outputs (once per
+    model), so that transformers installs the forward hooks that collect them now: it installs them on
+    first use, under a lock that a compiled graph cannot trace (torch._dynamo refuses the lock's context
+    manager). The fast paths call it before a compiled forward that returns fused states."""
+    if model in _HOOKED:
+        return
     ids = torch.ones(1, 1, dtype=torch.long, device=model.device)
     model.get_decoder()(input_ids=ids, use_cache=False, output_hidden_states=True)
+    _HOOKED.add(model)

@@ -77,14 +77,14 @@ class FeatureDraftForCausalLM(ReducedVocabLlamaForCausalLM):
         emb = self.get_input_embeddings()(input_ids)  # (B, T, H)
         h, width = emb.shape[-1], self.state_width
         features = features.to(emb.dtype)
-        if width > h:
-            extra = features[..., h:]  # (B, T, W - H) or (B, T, 0)
-            if extra.shape[-1] == 0:
-                extra = features.new_zeros(*features.shape[:-1], width - h)
-            parts = extra.unflatten(-1, (-1, h))  # (B, T, fused, H)
+        weight = self.fc.weight  # (H, H + W)
+        if features.shape[-1] < width:  # H wide: the fused states' columns would multiply zeros, so skip them
+            weight = weight[:, : 2 * h]
+        elif width > h:
+            parts = features[..., h:].unflatten(-1, (-1, h))  # (B, T, fused, H)
             parts = parts * torch.rsqrt(parts.pow(2).mean(-1, keepdim=True) + 1e-6)  # zeros stay zeros
             features = torch.cat([features[..., :h], parts.flatten(-2)], dim=-1)  # (B, T, W)
-        x = self.fc(torch.cat([emb, features], dim=-1))  # (B, T, H)
+        x = nn.functional.linear(torch.cat([emb, features], dim=-1), weight)  # (B, T, H)
         return self.model(inputs_embeds=x, **kwargs).last_hidden_state
 
     def forward(self, *args, **kwargs):

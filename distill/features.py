@@ -22,7 +22,7 @@ are trained with. The states are stored as float16 (2 bytes per value: 576 value
 
 Features file arrays: `features` (N, W) float16, the states of every position of every response of the
 shard (prompt and response), concatenated in the shard's order; `offsets` (n + 1,) int64 into it; `layers`
-(m,) int64: the decoder layers whose outputs follow the final state (`--layers`, EAGLE-3's fused states;
+(m,) int64: the decoder layers whose outputs follow the final state (`--fused-layers`, EAGLE-3's fused states;
 W = (1 + m) × H; absent in older files: none).
 """
 
@@ -78,7 +78,9 @@ def shard_features(
     model's states at real positions do not depend on padding after them)."""
     last = target.config.num_hidden_layers - 1
     if any(not 0 <= i < last for i in layers):
-        raise AccheadError(f"--layers {list(layers)}: each must be a layer below the target's last ({last})")
+        raise AccheadError(
+            f"--fused-layers {list(layers)}: each must be a layer below the target's last ({last})"
+        )
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list[np.ndarray | None] = [None] * len(seqs)
     device = target.device

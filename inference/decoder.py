@@ -365,8 +365,8 @@ class SpeculativeDecoder:
         if not self.reads_states:
             logits = self.draft_model(input_ids=full).logits[0, n - 1 : -1]
             return [read(logits.argmax(-1) == target_ids)]
-        fused = tuple(self.draft_model.config.fused_layers)
-        states = target_states(self.target, fused, input_ids=full.to(self.target.device))  # (1, T, W)
+        fused = self._verifier.state_layers  # (1, T, W): the states the drafter reads while decoding
+        states = target_states(self.target, fused, input_ids=full.to(self.target.device))
         levels: list[torch.Tensor] = []  # (len(ref),) bool per depth
         alive = torch.ones(len(ref), dtype=torch.bool, device=full.device)  # runs still agreeing, by position
 

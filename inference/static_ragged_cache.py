@@ -126,7 +126,6 @@ class StaticRaggedCache:
         # with one for all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4 (a size assert
         # inside Inductor's code caught it; not reproduced on a tiny model).
         self._calls: dict[int, Callable] = {}
-        self._output_hooks = False  # transformers' output hooks installed (`install_output_hooks`)
         self.capacity = _rounded(capacity)
         self.cache = None
         self._caches: dict[int, tuple] = {}  # batch size -> (its StaticCache, capacity)
@@ -272,8 +271,9 @@ class StaticRaggedCache:
         rows_in = hidden_rows if hidden_rows is not None else keep
         # 0 = every position: the symbolic graph must not specialise on the width through them
         keep_arg, rows_arg = (0 if keep in (0, width) else keep), (0 if rows_in in (0, width) else rows_in)
+        layers = tuple(state_layers)
         args = (self.model, self.cache, tokens, self._mask, positions, features, keep_arg, want_hidden,
-                rows_arg, tuple(state_layers), fn, *per_row, *constants)  # fmt: skip
+                rows_arg, layers, fn, *per_row, *constants)  # fmt: skip
         if not self.compile or prefill:
             out = ragged_forward(*args)
         else:
@@ -284,11 +284,10 @@ class StaticRaggedCache:
             if symbolic:
                 for t in (tokens, positions) + ((features,) if features is not None else ()):
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
-            key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, args[9],
+            key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, layers,
                    self.capacity, features is not None, fn, *map(arg_key, per_row + constants))  # fmt: skip
-            if state_layers and not self._output_hooks:
+            if state_layers:
                 install_output_hooks(self.model)
-                self._output_hooks = True
             call = self._calls.get(self.batch)
             if call is None:
                 call = self._calls[self.batch] = compile_units(ragged_forward, self.path)

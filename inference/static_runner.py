@@ -245,7 +245,6 @@ class StaticRunner:
         self.length = 0
         self.cache: StaticCache | None = None
         self._compiled: Callable | None = None
-        self._output_hooks = False  # transformers' output hooks installed (`install_output_hooks`)
         self._alloc(capacity)
 
     @property
@@ -356,9 +355,8 @@ class StaticRunner:
         # The prompt (a new length every call) runs eager; decode-time counts replay their graph.
         prefill = self.length == 0 and n > 1
         fn = step_forward if self._compiled is None or prefill else self._compiled
-        if state_layers and fn is not step_forward and not self._output_hooks:
+        if state_layers and fn is not step_forward:
             install_output_hooks(self.model)
-            self._output_hooks = True
         if symbolic and fn is not step_forward:
             torch._dynamo.mark_dynamic(ids, 1, min=symbolic, max=MAX_SYMBOLIC_COUNT)
         out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args)
