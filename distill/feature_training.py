@@ -115,25 +115,29 @@ def feature_loss(
             levels = chain_hidden_states(draft, ids, read, mask, chain)  # N × (B, T, H)
         else:
             levels = [draft.hidden_states(ids, read, attention_mask=mask)]  # (B, T, H)
-    loss, acc = _step_loss(draft, levels[0], batch, cls_weight, teacher_rows)
+    soft = None
+    if teacher_rows is not None:  # every depth learns the same distribution: computed once per batch
+        with torch.no_grad():
+            final = batch[4][mask.bool()]  # (N_real, H)
+            soft = (final @ teacher_rows.T.to(final.dtype)).softmax(-1)  # (N_real, V_d)
+    loss, acc = _step_loss(draft, levels[0], batch, cls_weight, soft)
     for hidden in levels[1:]:
-        loss = loss + _step_loss(draft, hidden, batch, cls_weight, teacher_rows)[0]
+        loss = loss + _step_loss(draft, hidden, batch, cls_weight, soft)[0]
     return loss, acc
 
 
 def _step_loss(
     draft, hidden: torch.Tensor, batch: tuple[torch.Tensor, ...], cls_weight: float,
-    teacher_rows: torch.Tensor | None,
+    soft: torch.Tensor | None,
 ) -> tuple[torch.Tensor, float]:  # fmt: skip
-    """`feature_loss` of one forward's outputs `hidden` (B, T, H)."""
+    """`feature_loss` of one forward's outputs `hidden` (B, T, H); `soft` (N_real, V_d): the target's
+    distribution on the draft's rows at every real pair (soft labels), or None (greedy tokens)."""
     _, mask, labels, _, target = batch
     real = mask.bool()
     reg = torch.nn.functional.smooth_l1_loss(hidden[real].float(), target[real])
     keep = labels >= 0
-    if teacher_rows is not None:
+    if soft is not None:
         logits = draft.lm_head.draft_logits(hidden[real].float())  # (N_real, V_d)
-        with torch.no_grad():
-            soft = (target[real] @ teacher_rows.T.to(target.dtype)).softmax(-1)  # (N_real, V_d)
         cls = -(soft * logits.log_softmax(-1)).sum(-1).mean()
         scored = logits[keep[real]]
     else:
