@@ -126,3 +126,28 @@ def test_training_reads_each_label_s_depth_as_gen_data_wrote_it():
     prompt_len, position = np.array([3, 3, 3, 3, 2]), np.array([0, 1, 2, 3, 0])
     assert candidate_depth(prompt_len, position, 3).tolist() == [1, 2, 0, 1, 0]
     assert candidate_depth(prompt_len, position, 1).tolist() == [0] * 5
+
+
+def test_soft_label_loss_is_each_depths_cross_entropy_to_the_targets_distribution(pair):
+    """`feature_loss` with soft labels and a chain: every depth regresses the target's next state and
+    learns the target's distribution on the draft's rows, softmax(f_{j+1} · rowsᵀ), at every real pair."""
+    from acchead.distill.feature_training import collate_features, feature_loss
+
+    target, draft = pair
+    rows = target.get_output_embeddings().weight.detach()[draft.lm_head.to_full]  # (V_d, H)
+    states = _states(target, SEQ)  # (L, H)
+    labels = draft.lm_head.to_draft[torch.tensor([*SEQ[2:], 0])]
+    examples = [(torch.tensor(SEQ[1:]), labels, states), (torch.tensor(SEQ[1:6]), labels[:5], states[:6])]
+    batch = collate_features(examples, pad_id=0)
+    ids, mask, _, read, nxt = batch
+    real = mask.bool()
+    soft = (nxt[real] @ rows.T).softmax(-1)  # (N_real, V_d)
+    with torch.autocast("cpu", torch.bfloat16):
+        levels = chain_hidden_states(draft, ids, read, mask, 2)
+    want = 0.0
+    for hidden in levels:
+        logits = draft.lm_head.draft_logits(hidden[real].float())
+        ce = -(soft * logits.log_softmax(-1)).sum(-1).mean()
+        want = want + torch.nn.functional.smooth_l1_loss(hidden[real].float(), nxt[real]) + 0.5 * ce
+    got = feature_loss(draft, batch, cls_weight=0.5, noise=0.0, teacher_rows=rows, chain=2)[0]
+    torch.testing.assert_close(got, want)
