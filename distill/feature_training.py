@@ -107,7 +107,8 @@ def feature_loss(
     test). N forwards per step over one cache; the accuracy reported is depth 0's."""
     ids, mask, labels, read, target = batch
     # the states regressed (and softmaxed into soft labels) are the final ones: the first H of W columns
-    batch = (ids, mask, labels, read, target[..., : draft.config.hidden_size])
+    final = target[..., : draft.config.hidden_size]  # (B, T, H)
+    batch = (ids, mask, labels, read, final)
     if noise:
         read = read + (torch.rand_like(read) * 2 - 1) * noise
     with torch.autocast(ids.device.type, torch.bfloat16):
@@ -118,8 +119,8 @@ def feature_loss(
     soft = None
     if teacher_rows is not None:  # every depth learns the same distribution: computed once per batch
         with torch.no_grad():
-            final = batch[4][mask.bool()]  # (N_real, H)
-            soft = (final @ teacher_rows.T.to(final.dtype)).softmax(-1)  # (N_real, V_d)
+            nxt = final[mask.bool()]  # (N_real, H)
+            soft = (nxt @ teacher_rows.T.to(nxt.dtype)).softmax(-1)  # (N_real, V_d)
     loss, acc = _step_loss(draft, levels[0], batch, cls_weight, soft)
     for hidden in levels[1:]:
         loss = loss + _step_loss(draft, hidden, batch, cls_weight, soft)[0]
