@@ -3,8 +3,8 @@
 Everything in acchead that decodes token by token with transformers' eager forward goes through here:
 the data stage's labeller (the target samples X while the draft follows), the oracle's hindsight
 reference (greedy), the zoo's distillation windows (greedy or sampled, every step's logits kept), and,
-as the cache owner, the decoders' eager runner, the cascade's reviewers and the feature drafter (whose
-pairs read the target's states beside the ids: `feed(..., features=)`).
+as the cache owner, the decoders' eager runner (the feature drafter's too, whose pairs read the target's
+states beside the ids: `feed(..., features=)`) and the cascade's reviewers.
 
 - `KVSequence`: one model over B sequences growing together in one `DynamicCache`: `feed` appends
   columns and returns the logits of the last `keep` of them; `crop` forgets columns (transformers' public

@@ -92,9 +92,8 @@ class SpeculativeDecoder:
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         fast: run the target (and a draft model given as a `PreTrainedModel`) on the fast path: static KV
             caches and compiled forwards (`acchead.inference.model_runner.StaticRunner`). None: on when
-            the target is on CUDA, unless the draft is a feature (EAGLE) draft: with one, fast=True runs
-            the target on the fast path (its verification units also return the states the draft reads)
-            and the draft itself eagerly (`acchead.inference.feature_drafter`). Call `warm_up` before
+            the target is on CUDA, unless the draft is a feature (EAGLE) draft (opt-in: its units
+            return the states it reads, `acchead.inference.feature_drafter`). Call `warm_up` before
             timing it.
         compile: on the fast path, capture the forwards (False runs the static caches eagerly: the same
             cache logic without compilation, for tests and debugging).
@@ -138,7 +137,7 @@ class SpeculativeDecoder:
             state_layers=tuple(draft.config.fused_layers) if is_feature_draft(draft) else (),  # EAGLE-3's
         )
         if is_feature_draft(draft):
-            draft = FeatureDrafter(draft)  # eager; on the fast path the target's units hand it the states
+            draft = FeatureDrafter(draft, fast=self.fast, compile=compile, device_path=device_path)
         elif isinstance(draft, PreTrainedModel):
             # The draft resolves its own default from its own device (it may sit elsewhere).
             draft = ModelDrafter(draft, fast=self.fast, compile=compile, device_path=device_path)

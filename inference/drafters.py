@@ -114,7 +114,7 @@ class Drafter(ABC):
 
 
 @dataclass
-class _Pending:
+class PendingDraw:
     """What the last forward produced for the next position: its candidate, drawn in the same unit."""
 
     slot: tuple[int, int]  # (round start, index) the candidate was keyed for
@@ -163,7 +163,7 @@ class ModelDrafter(Drafter):
         self.runner = make_runner(model, fast, compile, device_path=self.path)
         # A compiled unit takes its random keys as tensors (an int would be a graph constant).
         self._key_tensors = fast and compile
-        self._pending: _Pending | None = None
+        self._pending: PendingDraw | None = None
         self._sampling = SamplingConfig()
         self._seed = 0
         self.round_unit = self.path.round_unit_default if round_unit is None else round_unit
@@ -231,7 +231,7 @@ class ModelDrafter(Drafter):
         if judge is not None:
             policy.stats = stats
         sample_flag = flag if judge_at == SAMPLE else None
-        self._pending = _Pending(slot, q, token, logits, hidden, sample_flag)
+        self._pending = PendingDraw(slot, q, token, logits, hidden, sample_flag)
         return hidden, flag if judge_at == FEED else None
 
     def propose(

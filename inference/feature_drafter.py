@@ -14,8 +14,15 @@ the pairs a round fed on guessed states are cropped before the next one, and the
 fed again with the target's states (EAGLE does the same). `draft_calls` counts the draft's forwards.
 
 Draws are `acchead.inference.units.draft_post`'s with the same keys as `ModelDrafter` (seed, round start,
-slot), so the sampling exactness suites treat both drafters alike. Eager path only, on any device; the
-stop rule is left to the policy (`DraftStep.stop` is None).
+slot), so the sampling exactness suites treat both drafters alike; like it, each forward is one unit with
+the draw and, when the decoder passes the policy, its stop rule (`DraftStep.stop`).
+
+The fast path (`fast=True`, `acchead.inference.static_runner`): a static cache and one compiled unit per
+shape. A round's first forward feeds the pairs the cache lacks, one more than the candidates the target
+accepted (1..cap + 1 of them): rather than a graph per count, it feeds a width of the verifier's ladder
+(`VERIFY_WIDTHS`), starting that many pairs before the round's start and so feeding again a few pairs
+already cached on the target's states (the same pairs: the same keys and values); its later forwards feed
+one pair each. A decode then runs ~log(cap) graphs of the draft, all compiled by `warm_up`.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from acchead.feature_draft import FeatureDraftForCausalLM
-from acchead.inference.device_random import DRAFT, key_hash, key_input
-from acchead.inference.drafters import Drafter
-from acchead.inference.units import SAMPLE, DraftStep, draft_post
-from acchead.kv_decode import KVSequence
+from acchead.inference.device_path import DevicePath
+from acchead.inference.device_random import DRAFT, Word, key_hash, key_input
+from acchead.inference.drafters import Drafter, PendingDraw
+from acchead.inference.model_runner import make_runner
+from acchead.inference.round_verifier import VERIFY_WIDTHS, verify_width
+from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_post
 from acchead.sampling import SamplingConfig
 
 if TYPE_CHECKING:
@@ -40,27 +49,39 @@ class FeatureDrafter(Drafter):
 
     Args:
         model: the feature draft (eval mode, on the target's device or any other).
+        fast: run it on the fast path (static cache, compiled units) instead of eager.
+        compile: on the fast path, capture the units (False: the static cache alone, for tests).
+        device_path: take the CUDA default's branches (`acchead.inference.device_path`); None: on CUDA.
     """
 
     reads_target_states = True
 
-    def __init__(self, model: FeatureDraftForCausalLM) -> None:
+    def __init__(
+        self,
+        model: FeatureDraftForCausalLM,
+        fast: bool = False,
+        compile: bool = True,
+        device_path: bool | DevicePath | None = None,
+    ) -> None:
         self.model = model
         self.device: torch.device = model.device
+        self.fast = fast
+        path = DevicePath.resolve(self.device, device_path)
+        self.runner = make_runner(model, fast, compile, device_path=path)
+        self._key_tensors = fast and compile  # a compiled unit takes its keys as tensors
         self.draft_calls = 0
         self._sampling = SamplingConfig()
         self._seed = 0
         self._reset()
 
     def _reset(self) -> None:
-        self.seq = KVSequence(self.model, "the feature draft")  # its cache holds pairs
-        self._true_pairs = 0  # of which the first are built on the target's states
+        self._true_pairs = 0  # pairs in the cache built on the target's states
         self._states = torch.empty(0, self.model.state_width, device=self.device)  # (known, W)
-        # what the last forward left for the next position: (slot, q, token, logits, h that produced q)
-        self._pending: tuple | None = None
-        self._handed: tuple | None = None  # (slot, token, h that drew it) of the last candidate handed out
+        self._pending: PendingDraw | None = None  # what the last forward drew for the next position
+        self._handed: PendingDraw | None = None  # the last candidate handed out (with the h that drew it)
 
     def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
+        self.runner.reset(input_ids.numel() + 1)
         self._reset()
         self._sampling = sampling
         self._seed = seed
@@ -77,17 +98,27 @@ class FeatureDrafter(Drafter):
         known = self._states[:start]
         self._states = torch.cat([known, states.to(self.device, self._states.dtype)])
 
-    def _forward(self, ids: torch.Tensor, features: torch.Tensor, slot: tuple[int, int]) -> None:
-        """Feed pairs (ids (m,), features (m, W), or (m, H): the draft's own guess) after the cache; draw
-        the candidate of `slot` from the last pair's h and keep it pending."""
-        logits, h = self.seq.feed(ids[None], want_hidden=True, features=features[None])  # (1, 1, V), (1, H)
+    def _key(self, n0: int, index: int) -> Word:
+        return key_input(key_hash(self._seed, DRAFT, n0, index), self.device, self._key_tensors)
+
+    def _forward(
+        self, ids: torch.Tensor, features: torch.Tensor, slot: tuple[int, int], policy: PolicyRun | None,
+        judge_at: str,
+    ) -> torch.Tensor | None:  # fmt: skip
+        """Feed pairs (ids (m,), features (m, W), or (m, H): the draft's own guess) after the cache in one
+        unit: the forward, the draw of the candidate of `slot` from the last pair's h (kept pending), and
+        `policy`'s rule if it judges at `judge_at`. Returns the flag of the fed token (a FEED-time rule)."""
+        judge = policy.judge if policy is not None and policy.judge_at == judge_at else None
+        stats = policy.stats if judge is not None else None
+        q, token, logits, h, flag, stats = self.runner.feed(
+            ids, keep=1, want_hidden=True, post=draft_post, features=features,
+            post_args=(self._sampling, self._key(*slot), judge, judge_at, ids[-1], stats),
+        )  # fmt: skip
         self.draft_calls += 1
-        logits, h = logits[0], h[0]  # (1, V): -inf outside the draft's vocabulary; (H,)
-        key = key_input(key_hash(self._seed, DRAFT, *slot), self.device, False)
-        q, token, kept, _, _, _ = draft_post(
-            logits, h, self.model, self.seq.cache, self._sampling, key, None, SAMPLE, ids[-1], None
-        )
-        self._pending = (slot, q, token, kept, h)
+        if judge is not None:
+            policy.stats = stats
+        self._pending = PendingDraw(slot, q, token, logits, h, flag if judge_at == SAMPLE else None)
+        return flag if judge_at == FEED else None
 
     def propose(
         self,
@@ -98,38 +129,43 @@ class FeatureDrafter(Drafter):
         judge: PolicyRun | None = None,
     ) -> DraftStep:
         """As `Drafter.propose`. `hidden` (the h after feeding the candidate) costs the forward that also
-        draws the next candidate; `state` is the h that produced q."""
+        draws the next candidate; `state` is the h that produced q. `judge`'s rule runs in the units."""
+        policy = judge if judge is not None and judge.judge_at is not None else None
         n = context.numel()
         n0 = n - index + 1  # committed length: the round's start
-        if self._pending is None or self._pending[0] != (n0, index):
+        if self._pending is None or self._pending.slot != (n0, index):
             if index == 1:
-                self._start_round(context, n0)
-            elif self._handed is not None and self._handed[0] == (n0, index - 1):
+                self._start_round(context, n0, policy)
+            elif self._handed is not None and self._handed.slot == (n0, index - 1):
                 # the candidate handed out last, fed with the h that drew it, draws this one
-                _, token, state = self._handed
-                self._forward(token.view(1), state[None], (n0, index))
+                handed = self._handed
+                self._forward(handed.token.view(1), handed.state[None], (n0, index), policy, SAMPLE)
             else:
                 raise RuntimeError("a feature drafter drafts a round's candidates in order")
-        slot, q, token, logits, state = self._pending
+        pend = self._pending
+        stop = pend.stop if policy is not None else None
         hidden = None
         if want_hidden:  # feed the candidate with the h that drew it: its own h, and the next candidate
-            self._forward(token.view(1), state[None], (n0, index + 1))
-            hidden = self._pending[4]
+            fed_stop = self._forward(pend.token.view(1), pend.state[None], (n0, index + 1), policy, FEED)
+            hidden = self._pending.state
+            stop = fed_stop if fed_stop is not None else stop
             self._handed = None
         else:
             self._pending = None
-            self._handed = (slot, token, state)
-        return DraftStep(token, q, hidden, index, logits=logits, state=state if want_state else None)
+            self._handed = pend
+        return DraftStep(pend.token, pend.q, hidden, index, logits=pend.logits,
+                         state=pend.state if want_state else None, stop=stop)  # fmt: skip
 
-    def _start_round(self, context: torch.Tensor, n0: int) -> None:
+    def _start_round(self, context: torch.Tensor, n0: int, policy: PolicyRun | None) -> None:
         """Crop the pairs fed on guessed states, feed pairs up to n0 - 2 on the target's states, and draw
-        the round's first candidate."""
+        the round's first candidate (on the fast path, a ladder width of them: module docstring)."""
         if self._states.shape[0] < n0 - 1:
             raise RuntimeError(f"the target's states cover {self._states.shape[0]} of {n0 - 1} positions")
         keep = min(self._true_pairs, n0 - 2)  # at least the last pair is fed: its h draws X_1
-        self.seq.crop(keep)
-        ids = context[keep + 1 : n0]  # t_{j+1} for pairs keep..n0-2
-        self._forward(ids, self._states[keep : n0 - 1], (n0, 1))
+        if self.fast and keep > 0:
+            keep = max(n0 - 1 - verify_width(n0 - 1 - keep), 0)
+        self.runner.rollback(keep)
+        self._forward(context[keep + 1 : n0], self._states[keep : n0 - 1], (n0, 1), policy, SAMPLE)
         self._true_pairs = n0 - 1
 
     def rollback(self, length: int) -> None:
@@ -138,3 +174,28 @@ class FeatureDrafter(Drafter):
         self._states = self._states[: max(length - 1, 0)]
         self._true_pairs = min(self._true_pairs, max(length - 1, 0))
         self._pending = self._handed = None
+
+    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun) -> None:
+        """Prepare (fast path: compile) the units a decode of up to `max_length` tokens under S and a stop
+        `policy` runs: a round's first forward at each ladder width up to cap + 1 pairs, judged when the
+        policy judges its first candidate, and the one-pair forwards of later candidates, unjudged and
+        judged (at SAMPLE, or FEED returning the hidden state)."""
+        if not self.fast:
+            return
+        self._reset()
+        self._sampling = sampling
+        self.runner.reset(max_length)
+        policy.start_round(0)  # the rule's starting stats
+        judged = policy if policy.judge_at is not None and policy.max_cap > 1 else None
+        ids = torch.zeros(max_length, dtype=torch.long, device=self.device)
+        wide = torch.zeros(max_length, self.model.state_width, device=self.device)  # (·, W) target states
+        guess = torch.zeros(1, self.model.config.hidden_size, device=self.device)  # (1, H) the draft's own
+        self.runner.feed(ids[:2], features=wide[:2])  # a prefill (eager: no unit compiled for it)
+        for width in (w for w in VERIFY_WIDTHS if w <= policy.max_cap + 1):
+            self.runner.rollback(1)
+            self._forward(ids[:width], wide[:width], (0, 1), judged, SAMPLE)
+        for rule, at in {(None, SAMPLE), (judged, policy.judge_at or SAMPLE)}:
+            self.runner.rollback(1)
+            self._forward(ids[:1], guess, (0, 2), rule, at)
+        self.runner.reset(max_length)
+        self._reset()

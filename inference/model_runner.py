@@ -50,6 +50,7 @@ class ModelRunner(Protocol):
         all_hidden: bool = False,
         symbolic: int = 0,
         state_layers: tuple[int, ...] = (),
+        features: torch.Tensor | None = None,
     ) -> Any:
         """Append `tokens` ((n,) int64, any device) after the cached prefix.
 
@@ -66,6 +67,8 @@ class ModelRunner(Protocol):
         by those decoder layers' outputs (a feature draft with `fused_layers`).
         `symbolic` > 0: on the fast path, one compiled graph serves every count n ≥ `symbolic`
         (`StaticRunner.feed`). `keep` = 0 keeps every position. Eager: nothing to do.
+        `features` ((n, W)): the model is a feature draft (`acchead.feature_draft`) and these are the states
+        its pairs read beside `tokens` (`acchead.inference.feature_drafter`).
         """
         ...
 
@@ -109,10 +112,12 @@ class EagerRunner:
         all_hidden: bool = False,
         symbolic: int = 0,
         state_layers: tuple[int, ...] = (),
+        features: torch.Tensor | None = None,
     ) -> Any:
         keep = keep or tokens.numel()  # 0: every position
+        feats = features[None] if features is not None else None  # (1, n, W)
         logits, hidden = self.seq.feed(tokens[None], keep, want_hidden, all_hidden=all_hidden,
-                                       state_layers=state_layers)  # fmt: skip
+                                       features=feats, state_layers=state_layers)  # fmt: skip
         # Tokens `post` feeds itself (a fixed-K draft round) went through the same cache.
         self.seq.length += post_feeds
         logits, hidden = logits[0], hidden[0] if want_hidden or all_hidden else None

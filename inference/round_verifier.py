@@ -27,6 +27,9 @@ Inductor's kernels for a symbolic row count ran the verification about twice as 
 from __future__ import annotations
 
 import itertools
+import math
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,9 +56,29 @@ SYMBOLIC_FROM = 5
 PAD_SLACK = max(b - a for a, b in itertools.pairwise(VERIFY_WIDTHS)) - 1
 
 
+# Per target runner and verification unit (S, verifier, states), the measured ms of each width's unit
+# (`RoundVerifier.warm_up`), freed with the runner.
+_UNIT_MS: weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, float]]] = weakref.WeakKeyDictionary()
+
+
 def verify_width(fed: int) -> int:
     """The padded width of a verification that feeds `fed` tokens (past the ladder: `fed` itself)."""
     return next((w for w in VERIFY_WIDTHS if w >= fed), fed)
+
+
+def cheapest_widths(unit_ms: dict[int, float], margin: float = 0.05) -> dict[int, int]:
+    """For each count fed up to the widest timed width, the width to verify it at: the ladder's own
+    (`verify_width`), unless a wider one within `PAD_SLACK` was timed over `margin` faster (`unit_ms`: the
+    measured ms of one unit per width). A CPU's matrix kernels can run a few rows slower than more: on the
+    2-core AMD box SmolLM2's units took 56 / 71 / 84 / 70 ms at widths 1 / 2 / 3 / 4 (docs/speed.md)."""
+    out = {}
+    for fed in range(1, max(unit_ms, default=0) + 1):
+        own = verify_width(fed)
+        if own not in unit_ms:
+            continue
+        best = min((w for w in unit_ms if fed <= w <= fed + PAD_SLACK), key=lambda w: (unit_ms[w], w))
+        out[fed] = best if unit_ms[best] < (1 - margin) * unit_ms[own] else own
+    return out
 
 
 def _verify_with_states(logits, hidden, model, cache, *args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,6 +121,8 @@ class RoundVerifier:
             raise ValueError("a symbolic verification graph serves padded rounds: pass padded=True too")
         self.padded = padded
         self.symbolic = symbolic
+        # count fed -> the width it is verified at: the ladder's, or a cheaper one timed at `warm_up`
+        self.widths: dict[int, int] = {}
 
     @property
     def slack(self) -> int:
@@ -142,7 +167,7 @@ class RoundVerifier:
         tensor, so L is no constant of the graph. `states`: the unit also returns the target's states of
         the width's positions ((width, H); a feature drafter reads the first τ + 1)."""
         num = len(steps)
-        width = verify_width(num + 1)
+        width = self.widths.get(num + 1) or verify_width(num + 1)
         ids = torch.nn.functional.pad(ids, (0, width - num - 1))
         tokens, q = ids[1:], self.stack_q(steps, width - 1)
         symbolic = SYMBOLIC_FROM if self.symbolic and width >= SYMBOLIC_FROM else 0
@@ -173,23 +198,41 @@ class RoundVerifier:
             q = torch.nn.functional.pad(q, (0, v - q.shape[-1], 0, extra))
         return q
 
-    def warm_up(self, max_length: int, max_cap: int, sampling: SamplingConfig, states: bool = False) -> None:
+    def warm_up(
+        self, max_length: int, max_cap: int, sampling: SamplingConfig, states: bool = False,
+        timed: int | None = None,
+    ) -> None:  # fmt: skip
         """Compile the fast path's (padded) verification of 0..`max_cap` candidates under S, i.e. of the
         widths they round up to, for sequences of up to `max_length` tokens (`states`: the units that also
-        return the target's states, for a feature drafter); leaves the cache empty."""
+        return the target's states, for a feature drafter); leaves the cache empty. `timed` > 0 (None: 3
+        when the units are compiled): also compile the width past the cap's, replay each width's unit that
+        many times more and verify each count at the cheapest width (`cheapest_widths`; the fastest replay
+        counts). The timings are kept per runner and unit, so decoders of a target agree on a width."""
         if not self.padded:
             raise ValueError("warm_up compiles the fast path's padded verification units: padded=True")
         runner = self.runner
         capacity = max_length + self.slack
         runner.reset(capacity)
         widths = sorted({verify_width(fed) for fed in range(1, max_cap + 2)})
+        if timed is None:
+            timed = 3 if self.key_tensors else 0
+        if timed and max_cap > 0:  # one width past the cap's, which may verify its rounds faster
+            widths.append(verify_width(widths[-1] + 1))
         dummy = torch.zeros(max(widths[-1], 2), dtype=torch.long, device=self.device)
         runner.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
         keys = [self.key(0, purpose, 0) for purpose in (TAU, NEXT)]
         q = torch.zeros(self.vocab, device=self.device)
         q[0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
+        unit_ms = _UNIT_MS.setdefault(runner, {}).setdefault((sampling, self.verify_fn, states), {})
         for width in widths:
-            runner.rollback(1)
             steps = [DraftStep(token=0, q=q, hidden=None, index=i + 1) for i in range(width - 1)]
-            runner.feed(**self._unit_inputs(dummy[:width], steps, sampling, keys, states))
+            self.widths[width] = width  # each width compiles its own unit
+            for rep in range(1 + (timed if width not in unit_ms else 0)):
+                runner.rollback(1)
+                start = time.perf_counter()
+                out = runner.feed(**self._unit_inputs(dummy[:width], steps, sampling, keys, states))
+                out[0].cpu()  # the status: waits for the unit (a GPU's replay)
+                if rep:
+                    unit_ms[width] = min(unit_ms.get(width, math.inf), 1e3 * (time.perf_counter() - start))
+        self.widths = cheapest_widths({w: unit_ms[w] for w in widths if w in unit_ms}) if timed else {}
         runner.reset(capacity)

@@ -42,7 +42,7 @@ from transformers.cache_utils import StaticLayer
 from acchead.errors import AccheadError
 from acchead.feature_chain import install_output_hooks, target_states
 from acchead.inference.device_path import DevicePath
-from acchead.lm_forward import splits_cleanly
+from acchead.lm_forward import head_logits, splits_cleanly
 from acchead.models import CACHE_ARG
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ def step_forward(
     want_hidden: bool | Literal["all"] | tuple,
     post: Callable | None = None,
     *post_args: Any,
+    features: torch.Tensor | None = None,
 ):
     """One forward over `input_ids` ((1, n)) after the cache, and what the decoder does with its output:
     the unit `torch.compile` captures. `want_hidden`: False, True (the last position's state), "all"
@@ -93,12 +94,16 @@ def step_forward(
     last position (or None); with `post`,
     `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (a draft step's
     sampling and stop rule, a verification's acceptance and next token: `acchead.inference.units`).
+    `features`: the model is a feature draft and these (1, n, W) are the states its pairs read.
     """
     fused = tuple(want_hidden[1:]) if isinstance(want_hidden, tuple) else ()
-    states = target_states(model, fused, input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True)  # (1,n,W)
+    if features is not None:  # a feature draft (`acchead.feature_draft`): (1, n, W) states beside the ids
+        states = model.hidden_states(input_ids, features, **{CACHE_ARG: cache}, use_cache=True)  # (1, n, H)
+    else:
+        states = target_states(model, fused, input_ids=input_ids, **{CACHE_ARG: cache}, use_cache=True)
     hidden = states[0, :, : model.config.hidden_size]  # (n, H): the final states
     rows = hidden[-keep:] if keep else hidden  # (keep or n, H): what the LM head reads
-    logits = model.get_output_embeddings()(rows)
+    logits = head_logits(model, rows)  # (keep or n, V); on the CPU as W·hᵀ (few rows: acchead.lm_forward)
     last = states[0] if want_hidden == "all" or fused else rows[-1] if want_hidden else None
     return (logits, last) if post is None else post(logits, last, model, cache, *post_args)
 
@@ -172,13 +177,13 @@ def compile_units(fn: Callable, path: DevicePath) -> Callable[..., Any]:
 
     seen: set[Hashable] = set()
 
-    def call(key: Hashable, *args: Any) -> Any:
+    def call(key: Hashable, *args: Any, **kwargs: Any) -> Any:
         if key in seen:
             with _SKIP_GUARDS() if _SKIP_GUARDS is not None else contextlib.nullcontext():
-                return compiled(*args)
+                return compiled(*args, **kwargs)
         start = time.perf_counter()
         with compiling():
-            out = compiled(*args)
+            out = compiled(*args, **kwargs)
         seen.add(key)
         log.debug("%s: unit %s ready in %.1f s", fn.__name__, key, time.perf_counter() - start)
         return out
@@ -266,14 +271,15 @@ class StaticRunner:
         # never change (a captured graph reads them in place); and check, once, that the decoder stack
         # plus LM head that `step_forward` runs is the model's forward (`acchead.lm_forward.splits_cleanly`:
         # no logit scaling or soft-capping after the head, which some architectures add).
-        if old is None and not splits_cleanly(self.model):
+        draft_states = self._zero_features(1)  # a feature draft's forward reads states beside the ids
+        if old is None and draft_states is None and not splits_cleanly(self.model):
             raise AccheadError(
                 f"{type(self.model).__name__}: its logits are not the LM head of the decoder's last "
                 "hidden state, which the fast path computes; use fast=False"
             )
         with torch.inference_mode():
             ids = torch.ones(1, 1, dtype=torch.long, device=self.device)
-            step_forward(self.model, self.cache, ids, 1, False)
+            step_forward(self.model, self.cache, ids, 1, False, features=draft_states)
             self._empty_new_cache(check=old is None)
             if old is not None and keep:
                 # The first `keep` positions, written through the public `update` (it also advances the write
@@ -284,6 +290,11 @@ class StaticRunner:
         if self._compiled is None and self.compile:
             self._compiled = self._make_compiled()
         self.length = keep
+
+    def _zero_features(self, n: int) -> torch.Tensor | None:
+        """(1, n, W) zero states for a feature draft's forward; None for any other model."""
+        width = getattr(self.model, "state_width", None)
+        return None if width is None else torch.zeros(1, n, width, device=self.device)
 
     def _empty_new_cache(self, check: bool) -> None:
         """Move the new cache's write position back from 1 (the forward above) to 0 through the public
@@ -308,10 +319,11 @@ class StaticRunner:
         per token count, outputs and capacity: `compile_units`)."""
         call = compile_units(step_forward, self.path)
 
-        def run(model, cache, ids, keep, want_hidden, post, *post_args):
+        def run(model, cache, ids, keep, want_hidden, post, *post_args, features=None):
             # Everything a graph was specialised on: a key seen before may skip the guards.
-            key = (ids.shape[1], keep, want_hidden, self.capacity, post, *map(arg_key, post_args))
-            return call(key, model, cache, ids, keep, want_hidden, post, *post_args)
+            key = (ids.shape[1], keep, want_hidden, self.capacity, post, arg_key(features),
+                   *map(arg_key, post_args))  # fmt: skip
+            return call(key, model, cache, ids, keep, want_hidden, post, *post_args, features=features)
 
         return run
 
@@ -342,6 +354,7 @@ class StaticRunner:
         all_hidden: bool = False,
         symbolic: int = 0,
         state_layers: tuple[int, ...] = (),
+        features: torch.Tensor | None = None,
     ) -> Any:
         """See `ModelRunner.feed`. `symbolic` > 0: the compiled graph serves every token count n ≥
         `symbolic` (n is a symbol of it, guarded to that range so that it never shadows the static graphs
@@ -357,9 +370,11 @@ class StaticRunner:
         fn = step_forward if self._compiled is None or prefill else self._compiled
         if state_layers and fn is not step_forward:
             install_output_hooks(self.model)
+        feats = features.to(self.device)[None] if features is not None else None  # (1, n, W)
         if symbolic and fn is not step_forward:
-            torch._dynamo.mark_dynamic(ids, 1, min=symbolic, max=MAX_SYMBOLIC_COUNT)
-        out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args)
+            for t in (ids, feats) if feats is not None else (ids,):
+                torch._dynamo.mark_dynamic(t, 1, min=symbolic, max=MAX_SYMBOLIC_COUNT)
+        out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args, features=feats)
         self.length += n + post_feeds
         if self._compiled is None or prefill or not self.path.copy_outputs:
             return out

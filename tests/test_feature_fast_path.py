@@ -1,8 +1,9 @@
-"""A feature (EAGLE) draft with the target on the fast path: the target's padded verification units also
-return the states of the positions they fed (`RoundVerifier`, `states=True`; `StaticRunner.feed`'s
-`all_hidden`), and the feature drafter, eager, reads the accepted ones. Greedy tokens are the target's
-greedy decoding; sampled ones the eager path's (the same counter-keyed draws), so the chi-square suites of
-the eager feature drafter (tests/test_feature_draft.py) carry over."""
+"""A feature (EAGLE) draft on the fast path: the target's padded verification units also return the states
+of the positions they fed (`RoundVerifier`, `states=True`; `StaticRunner.feed`'s `all_hidden`), and the
+feature drafter, on its own static cache, reads the accepted ones (a round's first forward at a ladder
+width). Greedy tokens are the target's greedy decoding; sampled ones the eager path's (the same
+counter-keyed draws), so the chi-square suites of the eager feature drafter (tests/test_feature_draft.py)
+carry over."""
 
 from __future__ import annotations
 
@@ -47,6 +48,55 @@ def test_fast_path_tokens_are_the_eager_paths(feature_pair, spec):
         b = eager.generate(PROMPT, max_new_tokens=16, temperature=1.0, seed=seed)
         assert a.new_ids.tolist() == b.new_ids.tolist()
         assert a.drafted_per_round == b.drafted_per_round
+
+
+def test_round_start_feeds_a_ladder_width_with_the_eager_draws(feature_pair):
+    """A fast drafter's round whose start lacks 5 pairs feeds 6 (the ladder's next width), re-feeding one
+    cached pair on the target's states: the same candidate and q as the eager drafter's exact feed."""
+    from acchead.sampling import SamplingConfig
+
+    _, draft = feature_pair
+    torch.manual_seed(0)
+    ctx = torch.tensor([1, 4, 7, 2, 5, 3, 6, 8])  # 8 committed tokens: the second round starts at n0 = 8
+    states = torch.randn(7, draft.state_width)  # the target's states of positions 0..6
+    fast, eager = FeatureDrafter(draft, fast=True, compile=False), FeatureDrafter(draft)
+    fed = []
+    feed = fast.runner.feed
+    fast.runner.feed = lambda tokens, *a, **k: fed.append(tokens.numel()) or feed(tokens, *a, **k)
+    steps = []
+    for d in (fast, eager):
+        with torch.inference_mode():  # as the decoder drives it
+            d.begin(ctx[:3], SamplingConfig(temperature=0.0), 0)
+            d.observe(states[:2], 0)
+            d.propose(ctx[:3], 1, want_hidden=False)  # the first round: pairs 0..1
+            d.rollback(3)
+            d.observe(states[2:], 2)  # five positions accepted since
+            steps.append(d.propose(ctx, 1, want_hidden=False, want_state=True))
+    assert fed == [2, 6] and fast.runner.length == 7
+    assert steps[0].token == steps[1].token
+    torch.testing.assert_close(steps[0].q, steps[1].q)
+    torch.testing.assert_close(steps[0].state, steps[1].state)
+
+
+def test_fast_drafter_judges_in_its_units(feature_pair):
+    """On the fast path the drafter runs on a static cache and SpecDec++'s rule runs inside its units: every
+    judged candidate comes back with its flag, and the tokens are the eager path's."""
+    target, draft = feature_pair
+    dec = _decoder(target, draft, "specdecpp:h=0.5,max=6", fast=True, compile=False)
+    assert isinstance(dec.drafter.runner, StaticRunner)
+    flags, propose = [], dec.drafter.propose
+
+    def spy_propose(*args, judge=None, **kwargs):
+        step = propose(*args, judge=judge, **kwargs)
+        flags.append((judge is not None, step.stop is not None))
+        return step
+
+    dec.drafter.propose = spy_propose
+    got = dec.generate(PROMPT, max_new_tokens=24, temperature=1.0, seed=1)
+    eager = _decoder(target, draft, "specdecpp:h=0.5,max=6", fast=False)
+    ref = eager.generate(PROMPT, max_new_tokens=24, temperature=1.0, seed=1)
+    assert got.new_ids.tolist() == ref.new_ids.tolist()
+    assert any(j for j, _ in flags) and all(s == j for j, s in flags)
 
 
 @pytest.mark.parametrize("spec", SPECS)
