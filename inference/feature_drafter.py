@@ -36,7 +36,7 @@ from acchead.inference.device_path import DevicePath
 from acchead.inference.device_random import DRAFT, Word, key_hash, key_input
 from acchead.inference.drafters import Drafter, PendingDraw
 from acchead.inference.model_runner import make_runner
-from acchead.inference.round_verifier import VERIFY_WIDTHS, verify_width
+from acchead.inference.round_verifier import verify_width
 from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_post
 from acchead.sampling import SamplingConfig
 
@@ -191,7 +191,7 @@ class FeatureDrafter(Drafter):
         wide = torch.zeros(max_length, self.model.state_width, device=self.device)  # (·, W) target states
         guess = torch.zeros(1, self.model.config.hidden_size, device=self.device)  # (1, H) the draft's own
         self.runner.feed(ids[:2], features=wide[:2])  # a prefill (eager: no unit compiled for it)
-        for width in (w for w in VERIFY_WIDTHS if w <= policy.max_cap + 1):
+        for width in sorted({verify_width(count) for count in range(1, policy.max_cap + 2)}):
             self.runner.rollback(1)
             self._forward(ids[:width], wide[:width], (0, 1), judged, SAMPLE)
         for rule, at in {(None, SAMPLE), (judged, policy.judge_at or SAMPLE)}:

@@ -56,6 +56,10 @@ SYMBOLIC_FROM = 5
 PAD_SLACK = max(b - a for a, b in itertools.pairwise(VERIFY_WIDTHS)) - 1
 
 
+# Up to this width a CPU's matrix kernels are least predictable (few rows), and a speculative round's widths
+# are timed up to it at least: a round of 2 or 3 tokens may verify faster at it.
+FEW_ROWS = 4
+
 # Per target runner and verification unit (S, verifier, states), the measured ms of each width's unit
 # (`RoundVerifier.warm_up`), freed with the runner.
 _UNIT_MS: weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, float]]] = weakref.WeakKeyDictionary()
@@ -205,9 +209,10 @@ class RoundVerifier:
         """Compile the fast path's (padded) verification of 0..`max_cap` candidates under S, i.e. of the
         widths they round up to, for sequences of up to `max_length` tokens (`states`: the units that also
         return the target's states, for a feature drafter); leaves the cache empty. `timed` > 0 (None: 3
-        when the units are compiled): also compile the width past the cap's, replay each width's unit that
-        many times more and verify each count at the cheapest width (`cheapest_widths`; the fastest replay
-        counts). The timings are kept per runner and unit, so decoders of a target agree on a width."""
+        when the units are compiled): also compile `FEW_ROWS` for a cap below it, replay each width's unit
+        that many times more and verify each count at the cheapest width (`cheapest_widths`; the fastest
+        replay counts). The timings are kept per runner and unit, so decoders of a target agree on a
+        width."""
         if not self.padded:
             raise ValueError("warm_up compiles the fast path's padded verification units: padded=True")
         runner = self.runner
@@ -216,8 +221,8 @@ class RoundVerifier:
         widths = sorted({verify_width(fed) for fed in range(1, max_cap + 2)})
         if timed is None:
             timed = 3 if self.key_tensors else 0
-        if timed and max_cap > 0:  # one width past the cap's, which may verify its rounds faster
-            widths.append(verify_width(widths[-1] + 1))
+        if timed and max_cap > 0 and widths[-1] < FEW_ROWS:  # the few-row widths are all timed
+            widths.append(FEW_ROWS)
         dummy = torch.zeros(max(widths[-1], 2), dtype=torch.long, device=self.device)
         runner.feed(dummy[:2])  # a prefill (eager: no unit compiled for it), then back to length 1
         keys = [self.key(0, purpose, 0) for purpose in (TAU, NEXT)]

@@ -78,6 +78,26 @@ def test_round_start_feeds_a_ladder_width_with_the_eager_draws(feature_pair):
     torch.testing.assert_close(steps[0].state, steps[1].state)
 
 
+@pytest.mark.parametrize("cap", [4, 20])
+def test_warm_up_feeds_every_round_start_width(feature_pair, cap):
+    """`warm_up` prepares the round-start unit of every width a round can need (1..cap + 1 pairs lacking,
+    each at its ladder width: cap 4 needs 6)."""
+    from acchead.inference.policy_build import parse_policy
+    from acchead.inference.round_verifier import verify_width
+    from acchead.sampling import SamplingConfig
+
+    _, draft = feature_pair
+    drafter = FeatureDrafter(draft, fast=True, compile=False)
+    fed = []
+    feed = drafter.runner.feed
+    drafter.runner.feed = lambda tokens, *a, **k: fed.append(tokens.numel()) or feed(tokens, *a, **k)
+    torch.manual_seed(0)
+    policy = parse_policy(f"specdecpp:h=0.5,max={cap}", head=AcceptanceHead(32, depth=1))
+    with torch.inference_mode():
+        drafter.warm_up(64, SamplingConfig(0.0), policy.start_decode())
+    assert set(fed[1:]) >= {verify_width(c) for c in range(1, cap + 2)}  # fed[0]: the eager prefill
+
+
 def test_fast_drafter_judges_in_its_units(feature_pair):
     """On the fast path the drafter runs on a static cache and SpecDec++'s rule runs inside its units: every
     judged candidate comes back with its flag, and the tokens are the eager path's."""
