@@ -371,9 +371,8 @@ class StaticRunner:
         if state_layers and fn is not step_forward:
             install_output_hooks(self.model)
         feats = features.to(self.device)[None] if features is not None else None  # (1, n, W)
-        if symbolic and fn is not step_forward:
-            for t in (ids, feats) if feats is not None else (ids,):
-                torch._dynamo.mark_dynamic(t, 1, min=symbolic, max=MAX_SYMBOLIC_COUNT)
+        if symbolic and fn is not step_forward:  # (a feature draft's feeds are static: no caller marks them)
+            torch._dynamo.mark_dynamic(ids, 1, min=symbolic, max=MAX_SYMBOLIC_COUNT)
         out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args, features=feats)
         self.length += n + post_feeds
         if self._compiled is None or prefill or not self.path.copy_outputs:
