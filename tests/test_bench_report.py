@@ -316,6 +316,19 @@ def test_pareto_plot_adds_a_panel_at_a_chosen_ratio(tmp_path):
     assert one.shape[0] == two.shape[0] and two.shape[1] == 2 * one.shape[1]
 
 
+def test_pareto_plots_a_fast_only_bench_and_drops_fast_twins_of_eager_rows():
+    """A bench run with `--paths fast` alone plots its rows under their eager names (its plot was empty);
+    beside eager rows, the fast twins stay out (they count the same)."""
+    from dataclasses import replace as with_fields
+
+    from acchead.inference.bench.pareto import _plotted_families
+
+    rows = [BenchRow.from_dict(r) for r in _priced_results([0.2])["rows"]]
+    fast = [with_fields(r, method=r.method + "@fast") for r in rows]
+    assert set(_plotted_families(fast)) == set(_plotted_families(rows)) != set()
+    assert _plotted_families(rows + fast) == _plotted_families(rows)
+
+
 def test_goal_thresholds_come_from_the_bench_config(tmp_path):
     from acchead.errors import AccheadError
     from acchead.inference.bench.config import build_parser, resolve_args

@@ -12,7 +12,7 @@ from acchead.inference.bench.costmodel import ratio_speedup
 from acchead.inference.bench.hf_assisted import GENERATE_METHOD
 from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
 from acchead.inference.bench.rows import BenchRow
-from acchead.inference.bench.settings import head_kind_of, is_fast
+from acchead.inference.bench.settings import FAST_SUFFIX, head_kind_of, is_fast
 from acchead.rundir import commit
 
 TRAINING_FREE = ("confidence", "entropy", "adaedl", "adaedl-adapt")
@@ -60,12 +60,15 @@ def _style(family: str, i: int, n_points: int) -> dict[str, Any]:
 
 
 def _plotted_families(rows: Sequence[BenchRow]) -> dict[str, list[BenchRow]]:
-    """Rows by family, without the rows that count exactly what a plotted twin counts: fast-path rows,
-    plain `generate` and our loop inside `generate` (their eager / autoregressive / direct twins)."""
+    """Rows by family, without the rows that count exactly what a plotted twin counts: plain `generate`
+    and our loop inside `generate` (their autoregressive / direct twins), and fast-path rows whose eager
+    twins ran; a family run on the fast path alone (`--paths fast`) is plotted under its eager name."""
+    eager = {r.method for r in rows if not is_fast(r.method)}
     fam: dict[str, list[BenchRow]] = defaultdict(list)
     for r in rows:
-        if not is_fast(r.method) and r.method not in (GENERATE_METHOD, CUSTOM_METHOD):
-            fam[r.method].append(r)
+        base = r.method.removesuffix(FAST_SUFFIX)
+        if r.method not in (GENERATE_METHOD, CUSTOM_METHOD) and (r.method == base or base not in eager):
+            fam[base].append(r)
     return fam
 
 
