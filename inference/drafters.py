@@ -27,7 +27,7 @@ import torch
 from transformers import PreTrainedModel
 
 from acchead.inference.device_path import DevicePath
-from acchead.inference.device_random import DRAFT, Word, key_hash, key_input
+from acchead.inference.device_random import DRAFT, key_hash, key_input
 from acchead.inference.model_runner import make_runner
 from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_block_post, draft_post
 from acchead.sampling import SamplingConfig
@@ -125,6 +125,29 @@ class PendingDraw:
     stop: torch.Tensor | None  # the stop flag of `token` (a SAMPLE-time rule), if judged
 
 
+def draw_unit(
+    runner, tokens: torch.Tensor, slot: tuple[int, int], *, seed: int, key_tensors: bool,
+    sampling: SamplingConfig, policy: PolicyRun | None, judge_at: str, want_hidden: bool,
+    features: torch.Tensor | None = None,
+) -> tuple[PendingDraw, torch.Tensor | None]:  # fmt: skip
+    """One draft unit of a model drafter (`ModelDrafter`, `FeatureDrafter`): feed `tokens` ((n,), with a
+    feature draft's `features` (n, W)) after `runner`'s cache, draw the candidate of `slot` (round start,
+    index) keyed by (seed, slot), and run `policy`'s rule when it judges at `judge_at` (its stats updated).
+    Returns the pending draw (its `state`: the last fed position's hidden state, if asked or a feature
+    draft's) and the flag of the fed token (a FEED-time rule), else None."""
+    judge = policy.judge if policy is not None and policy.judge_at == judge_at else None
+    stats = policy.stats if judge is not None else None
+    key = key_input(key_hash(seed, DRAFT, *slot), runner.device, key_tensors)
+    q, token, logits, hidden, flag, stats = runner.feed(
+        tokens, keep=1, want_hidden=want_hidden, post=draft_post, features=features,
+        post_args=(sampling, key, judge, judge_at, tokens[-1].to(runner.device), stats),
+    )  # fmt: skip
+    if judge is not None:
+        policy.stats = stats
+    pending = PendingDraw(slot, q, token, logits, hidden, flag if judge_at == SAMPLE else None)
+    return pending, flag if judge_at == FEED else None
+
+
 class ModelDrafter(Drafter):
     """A causal LM as drafter, with its own KV cache (a `ModelRunner`), rolled back after verification.
 
@@ -207,9 +230,6 @@ class ModelDrafter(Drafter):
         self.runner.reset(max_length)
         self._pending = None
 
-    def _key(self, n0: int, index: int) -> Word:
-        return key_input(key_hash(self._seed, DRAFT, n0, index), self.device, self._key_tensors)
-
     def _feed(
         self,
         tokens: torch.Tensor,
@@ -218,21 +238,14 @@ class ModelDrafter(Drafter):
         policy: PolicyRun | None,
         judge_at: str,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Run one unit on `tokens` ((n,) after the cached prefix): the forward, the draw of the candidate
-        for `slot`, and `policy`'s rule if it judges at `judge_at` (else no rule). Sets `_pending`; returns
+        """Run one unit on `tokens` ((n,) after the cached prefix): `draw_unit`. Sets `_pending`; returns
         (hidden (H,) or None, the flag of the fed token (a FEED-time rule) or None)."""
-        judge = policy.judge if policy is not None and policy.judge_at == judge_at else None
-        stats = policy.stats if judge is not None else None
-        q, token, logits, hidden, flag, stats = self.runner.feed(
-            tokens, keep=1, want_hidden=want_hidden, post=draft_post,
-            post_args=(self._sampling, self._key(*slot), judge, judge_at, tokens[-1].to(self.device), stats),
+        self._pending, flag = draw_unit(
+            self.runner, tokens, slot, seed=self._seed, key_tensors=self._key_tensors,
+            sampling=self._sampling, policy=policy, judge_at=judge_at, want_hidden=want_hidden,
         )  # fmt: skip
         self.draft_calls += 1
-        if judge is not None:
-            policy.stats = stats
-        sample_flag = flag if judge_at == SAMPLE else None
-        self._pending = PendingDraw(slot, q, token, logits, hidden, sample_flag)
-        return hidden, flag if judge_at == FEED else None
+        return self._pending.state, flag
 
     def propose(
         self,

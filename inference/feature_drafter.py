@@ -33,11 +33,10 @@ import torch
 
 from acchead.feature_draft import FeatureDraftForCausalLM
 from acchead.inference.device_path import DevicePath
-from acchead.inference.device_random import DRAFT, Word, key_hash, key_input
-from acchead.inference.drafters import Drafter, PendingDraw
+from acchead.inference.drafters import Drafter, PendingDraw, draw_unit
 from acchead.inference.model_runner import make_runner
 from acchead.inference.round_verifier import verify_width
-from acchead.inference.units import FEED, SAMPLE, DraftStep, draft_post
+from acchead.inference.units import FEED, SAMPLE, DraftStep
 from acchead.sampling import SamplingConfig
 
 if TYPE_CHECKING:
@@ -98,27 +97,19 @@ class FeatureDrafter(Drafter):
         known = self._states[:start]
         self._states = torch.cat([known, states.to(self.device, self._states.dtype)])
 
-    def _key(self, n0: int, index: int) -> Word:
-        return key_input(key_hash(self._seed, DRAFT, n0, index), self.device, self._key_tensors)
-
     def _forward(
         self, ids: torch.Tensor, features: torch.Tensor, slot: tuple[int, int], policy: PolicyRun | None,
         judge_at: str,
     ) -> torch.Tensor | None:  # fmt: skip
         """Feed pairs (ids (m,), features (m, W), or (m, H): the draft's own guess) after the cache in one
-        unit: the forward, the draw of the candidate of `slot` from the last pair's h (kept pending), and
+        unit (`draw_unit`): the candidate of `slot` drawn from the last pair's h (kept pending), and
         `policy`'s rule if it judges at `judge_at`. Returns the flag of the fed token (a FEED-time rule)."""
-        judge = policy.judge if policy is not None and policy.judge_at == judge_at else None
-        stats = policy.stats if judge is not None else None
-        q, token, logits, h, flag, stats = self.runner.feed(
-            ids, keep=1, want_hidden=True, post=draft_post, features=features,
-            post_args=(self._sampling, self._key(*slot), judge, judge_at, ids[-1], stats),
+        self._pending, flag = draw_unit(
+            self.runner, ids, slot, seed=self._seed, key_tensors=self._key_tensors, sampling=self._sampling,
+            policy=policy, judge_at=judge_at, want_hidden=True, features=features,
         )  # fmt: skip
         self.draft_calls += 1
-        if judge is not None:
-            policy.stats = stats
-        self._pending = PendingDraw(slot, q, token, logits, h, flag if judge_at == SAMPLE else None)
-        return flag if judge_at == FEED else None
+        return flag
 
     def propose(
         self,
@@ -177,9 +168,9 @@ class FeatureDrafter(Drafter):
 
     def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun) -> None:
         """Prepare (fast path: compile) the units a decode of up to `max_length` tokens under S and a stop
-        `policy` runs: a round's first forward at each ladder width up to cap + 1 pairs, judged when the
-        policy judges its first candidate, and the one-pair forwards of later candidates, unjudged and
-        judged (at SAMPLE, or FEED returning the hidden state)."""
+        `policy` runs: a round's first forward at the ladder width of every count of 1..cap + 1 pairs,
+        judged when the policy judges its first candidate, and the one-pair forwards of later candidates,
+        unjudged and judged (at SAMPLE, or FEED returning the hidden state)."""
         if not self.fast:
             return
         self._reset()

@@ -229,9 +229,9 @@ class RoundVerifier:
         q = torch.zeros(self.vocab, device=self.device)
         q[0] = 1.0  # a valid draft distribution for the dummy candidates (token 0)
         unit_ms = _UNIT_MS.setdefault(runner, {}).setdefault((sampling, self.verify_fn, states), {})
+        self.widths = {}  # each ladder width compiles its own unit
         for width in widths:
             steps = [DraftStep(token=0, q=q, hidden=None, index=i + 1) for i in range(width - 1)]
-            self.widths[width] = width  # each width compiles its own unit
             for rep in range(1 + (timed if width not in unit_ms else 0)):
                 runner.rollback(1)
                 start = time.perf_counter()
