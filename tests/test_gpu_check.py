@@ -11,7 +11,7 @@ import torch
 
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
-from acchead.inference.bench.gpu_check import main
+from acchead.inference.bench.gpu_check import main, on_device_path
 from acchead.models import load_causal_lm, model_identity
 from acchead.sampling import SamplingConfig
 
@@ -108,6 +108,17 @@ def test_backend_flag_reaches_the_device_path_and_is_refused_off_it(check_argv, 
     assert "use --path device" in capsys.readouterr().err
     assert main([*check_argv, "--path", "device", "--backend", "tvm"]) == 2
     assert "unknown compile backend" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("path", "device", "on"),
+    [("device", "cpu", True), ("default", "cpu", False), ("fast", "cpu", False), ("eager", "cuda", False),
+     ("default", "cuda", True), ("fast", "cuda", True), ("device", "cuda", True)],
+)  # fmt: skip
+def test_backend_is_taken_where_the_path_is_the_device_path(path, device, on):
+    """`--backend` compiles the device path: on CUDA the fast path is it, so `--path fast` (which compiles a
+    feature draft too, an H200's real-pair check of 2026-11-28) takes a backend there, never on the CPU."""
+    assert on_device_path(path, device) is on
 
 
 def test_a_decoder_that_fails_to_compile_is_a_line_and_the_rest_run(check_argv, tmp_path, monkeypatch):

@@ -147,6 +147,13 @@ def run_tests(device: str, timeout: float = TEST_TIMEOUT_S) -> dict[str, Any]:
     }
 
 
+def on_device_path(path: str, device: str) -> bool:
+    """Whether `--path` on `device` decodes on the device path, which `--backend` compiles: `device`
+    anywhere, and on CUDA the default and `fast` (the fast path is the device path there; `fast` also
+    compiles a feature draft, which the default leaves eager)."""
+    return path == "device" or (path in ("default", "fast") and device == "cuda")
+
+
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -164,8 +171,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         backend_path = None if args.backend == "inductor" else DevicePath(True, backend=args.backend)
     except ValueError as e:
         raise AccheadError(f"--backend: {e}") from None
-    on_device_path = args.path == "device" or (args.path == "default" and args.device == "cuda")
-    if backend_path is not None and not on_device_path:
+    if backend_path is not None and not on_device_path(args.path, args.device):
         raise AccheadError(f"--backend {args.backend} compiles the device path: use --path device (or cuda)")
     if args.repeats < 1:
         raise AccheadError(f"--repeats must be >= 1 (got {args.repeats})")
