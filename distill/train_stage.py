@@ -318,5 +318,6 @@ def run_average_stage(args: argparse.Namespace) -> dict:
         target = None
         if args.target_states:
             target = to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
-        read_states = _states_reader(args.features, target)
+        # the draft's fused layers too: an H-wide state would read as zeros in their columns, silently
+        read_states = _states_reader(args.features, target, tuple(draft.config.fused_layers))
     return {**summary, **evaluate(draft, args.eval, _packer(read_states), pad, args.max_len, feature)}
