@@ -52,6 +52,23 @@ def test_cpu_run_checks_exactness_and_times_every_method(check_argv, tmp_path, c
     assert "x the best fixed K" in text and "verdict: ok" in text and "tests not run" in text
 
 
+def test_profile_times_one_decode_and_lists_its_operators(check_argv, tmp_path):
+    """`--profile SPEC`: one decode of the first prompt under torch.profiler, with the decoder the speed
+    check warmed: its ms a token, its launches and syncs, the top operators, in the JSON and the markdown."""
+    out = tmp_path / "gpu-check.json"
+    argv = [*check_argv, "--exact-dtypes", "", "--k-grid", "1", "--h-grid", "0.5", "--repeats", "1",
+            "--profile", "specdec:k=1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    prof = json.loads(out.read_text())["pairs"]["toy"]["profile"]
+    assert prof["spec"] == "specdec:k=1" and prof["tokens"] == 12
+    assert prof["wall_ms_per_token"] > 0 and prof["device_ms_per_token"] == 0  # no device on the CPU
+    assert set(prof["calls"]) == {"Synchronize", "GraphLaunch", "LaunchKernel"}
+    assert "Self CPU" in prof["table"] and "aten::" in prof["table"]
+    md = tmp_path / "gpu-check.md"
+    assert main([*argv[:-1], str(md)]) == 0
+    assert "Profile of `specdec:k=1`, one greedy decode of the first prompt (12 tokens): " in md.read_text()
+
+
 def test_json_report_and_a_pair_without_files_is_skipped(check_argv, tmp_path):
     out = tmp_path / "gpu-check.json"
     # the test session's cache (ACCHEAD_CACHE_DIR) holds no real-pair assets

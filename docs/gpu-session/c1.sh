@@ -9,7 +9,7 @@ pwd; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohead
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"
 S=$(date +%s)
 timeout 170 python3 -m acchead.inference.bench.gpu_check --pairs toy --no-tests --speed-first \
-  --exact-dtypes float32 --backend cudagraphs --budget-s 95 --out $OUT/gpu-check-toy-cudagraphs.md 2>&1 | tee $OUT/c1-check.log
+  --exact-dtypes float32 --backend cudagraphs --budget-s 95 --profile autoregressive --out $OUT/gpu-check-toy-cudagraphs.md 2>&1 | tee $OUT/c1-check.log
 echo "check took $(( $(date +%s) - S )) s"; S=$(date +%s)
 timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts= -m gpu tests/test_gpu.py -k synchronises -x 2>&1 | tail -40 | tee $OUT/c1-sync.log
 echo "sync test took $(( $(date +%s) - S )) s"

@@ -37,7 +37,13 @@ from typing import Any
 
 from acchead.errors import AccheadError, cli_errors
 from acchead.inference.bench.gpu_check_report import environment, render
-from acchead.inference.bench.gpu_check_steps import Budget, PairRun, check_exactness, measure_speed
+from acchead.inference.bench.gpu_check_steps import (
+    Budget,
+    PairRun,
+    check_exactness,
+    measure_speed,
+    profile_decode,
+)
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout, when installed editable (tests/ beside it)
 TEST_TIMEOUT_S = 300
@@ -110,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a 10-minute call with room for the install)",
     )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument(
+        "--profile",
+        metavar="SPEC",
+        help="after the speed check, profile one greedy decode of the first prompt by SPEC (e.g. "
+        "autoregressive) with torch.profiler: ms a token on the host and the device, syncs, graph and "
+        "kernel launches, the top operators (default: none)",
+    )
     return p
 
 
@@ -205,7 +218,10 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         exact: dict[str, Any] = {}
         if "float32" in exact_dtypes and not args.speed_first:
             exact["float32"] = check_exactness(run, "float32", checked, budget)
-        speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive], budget)
+        warmed: dict = {}
+        speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive], budget, warmed)
+        profiled = profile_decode(run, speed_dtype, args.profile, budget, warmed) if args.profile else None
+        warmed.clear()
         if "float32" in exact_dtypes and args.speed_first:
             exact["float32"] = check_exactness(run, "float32", checked, budget)
         for d in exact_dtypes:
@@ -215,6 +231,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         # a decoder that failed to compile or replay, in any check, fails the run
         ok = ok and not speed["failed"] and not any("failed" in c for d in exact.values() for c in d.values())
         report["pairs"][name] = {"exactness": exact, "speed_dtype": speed_dtype, "speed": speed}
+        if profiled is not None:
+            report["pairs"][name]["profile"] = profiled
+            ok = ok and "failed" not in profiled
     if args.no_tests:
         report["tests"] = {"ran": False}
     elif budget.over():

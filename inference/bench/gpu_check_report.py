@@ -101,5 +101,27 @@ def render(report: dict[str, Any]) -> str:
             )
         else:
             lines.append("no ratios: AR, a fixed K and a SpecDec++ setting were not all timed")
+        if "profile" in pair:
+            lines += _profile_lines(pair["profile"], report["budget_s"])
     lines += ["", f"verdict: {'ok' if report['ok'] else 'FAILED'}"]
     return "\n".join(lines) + "\n"
+
+
+def _profile_lines(prof: dict[str, Any], budget_s: float) -> list[str]:
+    """`--profile`'s section: one decode's ms a token, its syncs and launches, the top operators."""
+    head = f"Profile of `{prof['spec']}`, one greedy decode of the first prompt"
+    if prof.get("skipped"):
+        return ["", f"{head}: skipped (past the {budget_s:g} s budget)"]
+    if "failed" in prof:
+        return ["", f"{head}: FAILED: {prof['failed']}"]
+    c = prof["calls"]
+    return [
+        "",
+        f"{head} ({prof['tokens']} tokens): {prof['wall_ms_per_token']:.3f} ms a token on the wall clock, "
+        f"{prof['device_ms_per_token']:.3f} ms of device kernels; {c['Synchronize']} stream syncs, "
+        f"{c['GraphLaunch']} CUDA-graph launches, {c['LaunchKernel']} kernel launches",
+        "",
+        "```",
+        prof["table"].rstrip(),
+        "```",
+    ]
