@@ -74,18 +74,22 @@ def pack_teacher_features(
 
 def collate_features(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, ...]:
     """Right-padded (B, T) ids, (B, T) mask, (B, T) labels, (B, T, W) states read, (B, T, W) states
-    to regress (float32; the final state is their first H columns, `feature_loss` regresses those)."""
+    to regress (the final state is their first H columns, `feature_loss` regresses those).
+
+    The states keep the examples' dtype (float16 from the features stage and `--target-states`): the loss
+    converts them to float32 on the training device, which on a GPU halves the bytes a batch copies there
+    and drops the host's conversion (an H200 trained host-bound, 2026-11-28); the values are the same."""
     width = max(len(x) for x, _, _ in examples)
-    h = examples[0][2].shape[1]
+    h, dtype = examples[0][2].shape[1], examples[0][2].dtype
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     labels = torch.full_like(ids, IGNORE)
-    read = torch.zeros(len(examples), width, h)
-    target = torch.zeros(len(examples), width, h)
+    read = torch.zeros(len(examples), width, h, dtype=dtype)
+    target = torch.zeros(len(examples), width, h, dtype=dtype)
     for i, (x, y, f) in enumerate(examples):
         n = len(x)
         ids[i, :n], mask[i, :n], labels[i, :n] = x, 1, y
-        read[i, :n], target[i, :n] = f[:n].float(), f[1 : n + 1].float()
+        read[i, :n], target[i, :n] = f[:n], f[1 : n + 1]
     return ids, mask, labels, read, target
 
 
@@ -107,7 +111,8 @@ def feature_loss(
     test). N forwards per step over one cache; the accuracy reported is depth 0's."""
     ids, mask, labels, read, target = batch
     # the states regressed (and softmaxed into soft labels) are the final ones: the first H of W columns
-    final = target[..., : draft.config.hidden_size]  # (B, T, H)
+    final = target[..., : draft.config.hidden_size].float()  # (B, T, H)
+    read = read.float()  # (B, T, W), as collated (float16 from the features)
     batch = (ids, mask, labels, read, final)
     if noise:
         read = read + (torch.rand_like(read) * 2 - 1) * noise
@@ -166,6 +171,7 @@ def agreement_by_depth(
     for b in range(0, len(examples), batch_size):
         batch = collate_features(examples[b : b + batch_size], pad_id)
         ids, mask, labels, read, _ = (t.to(draft.device) for t in batch)
+        read = read.float()
         scored = labels != IGNORE
         for k, hidden in enumerate(chain_hidden_states(draft, ids, read, mask, levels)):
             pred = draft.lm_head.draft_logits(hidden[scored]).argmax(-1)

@@ -151,3 +151,24 @@ def test_soft_label_loss_is_each_depths_cross_entropy_to_the_targets_distributio
         want = want + torch.nn.functional.smooth_l1_loss(hidden[real].float(), nxt[real]) + 0.5 * ce
     got = feature_loss(draft, batch, cls_weight=0.5, noise=0.0, teacher_rows=rows, chain=2)[0]
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("chain", [1, 2])
+def test_collated_float16_states_give_the_float32_loss(pair, chain):
+    """`collate_features` keeps the features' float16 (a GPU batch then copies half the bytes, and the host
+    converts nothing); `feature_loss` converts them, so the loss equals that of the same batch converted to
+    float32 first, noise draws included."""
+    from acchead.distill.feature_training import collate_features, feature_loss
+
+    target, draft = pair
+    states = _states(target, SEQ).detach().half()  # (L, H), as the features stage stores them
+    labels = draft.lm_head.to_draft[torch.tensor([*SEQ[2:], 0])]
+    examples = [(torch.tensor(SEQ[1:]), labels, states), (torch.tensor(SEQ[1:6]), labels[:5], states[:6])]
+    batch = collate_features(examples, pad_id=0)
+    assert batch[3].dtype == batch[4].dtype == torch.float16
+    as32 = (*batch[:3], batch[3].float(), batch[4].float())
+    losses = []
+    for b in (batch, as32):
+        torch.manual_seed(0)
+        losses.append(feature_loss(draft, b, noise=0.1, chain=chain)[0])
+    assert torch.equal(*losses)
