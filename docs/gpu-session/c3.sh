@@ -15,7 +15,7 @@ ln -s $R/shard-00153.npz $D/shard-99998.npz; ln -s $R/shard-00154.npz $D/shard-9
 ls $D | wc -l
 timeout ${TT:-300} acchead-distill train --device cuda --target-states --responses $D \
   --init acchead/pair_files/smollm2-draft --new-schedule --chain --soft-labels --cls-weight 0.5 \
-  --lr 3e-4 --batch-size 64 --total-tokens ${TOK:-10000000} --minutes ${M:-2} --checkpoint-minutes 1 --out /root/d \
+  --lr 3e-4 --batch-size 64 --total-tokens ${TOK:-4000000} --minutes ${M:-2} --checkpoint-minutes 1 --out /root/d \
   --eval /root/data/eval-mtbench --eval /root/data/eval-humaneval 2>&1 | tr '\r' '\n' | grep -v "Loading weights\|Writing" \
   | awk 'NR%20==1 || !/tok\/s/' | tee $OUT/c3-train.log
 echo "train took $(( $(date +%s) - S )) s"
