@@ -46,12 +46,13 @@ def _assistant_token_counts(tokenizer, conversations: int) -> Counter:
 StatesReader = Callable[[Path, list[Path]], list]  # (directory, its shard paths) -> states per shard
 
 
-def _states_reader(features: Path | None, target, layers: tuple[int, ...] = ()) -> StatesReader:
+def _states_reader(features: Path | None, target, layers: tuple[int, ...]) -> StatesReader:
     """Where a feature draft's target states come from: the files under `features` (`--features`, by
     directory name), or else `target` itself (`--target-states`: the loaded target, on the training device),
     run over each shard when it is packed (bfloat16 autocast, as the features stage): no stage and no files,
     for a GPU, where 4.6M tokens' states make 5.3 GB of files and the features stage wrote ~1 shard a second
-    on an H200 (2026-11-28). `layers`: the draft's fused layers, whose outputs follow the final state."""
+    on an H200 (2026-11-28). `layers`: the draft's fused layers, whose outputs follow the final state (no
+    default: a fused draft given the final state alone reads zeros in their columns without an error)."""
     from acchead.distill.features import load_features, shard_features, shard_sequences
 
     if features is not None:
@@ -318,6 +319,5 @@ def run_average_stage(args: argparse.Namespace) -> dict:
         target = None
         if args.target_states:
             target = to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
-        # the draft's fused layers too: an H-wide state would read as zeros in their columns, silently
         read_states = _states_reader(args.features, target, tuple(draft.config.fused_layers))
     return {**summary, **evaluate(draft, args.eval, _packer(read_states), pad, args.max_len, feature)}

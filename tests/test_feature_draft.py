@@ -288,7 +288,7 @@ def test_features_and_train_commands_end_to_end(tiny_pair_dirs, tiny_tokenizer, 
     online = [*train[:6], str(tmp_path / "run-on"), *train[7:-4], *on, *train[-2:]]
     assert cli.main(online) == 0 and "agreement_resp=" in (out := capsys.readouterr().out)
     assert "train_examples=3" in out
-    read = _states_reader(None, target)
+    read = _states_reader(None, target, ())
     np.testing.assert_allclose(read(tmp_path / "resp", [shard])[0][0].astype(np.float32),
                                got.astype(np.float32), rtol=0.05, atol=0.05)  # fmt: skip
     assert cli.main([*train, "--target-states"]) == 2 and "two sources" in capsys.readouterr().err

@@ -69,6 +69,15 @@ def test_profile_times_one_decode_and_lists_its_operators(check_argv, tmp_path):
     assert "Profile of `specdec:k=1`, one greedy decode of the first prompt (12 tokens): " in md.read_text()
 
 
+def test_a_malformed_profile_spec_is_one_line_before_any_check(check_argv, capsys, monkeypatch):
+    from acchead.inference.bench import gpu_check
+
+    monkeypatch.setattr(gpu_check, "PairRun", None)  # nothing may load or time before the refusal
+    assert main([*check_argv, "--profile", "specdec:k=x"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot parse policy" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_json_report_and_a_pair_without_files_is_skipped(check_argv, tmp_path):
     out = tmp_path / "gpu-check.json"
     # the test session's cache (ACCHEAD_CACHE_DIR) holds no real-pair assets

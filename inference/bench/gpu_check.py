@@ -44,6 +44,7 @@ from acchead.inference.bench.gpu_check_steps import (
     measure_speed,
     profile_decode,
 )
+from acchead.inference.spec import parse_policy_spec
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout, when installed editable (tests/ beside it)
 TEST_TIMEOUT_S = 300
@@ -186,6 +187,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         raise AccheadError(f"--backend: {e}") from None
     if backend_path is not None and not on_device_path(args.path, args.device):
         raise AccheadError(f"--backend {args.backend} compiles the device path: use --path device (or cuda)")
+    if args.profile:
+        parse_policy_spec(args.profile)  # a malformed SPEC is one line now, not after the speed check
     if args.repeats < 1:
         raise AccheadError(f"--repeats must be >= 1 (got {args.repeats})")
     if args.budget_s < 0:
