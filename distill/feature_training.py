@@ -72,15 +72,18 @@ def pack_teacher_features(
     return out
 
 
-def collate_features(examples: list[tuple], pad_id: int) -> tuple[torch.Tensor, ...]:
+def collate_features(
+    examples: list[tuple], pad_id: int, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Right-padded (B, T) ids, (B, T) mask, (B, T) labels, (B, T, W) states read, (B, T, W) states
     to regress (the final state is their first H columns, `feature_loss` regresses those).
 
-    The states keep the examples' dtype (float16 from the features stage and `--target-states`): the loss
-    converts them to float32 on the training device, which on a GPU halves the bytes a batch copies there
-    and drops the host's conversion (an H200 trained host-bound, 2026-11-28); the values are the same."""
+    The states keep the examples' dtype (float16 from the features stage and `--target-states`) unless
+    `dtype` is given: the loss converts them to float32 on the training device, which on a GPU halves the
+    bytes a batch copies there (an H200 trained host-bound, 2026-11-28); the values are the same.
+    `acchead.distill.bench_collate` times both ways."""
     width = max(len(x) for x, _, _ in examples)
-    h, dtype = examples[0][2].shape[1], examples[0][2].dtype
+    h, dtype = examples[0][2].shape[1], dtype or examples[0][2].dtype
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     labels = torch.full_like(ids, IGNORE)
