@@ -123,9 +123,10 @@ def measure_batch_costs(
     prompt_len: int = 4, seed: int = 0,
 ) -> BatchCosts:  # fmt: skip
     """Time the rounds of `decoders` -- "ar", "k1" and "k3": batched decoders of one target and draft with
-    the policies autoregressive, specdec:k=1 and specdec:k=3 -- at each batch size in `sizes`: greedy decodes
-    of `rounds` tokens per row from random `prompt_len`-token prompts (ids below `vocab_size`), the three
-    taking turns, one warm-up turn and `repeats` timed ones (see the module docstring for the fit)."""
+    the policies autoregressive, specdec:k=1 and specdec:k=3, built with `single=False` (a batch of one
+    dispatched to the single-prompt decoder keeps no round times) -- at each batch size in `sizes`: greedy
+    decodes of `rounds` tokens per row from random `prompt_len`-token prompts (ids below `vocab_size`), the
+    three taking turns, one warm-up turn and `repeats` timed ones (see the module docstring for the fit)."""
     if rounds < 2 or repeats < 1 or prompt_len < 1:
         raise AccheadError(
             f"need rounds >= 2, repeats and prompt_len >= 1, got {rounds}, {repeats}, {prompt_len}"

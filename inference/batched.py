@@ -20,6 +20,7 @@ same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-leve
   docs/batched.md). Rows that stop on this rule get the SpecDec++ free token like a row-level stop.
 - Rows that finish (EOS, their max tokens, their stop check) leave the batch (`batch_select_indices`;
   on the fast path, `acchead.inference.static_ragged_cache`, they stay as all-hole rows: one graph per B).
+  A batch of one runs on the single-prompt decoder instead (`acchead.inference.batched_single`).
 - A feature draft (EAGLE) drafts from the target's states, which the verification hands each row
   for the positions it accepted (`acchead.inference.batched_feed`).
 
@@ -27,8 +28,7 @@ Randomness: row b draws with the keys the single-prompt decoder uses with seed `
 default): draft sample k of a round starting at n is keyed (seed_b, DRAFT, n, k), τ and the next token
 (seed_b, TAU/NEXT, n, 0). So without the batch rule a row's tokens equal `SpeculativeDecoder.generate(
 prompt_b, seed=seed_b)` up to float ties, and every row is an exact sample from the target (chi-square in
-tests/test_batched.py). Policies: autoregressive, specdec:k=K, specdecpp (candidate and lookahead heads),
-confidence, entropy, adaedl (each row its own online λ).
+tests/test_batched.py). Policies: autoregressive, specdec:k=K, specdecpp, confidence, entropy, adaedl.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
 from acchead.inference.batched_rows import Row, make_rows, verify_sampled
+from acchead.inference.batched_single import SingleRow
 from acchead.inference.batched_step import StepRule, draft_step
 from acchead.inference.device_path import DevicePath
 from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
@@ -86,6 +87,8 @@ class BatchedDecoder:
         compile: False runs the fast path's static caches eagerly (tests: the same logic in seconds).
         device_path: compile the fast path's forwards as the CUDA default does (`DevicePath`); None: on
             CUDA only.
+        single: a batch of one prompt runs on the single-prompt decoder (`acchead.inference.batched_single`:
+            the same tokens, faster); False: on the batched rounds (their tests; the batch rule's timers).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class BatchedDecoder:
         fast: bool | None = None,
         compile: bool = True,
         device_path: bool | DevicePath | None = None,
+        single: bool = True,
     ) -> None:
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         if head is not None and not isinstance(head, AcceptanceHead):
@@ -142,6 +146,8 @@ class BatchedDecoder:
         elif isinstance(self.policy, Confidence | Entropy | AdaEDL):
             self._rule = StepRule(row_policy=self.policy)
         self._ks: list[torch.Tensor] = []  # `_index`
+        self._single = SingleRow(target, draft, self.policy, verifier, self.fast, compile, device_path)
+        self.single = single  # a batch of one runs on `_single`
 
     @property
     def cap(self) -> int:
@@ -170,6 +176,9 @@ class BatchedDecoder:
         except ValueError as e:
             raise AccheadError(str(e)) from None
         start = time.perf_counter()
+        if batch == 1 and self.single:  # the single-prompt decoder's units (any h: an input)
+            self._single.warm_up(None, length, temperature, top_k, top_p)
+            return time.perf_counter() - start
         span = self._span([length])
         widths = self.t_cache.graph_widths(self.cap + 1)  # a round feeds 1..cap + 1 tokens
         states = self._feed is not None and self._feed.wants_target_states
@@ -216,6 +225,8 @@ class BatchedDecoder:
         rule = self.batch_stop
         if rule is not None and rule.measure and (rule.costs is None or batch > rule.costs.costs[-1].batch):
             self.calibrate(batch)  # once per larger batch; not part of the decode's wall time
+        if batch == 1 and self.single:
+            return self._single.generate(rows[0], self.batch_stop, temperature, top_k, top_p, eos_token_id)
         out = BatchResult(rows=[r.res for r in rows])
         start = time.perf_counter()
         # the fast path's static caches: room for the longest row and a round's candidates without compacting
@@ -264,7 +275,7 @@ class BatchedDecoder:
         sizes = [b for b in calibration_sizes(batch) if b not in have]
         new: tuple = ()
         if sizes:
-            timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec)
+            timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec, single=False)
                       for name, k, spec in (("ar", None, "autoregressive"), ("k1", 1, "specdec:k=1"),
                                             ("k3", 3, "specdec:k=3"))}  # fmt: skip
             for timer in timers.values():  # the same caches (on the fast path: the same compiled graphs)

@@ -95,9 +95,9 @@ def test_measure_batch_costs_times_the_decoders_rounds(pair):
     """c(B) from rounds of the batched decoder: (K = 3 minus K = 1) / 2 over an autoregressive round."""
     target, draft = pair
     timers = {
-        "ar": BatchedDecoder(target, None, "autoregressive"),
-        "k1": BatchedDecoder(target, draft, "specdec:k=1"),
-        "k3": BatchedDecoder(target, draft, "specdec:k=3"),
+        "ar": BatchedDecoder(target, None, "autoregressive", single=False),
+        "k1": BatchedDecoder(target, draft, "specdec:k=1", single=False),
+        "k3": BatchedDecoder(target, draft, "specdec:k=3", single=False),
     }
     costs = measure_batch_costs(timers, 12, [1, 3], rounds=8, repeats=1)
     assert [c.batch for c in costs.costs] == [1, 3]

@@ -217,7 +217,7 @@ def test_compiled_verification_hands_the_fused_states_over(target, fused_draft, 
     assert got.new_ids.tolist() == ref.new_ids.tolist() and got.accepted_per_round == ref.accepted_per_round
     if backend == "cudagraphs":  # the batched fast path's compiled units, on another fresh copy
         batched = BatchedDecoder(_peaked_llama(VOCAB, seed=3), draft, policy="specdec:k=3", fast=True,
-                                 device_path=path)  # fmt: skip
+                                 device_path=path, single=False)  # fmt: skip
         batched.warm_up(1, prompt.numel() + 24)
         rows = batched.generate([prompt], max_new_tokens=24, temperature=0).rows
         assert rows[0].accepted_per_round == ref.accepted_per_round
