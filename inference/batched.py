@@ -33,8 +33,6 @@ tests/test_batched.py). Policies: autoregressive, specdec:k=K, specdecpp, confid
 
 from __future__ import annotations
 
-import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -52,7 +50,7 @@ from acchead.inference.batch_stop import BatchStop, parse_batch_stop
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
 from acchead.inference.batched_rows import Row, make_rows, verify_sampled
 from acchead.inference.batched_single import SingleRow
-from acchead.inference.batched_step import StepRule, draft_step
+from acchead.inference.batched_step import StepIndex, StepRule, step_posts
 from acchead.inference.device_path import DevicePath
 from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
 from acchead.inference.policy_build import parse_policy
@@ -145,7 +143,7 @@ class BatchedDecoder:
             self._rule = StepRule(SAMPLE if pp.lookahead else FEED, pp.head, free=pp.free_token, out_emb=emb)
         elif isinstance(self.policy, Confidence | Entropy | AdaEDL):
             self._rule = StepRule(row_policy=self.policy)
-        self._ks: list[torch.Tensor] = []  # `_index`
+        self._ks = StepIndex()  # k as graph inputs
         self._single = SingleRow(target, draft, self.policy, verifier, self.fast, compile, device_path)
         self.single = single  # a batch of one runs on `_single`
 
@@ -176,8 +174,10 @@ class BatchedDecoder:
         except ValueError as e:
             raise AccheadError(str(e)) from None
         start = time.perf_counter()
-        if batch == 1 and self.single:  # the single-prompt decoder's units (any h: an input)
-            self._single.warm_up(None, length, temperature, top_k, top_p)
+        if batch == 1 and self.single:  # the single-prompt decoder's units at its h' (a measured c(1) first)
+            if self.batch_stop is not None and self.batch_stop.measure and self.batch_stop.costs is None:
+                self.calibrate(1)
+            self._single.warm_up(self.batch_stop, length, temperature, top_k, top_p)
             return time.perf_counter() - start
         span = self._span([length])
         widths = self.t_cache.graph_widths(self.cap + 1)  # a round feeds 1..cap + 1 tokens
@@ -186,7 +186,7 @@ class BatchedDecoder:
         if self._feed is not None and self.cap > 0:
             want = self._rule.head is not None
             lams = [0.5] * batch if isinstance(self.policy, AdaEDL) else None
-            post = self._step_post([self.cap] * batch, [0] * batch, [1] * batch, lams, -1.0, sampling,
+            post = self._posts([self.cap] * batch, [0] * batch, [1] * batch, lams, -1.0, sampling,
                                    self._feed.cache.device)(1)  # a graph of any bound serves every bound
             if self._feed.wants_target_states:  # a round start feeds the pairs of the accepted tokens
                 shapes = [(w, 1, True, 1, True, post) for w in self._feed.cache.graph_widths(self.cap + 1)]
@@ -264,22 +264,25 @@ class BatchedDecoder:
 
     def calibrate(self, batch: int) -> BatchCosts:
         """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows by timing this target and draft's
-        autoregressive, K = 1 and K = 3 rounds (`acchead.inference.batch_cost`), keeping the sizes measured
-        before, by this rule or any decoder of this target and draft on this path (`measured_costs`);
-        `generate` calls it when a batch is larger than any measured."""
+        autoregressive, K = 1 and K = 3 rounds (`acchead.inference.batch_cost`; B = 1 on the single-prompt
+        decoder when it runs batches of one), keeping the sizes measured before, by this rule or any decoder
+        of this target and draft on this path (`measured_costs`); `generate` calls it when a batch is
+        larger than any measured."""
         rule = self.batch_stop
         if rule is None or not rule.measure:  # a measured rule implies specdecpp, hence a draft
             raise AccheadError("calibrate needs batch_stop='measured'")
-        shared = measured_costs(self.target, self.draft, "fast" if self.fast else "eager")
+        path = ("fast" if self.fast else "eager") + ("+single" if self.single else "")
+        shared = measured_costs(self.target, self.draft, path)
         have = shared | ({c.batch: c for c in rule.costs.costs} if rule.costs is not None else {})
         sizes = [b for b in calibration_sizes(batch) if b not in have]
         new: tuple = ()
         if sizes:
-            timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec, single=False)
+            timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec)
                       for name, k, spec in (("ar", None, "autoregressive"), ("k1", 1, "specdec:k=1"),
                                             ("k3", 3, "specdec:k=3"))}  # fmt: skip
             for timer in timers.values():  # the same caches (on the fast path: the same compiled graphs)
-                timer.t_cache, timer.fast = self.t_cache, self.fast
+                timer.t_cache, timer.fast, timer.single = self.t_cache, self.fast, self.single
+                timer._single = self._single.timer(timer.draft, timer.policy)
                 if timer._feed is not None:
                     timer._feed = self._feed
             new = measure_batch_costs(timers, self._vocab, sizes).costs
@@ -306,7 +309,7 @@ class BatchedDecoder:
         if self.batch_stop is not None and self._rule.head is not None:
             bound = self.batch_stop.bound(len(rows))
         seeds, starts = [r.seed for r in rows], [len(r.ids) for r in rows]
-        post = self._step_post(caps, seeds, starts, lams, bound, sampling, dev)
+        post = self._posts(caps, seeds, starts, lams, bound, sampling, dev)
         steps = [feed.start([r.ids for r in rows], want, post(1))]
         while True:
             y, _, _, drafting, log_p, _, state, _ = steps[-1]
@@ -323,32 +326,14 @@ class BatchedDecoder:
         cands = [c[:n] for c, n in zip(torch.stack(ys).T.tolist(), counts.tolist(), strict=True)]
         return cands, [q_all[: len(c), b] if c else None for b, c in enumerate(cands)]
 
-    def _step_post(
+    def _posts(
         self, caps: list[int], seeds: list[int], starts: list[int], lams: list[float] | None, bound: float,
         sampling: SamplingConfig, dev: torch.device,
     ) -> Callable[..., Post]:  # fmt: skip
-        """The round's draft step for rows of these caps, seeds, starts (committed lengths), AdaEDL λs and
-        batch-rule bound: `post(k, drafting, log_p)` is the step of candidate k (`draft_step`'s per-row
-        state from the step before; k = 1: the rows with cap > 0, log P̂ = 0)."""
-        tensor = functools.partial(torch.tensor, device=dev)
-        cap_t = tensor(caps)
-        f64 = functools.partial(tensor, dtype=torch.float64)
-        rest = (cap_t, tensor(seeds), tensor(starts), None if lams is None else f64(lams))
+        """`step_posts` for this decoder's threshold, step rule and k tensors."""
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
-        constants = (f64(math.log1p(-pp.h) if pp else 0.0), f64(bound), self._rule, sampling)
-        first = (cap_t > 0, torch.zeros(len(caps), dtype=torch.float64, device=dev))
-
-        def post(k: int, drafting: torch.Tensor | None = None, log_p: torch.Tensor | None = None) -> Post:
-            now = first if drafting is None else (drafting, log_p)
-            return draft_step, (*now, *rest), (self._index(k, dev), *constants)
-
-        return post
-
-    def _index(self, k: int, device: torch.device) -> torch.Tensor:
-        """k as a 0-d int64 tensor (a graph input, not a constant), one per value, made once."""
-        while len(self._ks) <= k:
-            self._ks.append(torch.tensor(len(self._ks), device=device))
-        return self._ks[k]
+        return step_posts(caps, seeds, starts, lams, pp.h if pp else None, bound, self._rule, sampling, dev,
+                          self._ks)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ verifying
 

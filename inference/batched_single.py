@@ -11,7 +11,7 @@ The batch rule at B = 1 (`acchead.inference.batch_stop`) stops the one row once 
 row's own threshold (stop once P̂ < 1 − h): together one threshold h' with 1 − h' = max(1 − h, c(1)), which
 the single-prompt decoder runs (the two differ only when P̂ equals c(1) exactly). Its stops are then not
 told apart from the row's own: `BatchResult.batch_stops` counts none at B = 1. A measured c(1) is timed
-on the batched rounds (`BatchedDecoder.calibrate`, whose timers keep `single=False`); where it is 1 or more
+on the single-prompt decoder's rounds (`SingleRow.timer`: the path that runs it); where it is 1 or more
 (a draft step dearer than a whole autoregressive round: tiny models), the rule ends every round at its
 first judged candidate, and so does h' = `H_MIN` unless the head's logit for it exceeds ~20.7
 (log σ(f) ≥ −1e-9).
@@ -48,7 +48,8 @@ class SingleRow:
     every decoder of their models (`acchead.inference.model_runner.make_runner`).
 
     Args: the `BatchedDecoder`'s models, its parsed policy, verifier and path (`fast`, `compile`,
-    `device_path`, as `SpeculativeDecoder` takes them).
+    `device_path`, as `SpeculativeDecoder` takes them); `profile`: time each round (`round_times`: the
+    batch rule's timers, `BatchedDecoder.calibrate`, price c(1) on the rounds a batch of one runs).
     """
 
     def __init__(
@@ -60,10 +61,15 @@ class SingleRow:
         fast: bool,
         compile: bool,
         device_path: bool | DevicePath | None,
+        profile: bool = False,
     ) -> None:
         self.target, self.draft, self.policy, self.verifier = target, draft, policy, verifier
-        self.fast, self.compile, self.device_path = fast, compile, device_path
+        self.fast, self.compile, self.device_path, self.profile = fast, compile, device_path, profile
         self._decoders: dict[float | None, SpeculativeDecoder] = {}
+
+    def timer(self, draft: PreTrainedModel | None, policy: StopPolicy) -> SingleRow:
+        """A profiling twin on this target and path for `draft` and `policy` (a batch rule's timer)."""
+        return SingleRow(self.target, draft, policy, "token", self.fast, self.compile, self.device_path, True)
 
     def decoder(self, rule: BatchStop | None) -> SpeculativeDecoder:
         """The single-prompt decoder of this policy under the batch rule `rule` at B = 1."""
@@ -102,8 +108,13 @@ class SingleRow:
         res = self.decoder(rule).generate(
             torch.tensor(row.ids, dtype=torch.long), max_new_tokens=row.max_new, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=row.seed, eos_token_id=eos_token_id, stop_check=stop_check,
+            profile=self.profile,
         )  # fmt: skip
         out = BatchResult(rows=[res], target_calls=res.target_calls, draft_calls=res.draft_calls,
                           head_calls=res.head_calls)  # fmt: skip
+        if self.profile:  # a round: its drafting and its verification (with both rollbacks)
+            ms = zip(res.phases["draft_ms"], res.phases["verify_ms"], strict=True)
+            out.round_times = [(d + v) / 1e3 for d, v in ms]
+            out.round_draft_calls = [int(n) for n in res.phases["draft_forwards"]]
         out.wall_time = time.perf_counter() - start
         return out

@@ -25,6 +25,9 @@ The step's order is the eager loop's (DESIGN §4):
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +37,7 @@ from acchead.head import AcceptanceHead
 from acchead.inference.batch_stop import expected_gain, row_rule_flags
 from acchead.inference.device_random import DRAFT, key_hash, sample_token
 from acchead.inference.policies import StopPolicy
+from acchead.inference.ragged_cache import Post
 from acchead.inference.units import FEED, SAMPLE
 from acchead.lookahead import lookahead_inputs
 from acchead.sampling import SamplingConfig, probs_from_logits
@@ -139,3 +143,37 @@ def draft_step(
         drafting = drafting & ~batch_stop
     return y, q, take, drafting, log_p, batch_stop, state, judged_count
 
+
+
+class StepIndex:
+    """k as a 0-d int64 tensor (a graph input, not a constant), one per value, made once per decoder."""
+
+    def __init__(self) -> None:
+        self._ks: list[torch.Tensor] = []
+
+    def __call__(self, k: int, device: torch.device) -> torch.Tensor:
+        while len(self._ks) <= k:
+            self._ks.append(torch.tensor(len(self._ks), device=device))
+        return self._ks[k]
+
+
+def step_posts(
+    caps: list[int], seeds: list[int], starts: list[int], lams: list[float] | None, h: float | None,
+    bound: float, rule: StepRule, sampling: SamplingConfig, dev: torch.device, index: StepIndex,
+) -> Callable[..., Post]:  # fmt: skip
+    """A round's draft steps for rows of these caps, seeds, starts (committed lengths), AdaEDL λs, SpecDec++
+    threshold h (None: no head) and batch-rule bound (−1: none): `post(k, drafting, log_p)` is the `feed`
+    post of candidate k (`draft_step`'s per-row state from the step before; k = 1: the rows with cap > 0,
+    log P̂ = 0)."""
+    tensor = functools.partial(torch.tensor, device=dev)
+    cap_t = tensor(caps)
+    f64 = functools.partial(tensor, dtype=torch.float64)
+    rest = (cap_t, tensor(seeds), tensor(starts), None if lams is None else f64(lams))
+    constants = (f64(math.log1p(-h) if h is not None else 0.0), f64(bound), rule, sampling)
+    first = (cap_t > 0, torch.zeros(len(caps), dtype=torch.float64, device=dev))
+
+    def post(k: int, drafting: torch.Tensor | None = None, log_p: torch.Tensor | None = None) -> Post:
+        now = first if drafting is None else (drafting, log_p)
+        return draft_step, (*now, *rest), (index(k, dev), *constants)
+
+    return post

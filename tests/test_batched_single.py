@@ -11,7 +11,7 @@ import torch
 from exact_models import _peaked_llama, _perturbed
 from test_batched import _heads
 
-from acchead.inference.batch_cost import BatchCost, BatchCosts
+from acchead.inference.batch_cost import BatchCost, BatchCosts, measured_costs
 from acchead.inference.batch_stop import BatchStop
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.batched_single import H_MIN, single_threshold
@@ -81,13 +81,14 @@ def test_the_batch_rule_of_one_row_is_the_threshold_h_prime(pair, kind, temperat
     assert one._single.decoder(one.batch_stop).policy.h == 0.5
 
 
-def test_a_measured_rule_times_c1_on_the_batched_rounds(pair):
-    """A measured rule at B = 1 calibrates c(1) on the batched rounds (its timers are not dispatched: they
-    need per-round times), then decodes on the single-prompt decoder at h' = min(h, 1 − c(1))."""
+def test_a_measured_rule_times_c1_on_the_single_prompt_rounds(pair):
+    """A measured rule at B = 1 calibrates c(1) on the rounds of the single-prompt decoder (profiled timers:
+    the path a batch of one takes), then decodes there at h' = min(h, 1 − c(1))."""
     dec = _decoder(pair, "specdecpp:h=0.6,max=6", "lookahead", batch_stop="measured")
     res = dec.generate([PROMPT], max_new_tokens=12, temperature=0)
     costs = dec.batch_stop.costs
     assert costs is not None and [c.batch for c in costs.costs] == [1]
+    assert list(measured_costs(*pair, "eager+single")) == [1] and not measured_costs(*pair, "eager")
     c1 = dec.batch_stop.ratio(1)
     assert dec._single.decoder(dec.batch_stop).policy.h == pytest.approx(max(min(0.6, 1 - c1), H_MIN))
     assert res.rows[0].tokens == 12
@@ -112,3 +113,15 @@ def test_rows_of_a_larger_batch_do_not_take_the_single_path(pair):
     alone = dec.generate([PROMPT], max_new_tokens=10, temperature=0)
     assert res.rows[0].new_ids.tolist() == alone.rows[0].new_ids.tolist()
     assert torch.equal(res.rows[0].new_ids, alone.rows[0].new_ids)
+
+
+def test_a_timer_times_each_round_of_the_single_prompt_decoder(pair):
+    """`SingleRow.timer`: per-round seconds and draft forwards of the dispatched decode, as the batched
+    rounds report them (`measure_batch_costs` fits c(1) on them)."""
+    dec = _decoder(pair, "specdec:k=3", None)
+    timer = dec._single.timer(dec.draft, dec.policy)
+    dec._single = timer
+    res = dec.generate([PROMPT], max_new_tokens=16, temperature=0)
+    assert len(res.round_times) == len(res.round_draft_calls) == res.target_calls > 1
+    assert sum(res.round_draft_calls) == res.draft_calls and min(res.round_times) > 0
+    assert sum(res.round_times) <= res.wall_time
