@@ -19,7 +19,10 @@ c(B) is the price of one more candidate for the whole batch in units of a row's 
 t_step is the slope of a round's seconds over its draft forwards, fitted through the rounds of fixed K = 1
 and K = 3 (a round drafting one candidate more costs a draft forward and a verified position more), t_round
 an autoregressive round; the three decoders take turns, each decode's first round (the prefill) is left
-out, and per draft count the fastest round is kept (a busy machine only ever slows a round down). Two
+out, and so is every round after a row finished (eager rows leave the batch, and a round of fewer rows is
+cheaper: until the twenty-fifth session the real pair's c(64) read 2.89 so, its autoregressive "round" 60
+ms against 280 ms with all 64 rows), and per draft count the fastest round is kept (a busy machine only
+ever slows a round down). Two
 earlier versions did worse on a box shared with a training run: bare forwards read c ≈ 0.05 for the demo
 pair at B = 1, where the decoder's draft step costs 1.5x its bare forward (docs/speed.md: the Python around
 a tiny model's step is part of its price); medians of whole decodes (K = 2 minus K = 1, prefill and capped
@@ -113,7 +116,7 @@ def measured_costs(target: torch.nn.Module, draft: torch.nn.Module, path: str) -
 
 class RoundTimer(Protocol):
     """What `measure_batch_costs` needs of a batched decoder: `BatchedDecoder.generate`, whose result has
-    `round_times` and `round_draft_calls`."""
+    `round_times`, `round_draft_calls` and `round_rows`."""
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> Any: ...
 
@@ -142,8 +145,10 @@ def measure_batch_costs(
             for dec in decoders.values():
                 res = dec.generate(prompts, max_new_tokens=rounds, temperature=0.0)
                 if turn:  # the first turn warms up (allocations, first-call dispatch)
-                    for d, t in list(zip(res.round_draft_calls, res.round_times, strict=True))[1:]:
-                        by_drafts.setdefault(d, []).append(t)
+                    rounds_of = zip(res.round_draft_calls, res.round_times, res.round_rows, strict=True)
+                    for d, t, rows in list(rounds_of)[1:]:
+                        if rows == b:  # not a round after rows finished: a narrower batch is cheaper
+                            by_drafts.setdefault(d, []).append(t)
         fastest = {d: min(ts) for d, ts in by_drafts.items()}
         if 0 not in fastest or len(fastest) < 3:
             raise AccheadError(

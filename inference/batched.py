@@ -249,6 +249,7 @@ class BatchedDecoder:
             # the round ended on a host read (its tokens), so on a GPU too this clock has waited for it
             out.round_times.append(time.perf_counter() - round_start)
             out.round_draft_calls.append(out.draft_calls - calls0)
+            out.round_rows.append(len(active))
             keep = [i for i, r in enumerate(active) if not r.done]
             if len(keep) < len(active):
                 idx = torch.tensor(keep, dtype=torch.long)

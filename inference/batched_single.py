@@ -116,5 +116,6 @@ class SingleRow:
             ms = zip(res.phases["draft_ms"], res.phases["verify_ms"], strict=True)
             out.round_times = [(d + v) / 1e3 for d, v in ms]
             out.round_draft_calls = [int(n) for n in res.phases["draft_forwards"]]
+            out.round_rows = [1] * len(out.round_times)
         out.wall_time = time.perf_counter() - start
         return out

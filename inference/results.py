@@ -78,9 +78,10 @@ class BatchResult:
         head_calls: head evaluations (rows × judged steps).
         batch_stops: rounds the batch rule ended (0 without it).
         wall_time: seconds in `generate`.
-        round_times / round_draft_calls: per round, its wall seconds (its drafting, verification and
-            bookkeeping; the first round holds the prompts' prefill) and its batched draft forwards
-            (`acchead.inference.batch_cost` fits a draft step's price from them).
+        round_times / round_draft_calls / round_rows: per round, its wall seconds (its drafting,
+            verification and bookkeeping; the first round holds the prompts' prefill), its batched draft
+            forwards and the rows it decoded (on the eager path finished rows leave the batch)
+            (`acchead.inference.batch_cost` fits a draft step's price from the rounds of every row).
     """
 
     rows: list[GenerationResult]
@@ -91,6 +92,7 @@ class BatchResult:
     wall_time: float = 0.0
     round_times: list[float] = field(default_factory=list)
     round_draft_calls: list[int] = field(default_factory=list)
+    round_rows: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:

@@ -5,6 +5,7 @@ it before decoding (greedy rows still equal the rows' own rule's, which is exact
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -86,7 +87,8 @@ def pair():
 
 def test_a_batch_result_times_each_round(pair):
     res = _decoder(pair, "specdec:k=3", None).generate(PROMPTS, 12, temperature=0)
-    assert len(res.round_times) == len(res.round_draft_calls) == res.target_calls
+    assert len(res.round_times) == len(res.round_draft_calls) == len(res.round_rows) == res.target_calls
+    assert res.round_rows[0] == len(PROMPTS) and res.round_rows == sorted(res.round_rows, reverse=True)
     assert sum(res.round_draft_calls) == res.draft_calls and min(res.round_times) > 0
     assert sum(res.round_times) <= res.wall_time
 
@@ -152,3 +154,23 @@ def test_decoders_of_one_pair_share_the_measured_costs(pair, monkeypatch):
                            head=second._rule.head, batch_stop="measured")  # fmt: skip
     other.generate(PROMPTS, 4, temperature=0)
     assert calls == [[1, 4]]
+
+
+def test_rounds_after_a_row_finished_are_not_timed():
+    """A round of fewer rows (eager rows leave the batch as they finish) is cheaper: the fit reads only the
+    rounds of every row, here c = ((0.8 − 0.6) / 2) / 0.5 = 0.2, not the 1-row round's 0.01 s."""
+
+    class Fake:
+        def __init__(self, times, drafts, rows):
+            self.res = types.SimpleNamespace(round_times=times, round_draft_calls=drafts, round_rows=rows)
+
+        def generate(self, prompts, max_new_tokens, temperature):
+            return self.res
+
+    timers = {
+        "ar": Fake([1.0, 0.5, 0.5], [0, 0, 0], [4, 4, 4]),
+        "k1": Fake([1.0, 0.6, 0.6, 0.01], [1, 1, 1, 0], [4, 4, 4, 1]),  # the last round: one row left
+        "k3": Fake([1.0, 0.8, 0.2], [3, 3, 3], [4, 4, 2]),
+    }
+    (cost,) = measure_batch_costs(timers, 12, [4], repeats=1).costs
+    assert math.isclose(cost.round_s, 0.5) and math.isclose(cost.c, 0.2)
