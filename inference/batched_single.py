@@ -44,8 +44,9 @@ def single_threshold(policy: SpecDecPP, rule: BatchStop | None) -> float:
 
 class SingleRow:
     """The single-prompt decoders a `BatchedDecoder` runs its batches of one on: one per threshold h' (the
-    batch rule's c(1) may move it), built on first use; on the fast path they share the compiled units of
-    every decoder of their models (`acchead.inference.model_runner.make_runner`).
+    batch rule's c(1) may move it), built on first use; on the fast path they share their models' runners
+    (`acchead.inference.model_runner.make_runner`), but a new policy object's draft units compile again
+    (~3 s for the toy pair from Inductor's cache): `BatchedDecoder.warm_up` builds the one at h' first.
 
     Args: the `BatchedDecoder`'s models, its parsed policy, verifier and path (`fast`, `compile`,
     `device_path`, as `SpeculativeDecoder` takes them); `profile`: time each round (`round_times`: the
