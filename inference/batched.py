@@ -175,8 +175,7 @@ class BatchedDecoder:
             raise AccheadError(str(e)) from None
         start = time.perf_counter()
         if batch == 1 and self.single:  # the single-prompt decoder's units at its h' (a measured c(1) first)
-            if self.batch_stop is not None and self.batch_stop.measure and self.batch_stop.costs is None:
-                self.calibrate(1)
+            self._calibrated(1)
             self._single.warm_up(self.batch_stop, length, temperature, top_k, top_p)
             return time.perf_counter() - start
         span = self._span([length])
@@ -222,9 +221,7 @@ class BatchedDecoder:
         start_run = self.policy.start_decode if isinstance(self.policy, AdaEDL) else None  # each row its λ
         rows = make_rows(prompts, max_new_tokens, seed, stop_checks, models, start_run)
         eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
-        rule = self.batch_stop
-        if rule is not None and rule.measure and (rule.costs is None or batch > rule.costs.costs[-1].batch):
-            self.calibrate(batch)  # once per larger batch; not part of the decode's wall time
+        self._calibrated(batch)  # not part of the decode's wall time
         if batch == 1 and self.single:
             return self._single.generate(rows[0], self.batch_stop, temperature, top_k, top_p, eos_token_id)
         out = BatchResult(rows=[r.res for r in rows])
@@ -249,7 +246,6 @@ class BatchedDecoder:
             # the round ended on a host read (its tokens), so on a GPU too this clock has waited for it
             out.round_times.append(time.perf_counter() - round_start)
             out.round_draft_calls.append(out.draft_calls - calls0)
-            out.round_rows.append(len(active))
             keep = [i for i, r in enumerate(active) if not r.done]
             if len(keep) < len(active):
                 idx = torch.tensor(keep, dtype=torch.long)
@@ -262,6 +258,12 @@ class BatchedDecoder:
             r.res.target_calls = r.res.rounds
         out.wall_time = time.perf_counter() - start
         return out
+
+    def _calibrated(self, batch: int) -> None:
+        """A measured rule's c(B) up to `batch` rows: `calibrate` once per larger batch than any measured."""
+        rule = self.batch_stop
+        if rule is not None and rule.measure and (rule.costs is None or batch > rule.costs.costs[-1].batch):
+            self.calibrate(batch)
 
     def calibrate(self, batch: int) -> BatchCosts:
         """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows by timing this target and draft's

@@ -20,7 +20,6 @@ first judged candidate, and so does h' = `H_MIN` unless the head's logit for it 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -105,10 +104,9 @@ class SingleRow:
         """Decode the batch's one row (`make_rows` checked it) as `BatchedDecoder.generate` would: its tokens
         and counts; the batch's forwards are the row's."""
         start = time.perf_counter()
-        stop_check: Callable[[list[int]], int | None] | None = row.stop_check
         res = self.decoder(rule).generate(
             torch.tensor(row.ids, dtype=torch.long), max_new_tokens=row.max_new, temperature=temperature,
-            top_k=top_k, top_p=top_p, seed=row.seed, eos_token_id=eos_token_id, stop_check=stop_check,
+            top_k=top_k, top_p=top_p, seed=row.seed, eos_token_id=eos_token_id, stop_check=row.stop_check,
             profile=self.profile,
         )  # fmt: skip
         out = BatchResult(rows=[res], target_calls=res.target_calls, draft_calls=res.draft_calls,
@@ -117,6 +115,5 @@ class SingleRow:
             ms = zip(res.phases["draft_ms"], res.phases["verify_ms"], strict=True)
             out.round_times = [(d + v) / 1e3 for d, v in ms]
             out.round_draft_calls = [int(n) for n in res.phases["draft_forwards"]]
-            out.round_rows = [1] * len(out.round_times)
         out.wall_time = time.perf_counter() - start
         return out

@@ -78,10 +78,10 @@ class BatchResult:
         head_calls: head evaluations (rows × judged steps).
         batch_stops: rounds the batch rule ended (0 without it).
         wall_time: seconds in `generate`.
-        round_times / round_draft_calls / round_rows: per round, its wall seconds (its drafting,
-            verification and bookkeeping; the first round holds the prompts' prefill), its batched draft
-            forwards and the rows it decoded (on the eager path finished rows leave the batch)
-            (`acchead.inference.batch_cost` fits a draft step's price from the rounds of every row).
+        round_times / round_draft_calls: per round, its wall seconds (its drafting, verification and
+            bookkeeping; the first round holds the prompts' prefill) and its batched draft forwards
+            (`acchead.inference.batch_cost` fits a draft step's price from the rounds of every row:
+            `round_rows`).
     """
 
     rows: list[GenerationResult]
@@ -92,11 +92,16 @@ class BatchResult:
     wall_time: float = 0.0
     round_times: list[float] = field(default_factory=list)
     round_draft_calls: list[int] = field(default_factory=list)
-    round_rows: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
         return sum(r.tokens for r in self.rows)
+
+    @property
+    def round_rows(self) -> list[int]:
+        """Per round, the rows it decoded: a row takes part in every round until it finishes (on the eager
+        path it then leaves the batch), so round i had the rows of more than i rounds."""
+        return [sum(r.rounds > i for r in self.rows) for i in range(self.target_calls)]
 
     @property
     def wall_tokens_per_s(self) -> float:
