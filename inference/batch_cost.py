@@ -18,11 +18,12 @@ c(B) is the price of one more candidate for the whole batch in units of a row's 
 `measure_batch_costs` times the rounds of the batched decoder on random prompts (`BatchResult.round_times`):
 t_step is the slope of a round's seconds over its draft forwards, fitted through the rounds of fixed K = 1
 and K = 3 (a round drafting one candidate more costs a draft forward and a verified position more), t_round
-an autoregressive round; the three decoders take turns, each decode's first round (the prefill) is left
-out, and so is every round after a row finished (eager rows leave the batch, and a round of fewer rows is
-cheaper: until the twenty-fifth session the real pair's c(64) read 2.89 so, its autoregressive "round" 60
-ms against 280 ms with all 64 rows), and per draft count the fastest round is kept (a busy machine only
-ever slows a round down). Two
+an autoregressive round, and t_first (what a round's first draft forward adds: `BatchCost.first_s`, the
+round gate's price) the fastest K = 1 round less the autoregressive one; the three decoders take turns,
+each decode's first round (the prefill) is left out, and so is every round after a row finished (eager
+rows leave the batch, and a round of fewer rows is cheaper: until the twenty-fifth session the real pair's
+c(64) read 2.89 so, its autoregressive "round" 60 ms against 280 ms with all 64 rows), and per draft count
+the fastest round is kept (a busy machine only ever slows a round down). Two
 earlier versions did worse on a box shared with a training run: bare forwards read c ≈ 0.05 for the demo
 pair at B = 1, where the decoder's draft step costs 1.5x its bare forward (docs/speed.md: the Python around
 a tiny model's step is part of its price); medians of whole decodes (K = 2 minus K = 1, prefill and capped
@@ -54,11 +55,20 @@ class BatchCost:
     batch: int
     step_s: float  # a round's seconds per draft forward more (fitted over rounds of K = 1 and 3), >= 0
     round_s: float  # an autoregressive round (one target forward of one token per row)
+    # what drafting at all adds to a round: its fastest round of one draft forward (K = 1) less the
+    # autoregressive round, >= 0 (the round gate's price, `acchead.inference.round_gate`); None: step_s
+    first_s: float | None = None
 
     @property
     def c(self) -> float:
         """c(B) = t_step / t_round."""
         return self.step_s / self.round_s
+
+    @property
+    def c_first(self) -> float:
+        """c₁(B) = t_first / t_round: a round's first draft forward, the dearer one where drafting has a
+        fixed price of its own (the draft's catch-up feed, the verification's second position)."""
+        return (self.step_s if self.first_s is None else self.first_s) / self.round_s
 
 
 @dataclass(frozen=True)
@@ -72,13 +82,21 @@ class BatchCosts:
         if not sizes or len(set(sizes)) != len(sizes) or min(sizes) < 1:
             raise AccheadError(f"batch costs need distinct batch sizes >= 1, got {sizes}")
         for cost in self.costs:
-            if not (cost.round_s > 0 and cost.step_s >= 0):
+            if not (cost.round_s > 0 and cost.step_s >= 0 and (cost.first_s or 0.0) >= 0):
                 raise AccheadError(f"batch costs need round_s > 0 and step_s >= 0 seconds, got {cost}")
         object.__setattr__(self, "costs", tuple(sorted(self.costs, key=lambda c: c.batch)))
 
     def c_at(self, batch: int) -> float:
         """c at `batch` rows: the measured size's c, or linear in log B between the two around it."""
-        points = [(math.log(c.batch), c.c) for c in self.costs]
+        return self._at(batch, [c.c for c in self.costs])
+
+    def c_first_at(self, batch: int) -> float:
+        """c₁ (`BatchCost.c_first`) at `batch` rows, interpolated as `c_at`."""
+        return self._at(batch, [c.c_first for c in self.costs])
+
+    def _at(self, batch: int, values: list[float]) -> float:
+        """`values` (one per measured size) at `batch` rows: linear in log B, clamped at the ends."""
+        points = [(math.log(c.batch), v) for c, v in zip(self.costs, values, strict=True)]
         x = math.log(max(batch, 1))
         if x <= points[0][0]:
             return points[0][1]
@@ -157,5 +175,6 @@ def measure_batch_costs(
         xs = [d for d in fastest if d > 0]
         mean_x, mean_y = sum(xs) / len(xs), sum(fastest[d] for d in xs) / len(xs)
         slope = sum((d - mean_x) * (fastest[d] - mean_y) for d in xs) / sum((d - mean_x) ** 2 for d in xs)
-        costs.append(BatchCost(batch=b, step_s=max(slope, 0.0), round_s=fastest[0]))
+        first = max(fastest[1] - fastest[0], 0.0) if 1 in fastest else None
+        costs.append(BatchCost(batch=b, step_s=max(slope, 0.0), round_s=fastest[0], first_s=first))
     return BatchCosts(tuple(costs))

@@ -49,6 +49,10 @@ from acchead.inference.policies import Confidence, Entropy, StopPolicy
 class BatchStop:
     """The batch rule with a cost ratio c(B) = the price of a batch draft step in rows' AR tokens.
 
+    With `gate`, the batch also decides before each round whether to draft at all (`acchead.inference.
+    round_gate`: once the rows' acceptance so far says autoregressive rounds finish the batch sooner, it
+    decodes the rest autoregressively).
+
     Exactly one of: `c`, a declared ratio in (0, 1) for every B (`BatchStop.from_h(h)`: c = 1 − h, the
     ratio for which the paper's single-sequence threshold h is optimal, Δ = 0, so that at B = 1 the batch
     rule adds nothing to the rows' own rule); `costs`, ratios measured per batch size
@@ -59,6 +63,7 @@ class BatchStop:
     c: float | None = None
     costs: BatchCosts | None = None
     measure: bool = False
+    gate: bool = False
 
     def __post_init__(self) -> None:
         if (self.c is None) == (self.costs is None and not self.measure):
@@ -77,6 +82,16 @@ class BatchStop:
         if self.costs is None:
             raise AccheadError("the batch stop rule's costs are not measured yet (BatchedDecoder.calibrate)")
         return self.costs.c_at(batch)
+
+    def round_ratio(self, batch: int, forwards: float) -> float:
+        """A drafting round's seconds over an autoregressive round's at `batch` rows, with `forwards` (>= 1)
+        draft forwards: 1 + c₁(B) + (forwards − 1)·c(B) measured (`BatchCosts.c_first_at`: the first
+        forward's own price), 1 + forwards·c declared."""
+        if self.c is not None:
+            return 1.0 + forwards * self.c
+        self.ratio(batch)  # the one-line error when not measured yet
+        assert self.costs is not None
+        return 1.0 + self.costs.c_first_at(batch) + (forwards - 1.0) * self.costs.c_at(batch)
 
     def bound(self, batch: int) -> float:
         """c(B) · B: the expected accepted tokens a batch draft step of `batch` rows must be worth."""
@@ -98,8 +113,9 @@ class BatchStop:
 
     def __str__(self) -> str:
         if self.c is not None:
-            return f"batch-stop:c={self.c:g}"
-        return f"batch-stop:measured({self.costs if self.costs is not None else 'pending'})"
+            return f"batch-stop:c={self.c:g}" + (",gate" if self.gate else "")
+        name = "gated" if self.gate else "measured"
+        return f"batch-stop:{name}({self.costs if self.costs is not None else 'pending'})"
 
 
 def expected_gain(log_p_hat: torch.Tensor, drafting: torch.Tensor) -> torch.Tensor:
@@ -112,20 +128,21 @@ def expected_gain(log_p_hat: torch.Tensor, drafting: torch.Tensor) -> torch.Tens
 
 def parse_batch_stop(value: str | float | bool | None, h: float | None) -> BatchStop | None:
     """`None`/False/"off": no batch rule; True/"on": c = 1 − h (the policy's threshold); "measured": c(B)
-    measured by the decoder at its batch sizes; a number: c."""
+    measured by the decoder at its batch sizes; "gated": measured, with the round gate
+    (`acchead.inference.round_gate`); a number: c."""
     if value is None or value is False or (isinstance(value, str) and value.lower() in ("off", "0", "no")):
         return None
-    if value is True or (isinstance(value, str) and value.lower() in ("on", "1", "yes", "measured")):
+    if value is True or (isinstance(value, str) and value.lower() in ("on", "1", "yes", "measured", "gated")):
         if h is None:
             raise AccheadError("the batch stop rule reads the heads' P̂: it needs a specdecpp policy")
-        if isinstance(value, str) and value.lower() == "measured":
-            return BatchStop(measure=True)
+        if isinstance(value, str) and value.lower() in ("measured", "gated"):
+            return BatchStop(measure=True, gate=value.lower() == "gated")
         return BatchStop.from_h(h)
     try:
         c = float(value)
     except ValueError:
         raise AccheadError(
-            f"batch stop must be on, off, measured or a cost ratio c in (0, 1), got {value!r}"
+            f"batch stop must be on, off, measured, gated or a cost ratio c in (0, 1), got {value!r}"
         ) from None
     if not math.isfinite(c):
         raise AccheadError(f"batch stop ratio must be finite, got {value!r}")

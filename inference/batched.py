@@ -17,7 +17,8 @@ same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-leve
   to "longest agreeing prefix, then the target's argmax", computed for all rows from one argmax.
 - With `batch_stop` (SpecDec++ only), the batch also stops drafting as a whole once one more draft forward
   costs more than the rows still drafting are expected to gain (`acchead.inference.batch_stop`,
-  docs/batched.md). Rows that stop on this rule get the SpecDec++ free token like a row-level stop.
+  docs/batched.md). Rows that stop on this rule get the SpecDec++ free token like a row-level stop. Its
+  gated form decides before each round whether to draft at all (`acchead.inference.round_gate`).
 - Rows that finish (EOS, their max tokens, their stop check) leave the batch (`batch_select_indices`;
   on the fast path, `acchead.inference.static_ragged_cache`, they stay as all-hole rows: one graph per B).
   A batch of one runs on the single-prompt decoder instead (`acchead.inference.batched_single`).
@@ -57,6 +58,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
+from acchead.inference.round_gate import RoundGate
 from acchead.inference.spec import DecodingSpec, spec_arguments
 from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
 from acchead.inference.units import FEED, SAMPLE
@@ -181,7 +183,10 @@ class BatchedDecoder:
         span = self._span([length])
         widths = self.t_cache.graph_widths(self.cap + 1)  # a round feeds 1..cap + 1 tokens
         states = self._feed is not None and self._feed.wants_target_states
-        self.t_cache.warm_up(batch, span, [(w, w, states, w, False, None) for w in widths], self._fused)
+        shapes = [(w, w, states, w, False, None) for w in widths]
+        if states and self.batch_stop is not None and self.batch_stop.gate:  # a closed gate's: no states
+            shapes.append((1, 1, False, 1, False, None))
+        self.t_cache.warm_up(batch, span, shapes, self._fused)
         if self._feed is not None and self.cap > 0:
             want = self._rule.head is not None
             lams = [0.5] * batch if isinstance(self.policy, AdaEDL) else None
@@ -231,17 +236,19 @@ class BatchedDecoder:
         self.t_cache.reset(batch, span)
         if self._feed is not None:
             self._feed.reset(batch, span)
-        active = rows
+        active, gate = rows, self._gate()
         while active:
             caps = [min(self.cap, r.max_new - r.generated - 1) for r in active]
             if self._feed is not None and not self._feed.ready:  # a feature draft before the target's states
                 caps = [0] * len(active)
             calls0, round_start = out.draft_calls, time.perf_counter()
-            if max(caps) > 0:
+            if max(caps) > 0 and (gate is None or gate.draft(rows, active)):
                 cands, qs = self._draft(active, caps, sampling, out)
             else:
                 cands, qs = [[] for _ in active], [None] * len(active)
-            self._verify_round(active, cands, qs, sampling, eos, out.draft_calls - calls0)
+            closed = gate is not None and gate.ran(out.draft_calls - calls0)  # the draft is left behind
+            out.gate_rounds += int(closed)
+            self._verify_round(active, cands, qs, sampling, eos, out.draft_calls - calls0, closed)
             out.target_calls += 1
             # the round ended on a host read (its tokens), so on a GPU too this clock has waited for it
             out.round_times.append(time.perf_counter() - round_start)
@@ -259,6 +266,11 @@ class BatchedDecoder:
         out.wall_time = time.perf_counter() - start
         return out
 
+    def _gate(self) -> RoundGate | None:
+        """A decode's round gate: with a batch rule that has one (`BatchStop.gate`) and a head."""
+        rule = self.batch_stop
+        return RoundGate(rule) if rule is not None and rule.gate and self._rule.head is not None else None
+
     def _calibrated(self, batch: int) -> None:
         """A measured rule's c(B) up to `batch` rows: `calibrate` once per larger batch than any measured."""
         rule = self.batch_stop
@@ -268,9 +280,8 @@ class BatchedDecoder:
     def calibrate(self, batch: int) -> BatchCosts:
         """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows by timing this target and draft's
         autoregressive, K = 1 and K = 3 rounds (`acchead.inference.batch_cost`; B = 1 on the single-prompt
-        decoder when it runs batches of one), keeping the sizes measured before, by this rule or any decoder
-        of this target and draft on this path (`measured_costs`); `generate` calls it when a batch is
-        larger than any measured."""
+        decoder when it runs batches of one), keeping the sizes measured before by any decoder of this pair
+        and path (`measured_costs`); `generate` calls it when a batch is larger than any measured."""
         rule = self.batch_stop
         if rule is None or not rule.measure:  # a measured rule implies specdecpp, hence a draft
             raise AccheadError("calibrate needs batch_stop='measured'")
@@ -348,15 +359,16 @@ class BatchedDecoder:
         sampling: SamplingConfig,
         eos: set[int],
         draft_calls: int,
+        closed: bool = False,
     ) -> None:
         """One batched target forward over every row's [committed tail, candidates]; per-row verification,
-        commit and rollback of both caches."""
+        commit and rollback of both caches (the target's alone once the round gate `closed`)."""
         cache = self.t_cache
         dev = cache.device
         held = cache.length.tolist()
         feeds = [r.ids[h:] + c for r, h, c in zip(rows, held, cands, strict=True)]
         keep = max(len(c) for c in cands) + 1
-        states = self._feed is not None and self._feed.wants_target_states
+        states = self._feed is not None and self._feed.wants_target_states and not closed
         tokens, counts = right_aligned(feeds, dev)
         width = tokens.shape[1]  # the states of every fed position: a feature draft reads the accepted ones
         logits, hidden = cache.feed(tokens, counts, keep=keep, want_hidden=states, hidden_rows=width,
@@ -384,5 +396,5 @@ class BatchedDecoder:
         # cache's also crops and compacts its holes)
         if not self.fast or any(k < h + len(f) for k, h, f in zip(kept, held, feeds, strict=True)):
             cache.rollback(kept_t)
-        if self._feed is not None:
+        if self._feed is not None and not closed:
             self._feed.commit(kept_t)

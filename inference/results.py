@@ -77,6 +77,7 @@ class BatchResult:
         target_calls / draft_calls: batched target / draft forwards.
         head_calls: head evaluations (rows × judged steps).
         batch_stops: rounds the batch rule ended (0 without it).
+        gate_rounds: rounds the round gate decoded autoregressively (`acchead.inference.round_gate`).
         wall_time: seconds in `generate`.
         round_times / round_draft_calls: per round, its wall seconds (its drafting, verification and
             bookkeeping; the first round holds the prompts' prefill) and its batched draft forwards
@@ -89,6 +90,7 @@ class BatchResult:
     draft_calls: int = 0
     head_calls: int = 0
     batch_stops: int = 0
+    gate_rounds: int = 0
     wall_time: float = 0.0
     round_times: list[float] = field(default_factory=list)
     round_draft_calls: list[int] = field(default_factory=list)
@@ -111,5 +113,6 @@ class BatchResult:
         return {
             "rows": [r.to_dict() for r in self.rows], "target_calls": self.target_calls,
             "draft_calls": self.draft_calls, "head_calls": self.head_calls, "batch_stops": self.batch_stops,
-            "wall_time": self.wall_time, "tokens": self.tokens, "wall_tokens_per_s": self.wall_tokens_per_s,
+            "gate_rounds": self.gate_rounds, "wall_time": self.wall_time, "tokens": self.tokens,
+            "wall_tokens_per_s": self.wall_tokens_per_s,
         }  # fmt: skip

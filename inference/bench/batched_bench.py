@@ -45,7 +45,8 @@ class BatchedRow:
     """One (B, setting) row of `results.json`'s "batched" list.
 
     batch_size: B, prompts per forward; rows: prompts decoded (the prompts cycled to at least B);
-    passes: times every batch ran. Counts (tokens, target_calls, draft_calls, head_calls, batch_stops) are
+    passes: times every batch ran. Counts (tokens, target_calls, draft_calls, head_calls, batch_stops,
+    gate_rounds: the rounds the round gate decoded autoregressively, `acchead.inference.round_gate`) are
     one pass's sums over the batches; wall_time is a pass's summed wall time in seconds (mean over passes),
     wall_tokens_per_s = tokens / wall_time. batch_stop: the batch stop rule (`batch-stop:c=0.5`) or None.
     greedy_matches_ar: under greedy decoding, whether every output equals batched autoregressive
@@ -71,6 +72,7 @@ class BatchedRow:
     greedy: bool
     greedy_matches_ar: bool | None = None
     single_wall_tokens_per_s: float | None = None
+    gate_rounds: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The row as results.json stores it (`greedy_matches_ar` only under greedy decoding)."""
@@ -133,7 +135,7 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
     return rows
 
 
-COUNTS = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops")
+COUNTS = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops", "gate_rounds")
 
 
 @dataclass
@@ -234,8 +236,8 @@ def batched_table(rows: list[BatchedRow]) -> str:
     measured rule's c at the row's B (results.json keeps its whole table)."""
     lines = [
         "| B | method | spec | batch rule | wall tokens/s | × AR | × single-prompt | target calls "
-        "| draft calls | batch stops | tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| draft calls | batch stops | gated rounds | tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ar = {r.batch_size: r.wall_tokens_per_s for r in rows if r.spec == "autoregressive"}
     for r in rows:
@@ -245,21 +247,24 @@ def batched_table(rows: list[BatchedRow]) -> str:
         single = f"{r.wall_tokens_per_s / one:.2f} ({one:.1f} tokens/s)" if one else "-"
         lines.append(
             f"| {r.batch_size} | {r.method} | `{r.spec}` | {_rule_cell(r)} | {r.wall_tokens_per_s:.1f} "
-            f"| {rel} | {single} | {r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.tokens} |"
+            f"| {rel} | {single} | {r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.gate_rounds} "
+            f"| {r.tokens} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def _rule_cell(row: BatchedRow) -> str:
-    """`c=0.2` for a declared rule, `measured, c=0.41` (c at the row's B) for a measured one, `-` for none."""
+    """`c=0.2` for a declared rule, `measured, c=0.41` (c at the row's B) for a measured one (`gated, ...`
+    with the round gate), `-` for none."""
     rule = row.batch_stop
     if rule is None:
         return "-"
-    if "measured(" not in rule:
+    if "(" not in rule:
         return rule.removeprefix("batch-stop:")
-    table = dict(item.split(":c=") for item in rule.split("(", 1)[1].rstrip(")").split(","))
+    name, costs = rule.removeprefix("batch-stop:").split("(", 1)
+    table = dict(item.split(":c=") for item in costs.rstrip(")").split(",") if ":c=" in item)
     c = table.get(f"B{row.batch_size}")
-    return f"measured, c={c}" if c is not None else "measured"
+    return f"{name}, c={c}" if c is not None else name
 
 
 def write_batched(rows: list[BatchedRow], out: Path) -> None:
