@@ -58,7 +58,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
-from acchead.inference.round_gate import RoundGate
+from acchead.inference.round_gate import GateMemory
 from acchead.inference.spec import DecodingSpec, spec_arguments
 from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
 from acchead.inference.units import FEED, SAMPLE
@@ -146,6 +146,7 @@ class BatchedDecoder:
         elif isinstance(self.policy, Confidence | Entropy | AdaEDL):
             self._rule = StepRule(row_policy=self.policy)
         self._ks = StepIndex()  # k as graph inputs
+        self._gates = GateMemory()  # a gated batch rule's round gates, decode after decode
         self._single = SingleRow(target, draft, self.policy, verifier, self.fast, compile, device_path)
         self.single = single  # a batch of one runs on `_single`
 
@@ -236,13 +237,13 @@ class BatchedDecoder:
         self.t_cache.reset(batch, span)
         if self._feed is not None:
             self._feed.reset(batch, span)
-        active, gate = rows, self._gate()
+        active, gate = rows, self._gates.start(self.batch_stop if self._rule.head is not None else None)
         while active:
             caps = [min(self.cap, r.max_new - r.generated - 1) for r in active]
             if self._feed is not None and not self._feed.ready:  # a feature draft before the target's states
                 caps = [0] * len(active)
             calls0, round_start = out.draft_calls, time.perf_counter()
-            if max(caps) > 0 and (gate is None or gate.draft(rows, active)):
+            if (gate is None or gate.draft(rows, active)) and max(caps) > 0:
                 cands, qs = self._draft(active, caps, sampling, out)
             else:
                 cands, qs = [[] for _ in active], [None] * len(active)
@@ -260,16 +261,13 @@ class BatchedDecoder:
                 if self._feed is not None:
                     self._feed.select(idx)
                 active = [active[i] for i in keep]
+        if gate is not None:
+            self._gates.remember(gate, rows)
         for r in rows:
             r.res.new_ids = torch.tensor(r.ids[r.prompt_len :], dtype=torch.long)
             r.res.target_calls = r.res.rounds
         out.wall_time = time.perf_counter() - start
         return out
-
-    def _gate(self) -> RoundGate | None:
-        """A decode's round gate: with a batch rule that has one (`BatchStop.gate`) and a head."""
-        rule = self.batch_stop
-        return RoundGate(rule) if rule is not None and rule.gate and self._rule.head is not None else None
 
     def _calibrated(self, batch: int) -> None:
         """A measured rule's c(B) up to `batch` rows: `calibrate` once per larger batch than any measured."""

@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batch-stop", default="on", help="with --batch-size and a specdecpp policy: the batch stop rule, "
-        "on (c = 1 - h), measured (c(B) timed on this machine first), off, or a cost ratio c (default on)",
+        "on (c = 1 - h), measured (c(B) timed on this machine first), gated (measured, and before each round "
+        "the round gate: draft only while drafting finishes the batch sooner), off, or a cost ratio c "
+        "(default on)",
     )
     return p
 

@@ -15,16 +15,20 @@ deviation σ_b = √(m_b·v / μ_b³) (renewal theory), and the batch the slowes
     N_spec ≈ max_b (m_b / μ_b + e_R·σ_b),    e_R = E[max of R standard normals] ≈ Φ⁻¹((R − ⅜) / (R + ¼))
 
 over the R rows decoding. A drafting round costs ρ autoregressive rounds (`BatchStop.round_ratio`: 1 + c₁(R)
-+ (d − 1)·c(R) with d the draft forwards of this decode's drafting rounds so far, from the measured costs of
++ (d − 1)·c(R) with d the draft forwards per drafting round so far, from the measured costs of
 `acchead.inference.batch_cost`). The batch drafts while ρ·N_spec < N_AR; once it does not, it decodes the
 rest of the batch autoregressively (the draft's cache is left behind: resuming would feed it every token
 since, and on the fast path compile a feed of that width).
 
-The estimates read only the rounds decoded so far: μ_b shrinks row b's own mean gain towards the pooled one
-by `prior_rounds` pseudo-rounds, v is the pooled variance, d the pooled draft forwards. The gate decides
-only after `min_rounds` drafting rounds (before them the batch drafts). Like the stop rules it reads the
+The estimates read only rounds decoded before: μ_b shrinks row b's own mean gain towards the pooled one by
+`prior_rounds` pseudo-rounds, v is the pooled variance, d the pooled draft forwards, pooled over this decode
+and the decoder's earlier ones (`GateMemory`: their tallies halved per drafting decode, so a gate may close
+before its first round when the pair's acceptance at this cost says so; every `explore_every`-th decode, the
+first included, starts from nothing and drafts until it has its own evidence). The gate weighs once there are
+`min_observations` rows' rounds with candidates (before, the batch drafts). Like the stop rules it reads the
 past only, never the target's distribution of the round it decides, so every row stays an exact sample of
-the target (BanditSpec Prop. 3.1; tests/test_round_gate.py).
+the target (BanditSpec Prop. 3.1; tests/test_round_gate.py); a decoder's outputs then depend on its earlier
+decodes, as a measured c(B) makes them depend on timings.
 
 Left out: rows that end early at EOS (m_b counts to the max new tokens), and that a narrower batch is cheaper
 (eager rows leave the batch as they finish, on both kinds of rounds).
@@ -33,7 +37,7 @@ Left out: rows that end early at EOS (m_b counts to the max new tokens), and tha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from statistics import NormalDist
 
 from acchead.errors import AccheadError
@@ -63,27 +67,63 @@ class GateEstimate:
         return self.ratio * self.spec_rounds < self.ar_rounds
 
 
+@dataclass(frozen=True)
+class GateStats:
+    """Tallies of drafting rounds: `n` rows' rounds with candidates, the sums of their gains (1 + τ) and
+    squared gains; `rounds` drafting rounds and their batched draft `forwards`. Additive (`+`); `scaled`
+    weighs an older decode's down."""
+
+    n: float = 0.0
+    gain: float = 0.0
+    gain2: float = 0.0
+    rounds: float = 0.0
+    forwards: float = 0.0
+
+    def __add__(self, other: GateStats) -> GateStats:
+        return GateStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def scaled(self, weight: float) -> GateStats:
+        return GateStats(*(weight * a for a in astuple(self)))
+
+    @property
+    def mean(self) -> float:
+        return self.gain / self.n
+
+    @property
+    def var(self) -> float:
+        """The gains' variance (n − 1 in the denominator, at least 1)."""
+        return max(self.gain2 - self.n * self.mean**2, 0.0) / max(self.n - 1.0, 1.0)
+
+
+def row_gains(row: Row) -> list[int]:
+    """A row's gains (1 + τ) in the rounds it verified candidates."""
+    res = row.res
+    return [1 + tau for tau, n in zip(res.accepted_per_round, res.drafted_per_round, strict=True) if n > 0]
+
+
 @dataclass
 class RoundGate:
     """One decode's round gate (module docstring): `draft(rows, active)` before each round, `ran` after it.
 
     Args:
         rule: the batch rule whose costs price a drafting round (`BatchStop.round_ratio`).
-        min_rounds: drafting rounds before the gate decides (>= 1).
+        prior: tallies of earlier decodes (`GateMemory`), pooled with this decode's.
+        min_observations: rows' rounds with candidates, prior and own, before the gate weighs (>= 1).
         prior_rounds: pseudo-rounds of the pooled mean gain in each row's own (>= 0).
     """
 
     rule: BatchStop
-    min_rounds: int = 2
+    prior: GateStats = field(default_factory=GateStats)
+    min_observations: float = 8.0
     prior_rounds: float = 2.0
     closed: bool = False  # the batch decodes the rest autoregressively
     forwards: list[int] = field(default_factory=list)  # the draft forwards of each drafting round
     last: GateEstimate | None = None
 
     def __post_init__(self) -> None:
-        if self.min_rounds < 1 or self.prior_rounds < 0:
-            raise AccheadError(f"the round gate needs min_rounds >= 1 and prior_rounds >= 0, got "
-                               f"{self.min_rounds}, {self.prior_rounds}")  # fmt: skip
+        if self.min_observations < 1 or self.prior_rounds < 0:
+            raise AccheadError(f"the round gate needs min_observations >= 1 and prior_rounds >= 0, got "
+                               f"{self.min_observations}, {self.prior_rounds}")  # fmt: skip
 
     def ran(self, forwards: int) -> bool:
         """A round ran `forwards` batched draft forwards (its rows' gains are in their results); whether the
@@ -92,35 +132,59 @@ class RoundGate:
             self.forwards.append(forwards)
         return self.closed
 
+    def stats(self, rows: list[Row]) -> GateStats:
+        """This decode's own tallies: `rows` every row of the decode."""
+        gains = [g for r in rows for g in row_gains(r)]
+        squares = sum(g * g for g in gains)
+        return GateStats(len(gains), sum(gains), squares, len(self.forwards), sum(self.forwards))
+
     def draft(self, rows: list[Row], active: list[Row]) -> bool:
         """Whether the next round drafts: `rows` every row of the decode (their gains so far), `active` the
         rows still decoding. Once False, False for the rest of the decode."""
         if self.closed:
             return False
-        if len(self.forwards) < self.min_rounds:
-            return True
         self.last = self.estimate(rows, active)
         self.closed = self.last is not None and not self.last.draft
         return not self.closed
 
     def estimate(self, rows: list[Row], active: list[Row]) -> GateEstimate | None:
-        """N_AR, N_spec and ρ from the rows' drafting rounds so far (module docstring); None before any row
-        verified a candidate (caps of 0: nothing to weigh)."""
-        gains = [[1 + tau for tau, n in zip(r.res.accepted_per_round, r.res.drafted_per_round, strict=True)
-                  if n > 0] for r in rows]  # fmt: skip
-        pooled = [g for row in gains for g in row]
-        if not pooled:
+        """N_AR, N_spec and ρ from the drafting rounds so far, the prior's and the rows' (module docstring);
+        None before `min_observations` of them (then the batch drafts)."""
+        pooled = self.prior + self.stats(rows)
+        if pooled.n < self.min_observations or pooled.rounds == 0:
             return None
-        mean = sum(pooled) / len(pooled)
-        var = sum((g - mean) ** 2 for g in pooled) / max(len(pooled) - 1, 1)
-        by_row = {id(r): g for r, g in zip(rows, gains, strict=True)}
         e_r = expected_max_normal(len(active))
         spec, left = 0.0, []
         for r in active:
-            m = r.max_new - r.generated
-            own = by_row[id(r)]
-            mu = (sum(own) + self.prior_rounds * mean) / (len(own) + self.prior_rounds)
-            spec = max(spec, m / mu + e_r * math.sqrt(m * var / mu**3))
+            m, own = r.max_new - r.generated, row_gains(r)
+            mu = (sum(own) + self.prior_rounds * pooled.mean) / (len(own) + self.prior_rounds)
+            spec = max(spec, m / mu + e_r * math.sqrt(m * pooled.var / mu**3))
             left.append(m)
-        ratio = self.rule.round_ratio(len(active), sum(self.forwards) / len(self.forwards))
+        ratio = self.rule.round_ratio(len(active), pooled.forwards / pooled.rounds)
         return GateEstimate(float(max(left)), spec, ratio)
+
+
+@dataclass
+class GateMemory:
+    """A decoder's round gates across its decodes: each gate starts from the tallies of the decodes before
+    (halved per decode, so the recent ones weigh most), and every `explore_every`-th decode (the first
+    included) starts from nothing, so a gate that closed on old evidence still sees the pair anew."""
+
+    explore_every: int = 4
+    min_observations: float = 8.0  # each gate's (`RoundGate`)
+    history: GateStats = field(default_factory=GateStats)
+    decodes: int = 0
+
+    def start(self, rule: BatchStop | None) -> RoundGate | None:
+        """The next decode's gate under `rule` (None: the rule has no gate)."""
+        if rule is None or not rule.gate:
+            return None
+        explore = self.decodes % self.explore_every == 0
+        self.decodes += 1
+        return RoundGate(rule, GateStats() if explore else self.history, self.min_observations)
+
+    def remember(self, gate: RoundGate, rows: list[Row]) -> None:
+        """After a decode: its own tallies, if it drafted, join the history (the older ones halved)."""
+        own = gate.stats(rows)
+        if own.n > 0:
+            self.history = self.history.scaled(0.5) + own

@@ -70,16 +70,19 @@ def test_batched_rows_serialise_and_tabulate():
                           greedy_matches_ar=matches)  # fmt: skip
 
     ar, k = row("autoregressive", 10.0, True, True), row("specdec:k=3", 25.0, True, True)
-    assert list(ar.to_dict())[-3:] == ["wall_tokens_per_s", "greedy_matches_ar", "single_wall_tokens_per_s"]
+    assert list(ar.to_dict())[-4:] == ["wall_tokens_per_s", "greedy_matches_ar", "single_wall_tokens_per_s",
+                                       "gate_rounds"]  # fmt: skip
     assert "greedy_matches_ar" not in row("specdec:k=3", 25.0, False, None).to_dict()  # sampling: not judged
     table = batched_table([ar, k]).splitlines()
-    assert table[3] == "| 4 | specdec | `specdec:k=3` | - | 25.0 | 2.50 | - | 16 | 0 | 0 | 64 |"
+    assert table[3] == "| 4 | specdec | `specdec:k=3` | - | 25.0 | 2.50 | - | 16 | 0 | 0 | 0 | 64 |"
     one = replace(k, batch_size=1, single_wall_tokens_per_s=20.0)
     assert batched_table([one]).splitlines()[2].split(" | ")[6] == "1.25 (20.0 tokens/s)"
     measured = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:measured(B1:c=0.1,B4:c=0.52)")
     declared = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:c=0.2")
-    cells = [line.split(" | ")[3] for line in batched_table([measured, declared]).splitlines()[2:]]
-    assert cells == ["measured, c=0.52", "c=0.2"]
+    gated = replace(measured, batch_stop="batch-stop:gated(B1:c=0.1,B4:c=0.52)", gate_rounds=9)
+    table = batched_table([measured, declared, gated]).splitlines()[2:]
+    assert [line.split(" | ")[3] for line in table] == ["measured, c=0.52", "c=0.2", "gated, c=0.52"]
+    assert table[2].split(" | ")[10] == "9"  # the gated rounds
 
 
 def test_decode_batch_size_prints_every_row(tiny_pair_dirs, bench_inputs, capsys):  # noqa: F811

@@ -183,15 +183,20 @@ def _timed_passes(
 ) -> dict[str, _Tally]:  # fmt: skip
     """PASSES passes over the prompts `index` in batches of `size`, the decoders taking turns batch by batch
     in a seeded random order (see `run_batched`)."""
+    from tqdm import tqdm
+
     args, prompts = bench.args, bench.prompt_ids
     tallies = {key: _Tally() for key in decs}
     turns = runs + ([(s, _SINGLE) for s in chosen] if size == 1 else [])
     chunks = [index[lo : lo + size] for lo in range(0, len(index), size)]
+    bar = tqdm(total=PASSES * len(chunks) * len(turns), desc=f"batched B={size}", unit="batch",
+               dynamic_ncols=True)  # fmt: skip
     for p in range(PASSES):
         for c, chunk in enumerate(chunks):
             order = list(turns)
             random.Random(args.seed * 100_003 + size * 1_009 + p * 101 + c).shuffle(order)
             for s, rule in order:
+                bar.set_postfix_str(f"{s.spec} {rule or ''}".strip())
                 single = rule is _SINGLE
                 key = _single_key(s) if single else _key(s, rule)
                 if single:
@@ -208,6 +213,8 @@ def _timed_passes(
                     for k in COUNTS:
                         t.counts[k] += getattr(res, k)
                     t.digests += [_digest(r.new_ids.tolist()) for r in res.rows]
+                bar.update()
+    bar.close()
     return tallies
 
 

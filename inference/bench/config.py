@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--batch-size", type=_int_list, help="also decode the autoregressive, specdec and specdecpp settings B "
       "prompts at a time for each B, e.g. 1,4,16,64 (acchead.inference.batched; report: a row per B)")
     a("--batch-stop", type=_str_list, help="with --batch-size: the batch stop rules of the batched specdecpp "
-      "rows, comma-separated, a row each: on (c = 1 - h), measured (c(B) timed on this machine), off, or a "
-      "ratio c (default measured: it beat on at every B >= 4 in docs/batched.md)")
+      "rows, comma-separated, a row each: on (c = 1 - h), measured (c(B) timed on this machine), gated "
+      "(measured, and the round gate: draft a round only while drafting finishes the batch sooner), off, "
+      "or a ratio c (default measured: it beat on at every B >= 4 in docs/batched.md)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
     a(
         "--loop-profile-prompts",
