@@ -23,8 +23,8 @@ since, and on the fast path compile a feed of that width).
 The estimates read only rounds decoded before: μ_b shrinks row b's own mean gain towards the pooled one by
 `prior_rounds` pseudo-rounds, v is the pooled variance, d the pooled draft forwards, pooled over this decode
 and the decoder's earlier ones (`GateMemory`: their tallies halved per drafting decode, so a gate may close
-before its first round when the pair's acceptance at this cost says so; every `explore_every`-th decode, the
-first included, starts from nothing and drafts until it has its own evidence). The gate weighs once there are
+before its first round when the pair's acceptance at this cost says so; every 8th decode, the first included,
+starts from nothing and drafts until it has its own evidence). The gate weighs once there are
 `min_observations` rows' rounds with candidates (before, the batch drafts). Like the stop rules it reads the
 past only, never the target's distribution of the round it decides, so every row stays an exact sample of
 the target (BanditSpec Prop. 3.1; tests/test_round_gate.py); a decoder's outputs then depend on its earlier
@@ -167,10 +167,10 @@ class RoundGate:
 @dataclass
 class GateMemory:
     """A decoder's round gates across its decodes: each gate starts from the tallies of the decodes before
-    (halved per decode, so the recent ones weigh most), and every `explore_every`-th decode (the first
-    included) starts from nothing, so a gate that closed on old evidence still sees the pair anew."""
+    (halved per drafting decode, so the recent ones weigh most), and every `explore_every`-th decode (the
+    first included) starts from nothing, so a gate that closed on old evidence still sees the pair anew."""
 
-    explore_every: int = 4
+    explore_every: int = 8
     min_observations: float = 8.0  # each gate's (`RoundGate`)
     history: GateStats = field(default_factory=GateStats)
     decodes: int = 0

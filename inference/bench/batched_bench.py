@@ -112,8 +112,9 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         for rule in (args.batch_stop if isinstance(s.decoding.policy, SpecDecPPSpec) else [None])
     ]  # fmt: skip
     rows: list[BatchedRow] = []
+    made: dict = {}  # one batched decoder per run for every B, as a server keeps one (its gate's memory)
     for size in sizes:
-        decs = _decoders(bench, runs, chosen, size)
+        decs = _decoders(bench, runs, chosen, size, made)
         index = [i % len(bench.prompt_ids) for i in range(max(size, len(bench.prompt_ids)))]
         tallies = _timed_passes(bench, decs, runs, chosen, index, size)
         ar = next((tallies[_key(s, r)].digests for s, r in runs if _is_ar(s)), None)
@@ -153,9 +154,12 @@ class _Tally:
         return self.tokens / self.wall if self.wall > 0 else 0.0
 
 
-def _decoders(bench: Bench, runs: list[tuple[Setting, str | None]], chosen: list[Setting], size: int) -> dict:
-    """The decoders timed at B = `size`, by key: a `BatchedDecoder` per run and, at B = 1, each setting's
-    single-prompt decoder; the fast path's forwards compiled now, outside the timed passes."""
+def _decoders(
+    bench: Bench, runs: list[tuple[Setting, str | None]], chosen: list[Setting], size: int, made: dict
+) -> dict:
+    """The decoders timed at B = `size`, by key: a `BatchedDecoder` per run (`made`'s, made on first use and
+    kept for every B: a measured rule's c(B) and a gated rule's memory carry over) and, at B = 1, each
+    setting's single-prompt decoder; the fast path's forwards compiled now, outside the timed passes."""
     from acchead.inference.batched import BatchedDecoder
 
     args = bench.args
@@ -163,10 +167,13 @@ def _decoders(bench: Bench, runs: list[tuple[Setting, str | None]], chosen: list
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     start, decs = time.perf_counter(), {}
     for s, rule in runs:
-        decs[_key(s, rule)] = dec = BatchedDecoder(
-            bench.target, None if _is_ar(s) else bench.draft, s.decoding.policy, head=s.head,
-            verifier=s.verifier, batch_stop=rule or False, fast=s.fast,
-        )  # fmt: skip
+        key = _key(s, rule)
+        if key not in made:
+            made[key] = BatchedDecoder(
+                bench.target, None if _is_ar(s) else bench.draft, s.decoding.policy, head=s.head,
+                verifier=s.verifier, batch_stop=rule or False, fast=s.fast,
+            )  # fmt: skip
+        decs[key] = dec = made[key]
         dec.warm_up(size, longest, **sampling)
     for s in chosen if size == 1 else []:  # mostly compiled by the bench's grid (a model's decoders share)
         decs[_single_key(s)] = dec = bench.decoder(s)
