@@ -18,7 +18,7 @@ same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-leve
 - With `batch_stop` (SpecDec++ only), the batch also stops drafting as a whole once one more draft forward
   costs more than the rows still drafting are expected to gain (`acchead.inference.batch_stop`,
   docs/batched.md). Rows that stop on this rule get the SpecDec++ free token like a row-level stop. Its
-  gated form decides before each round whether to draft at all (`acchead.inference.round_gate`).
+  gated form caps each round's candidates, 0 included, before it starts (`acchead.inference.round_gate`).
 - Rows that finish (EOS, their max tokens, their stop check) leave the batch (`batch_select_indices`;
   on the fast path, `acchead.inference.static_ragged_cache`, they stay as all-hole rows: one graph per B).
   A batch of one runs on the single-prompt decoder instead (`acchead.inference.batched_single`).
@@ -237,19 +237,22 @@ class BatchedDecoder:
         self.t_cache.reset(batch, span)
         if self._feed is not None:
             self._feed.reset(batch, span)
-        active, gate = rows, self._gates.start(self.batch_stop if self._rule.head is not None else None)
+        active, gate = rows, self._gates.start(self.batch_stop, self._rule.head, self.cap)
         while active:
-            caps = [min(self.cap, r.max_new - r.generated - 1) for r in active]
+            limit = self.cap if gate is None else gate.cap(active)  # the round gate: 0 (AR) .. the cap
+            caps = [min(limit, r.max_new - r.generated - 1) for r in active]
             if self._feed is not None and not self._feed.ready:  # a feature draft before the target's states
                 caps = [0] * len(active)
             calls0, round_start = out.draft_calls, time.perf_counter()
-            if (gate is None or gate.draft(rows, active)) and max(caps) > 0:
+            if max(caps) > 0:
                 cands, qs = self._draft(active, caps, sampling, out)
             else:
                 cands, qs = [[] for _ in active], [None] * len(active)
-            closed = gate is not None and gate.ran(out.draft_calls - calls0)  # the draft is left behind
+            closed = gate is not None and gate.closed  # the draft is left behind
             out.gate_rounds += int(closed)
             self._verify_round(active, cands, qs, sampling, eos, out.draft_calls - calls0, closed)
+            if gate is not None:
+                gate.ran(out.draft_calls - calls0, active)
             out.target_calls += 1
             # the round ended on a host read (its tokens), so on a GPU too this clock has waited for it
             out.round_times.append(time.perf_counter() - round_start)
@@ -262,7 +265,7 @@ class BatchedDecoder:
                     self._feed.select(idx)
                 active = [active[i] for i in keep]
         if gate is not None:
-            self._gates.remember(gate, rows)
+            self._gates.remember(gate)
         for r in rows:
             r.res.new_ids = torch.tensor(r.ids[r.prompt_len :], dtype=torch.long)
             r.res.target_calls = r.res.rounds
@@ -314,8 +317,7 @@ class BatchedDecoder:
         rules, the batch rule) in its own unit; the host reads one flag per step and the candidates once."""
         feed = self._feed
         assert feed is not None
-        dev = feed.cache.device
-        want = self._rule.head is not None  # a head reads each step's state or hidden state
+        dev, want = feed.cache.device, self._rule.head is not None  # want: a head reads each step's state
         lams = [r.run.lam for r in rows] if isinstance(self.policy, AdaEDL) else None  # moved between rounds
         bound = -1.0  # the batch rule's c(R)·R over the R rows of the round; −1: never stops the batch
         if self.batch_stop is not None and self._rule.head is not None:

@@ -36,9 +36,10 @@ Left out: rows that end early at EOS (m_b counts to the max new tokens), and tha
 
 from __future__ import annotations
 
-import math
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from statistics import NormalDist
+
+import torch
 
 from acchead.errors import AccheadError
 from acchead.inference.batch_stop import BatchStop
@@ -54,114 +55,133 @@ def expected_max_normal(n: int) -> float:
 
 
 @dataclass(frozen=True)
-class GateEstimate:
-    """What the gate weighed before a round: rounds left autoregressively, by drafting, and a drafting
-    round's price in autoregressive rounds."""
-
-    ar_rounds: float  # N_AR = max_b m_b
-    spec_rounds: float  # N_spec (module docstring)
-    ratio: float  # ρ
-
-    @property
-    def draft(self) -> bool:
-        return self.ratio * self.spec_rounds < self.ar_rounds
-
-
-@dataclass(frozen=True)
 class GateStats:
-    """Tallies of drafting rounds: `n` rows' rounds with candidates, the sums of their gains (1 + τ) and
-    squared gains; `rounds` drafting rounds and their batched draft `forwards`. Additive (`+`); `scaled`
-    weighs an older decode's down."""
+    """Tallies of open drafting rounds (the policy's own caps), counted for every cap k = 1..K at once: a
+    row's round that drafted n > 0 candidates and had τ accepted would have gained g_k = 1 + min(τ, k) tokens
+    under cap k (the same draws, keyed by position; the same verdicts on the first k). `n` rows' rounds,
+    `gain` and `gain2` (K,) sums of g_k and g_k², `rounds` drafting rounds and `forwards` (K,) sums of
+    min(d, k) for a round's d batched draft forwards. Additive (`+`); `scaled` weighs an older decode's
+    down."""
 
     n: float = 0.0
-    gain: float = 0.0
-    gain2: float = 0.0
+    gain: torch.Tensor | None = None  # (K,) float64; None: no rounds yet
+    gain2: torch.Tensor | None = None
     rounds: float = 0.0
-    forwards: float = 0.0
+    forwards: torch.Tensor | None = None
 
     def __add__(self, other: GateStats) -> GateStats:
-        return GateStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        if self.gain is None or other.gain is None:
+            return other if self.gain is None else self
+        return GateStats(self.n + other.n, self.gain + other.gain, self.gain2 + other.gain2,
+                         self.rounds + other.rounds, self.forwards + other.forwards)  # fmt: skip
 
     def scaled(self, weight: float) -> GateStats:
-        return GateStats(*(weight * a for a in astuple(self)))
+        if self.gain is None:
+            return self
+        return GateStats(weight * self.n, weight * self.gain, weight * self.gain2, weight * self.rounds,
+                         weight * self.forwards)  # fmt: skip
 
     @property
-    def mean(self) -> float:
+    def mean(self) -> torch.Tensor:
+        """(K,) the mean gain under each cap."""
+        assert self.gain is not None
         return self.gain / self.n
 
     @property
-    def var(self) -> float:
-        """The gains' variance (n − 1 in the denominator, at least 1)."""
-        return max(self.gain2 - self.n * self.mean**2, 0.0) / max(self.n - 1.0, 1.0)
+    def var(self) -> torch.Tensor:
+        """(K,) the gains' variance under each cap (n − 1 in the denominator, at least 1)."""
+        assert self.gain2 is not None
+        return (self.gain2 - self.n * self.mean**2).clamp_min(0.0) / max(self.n - 1.0, 1.0)
 
 
-def row_gains(row: Row) -> list[int]:
-    """A row's gains (1 + τ) in the rounds it verified candidates."""
-    res = row.res
-    return [1 + tau for tau, n in zip(res.accepted_per_round, res.drafted_per_round, strict=True) if n > 0]
+@dataclass(frozen=True)
+class GateEstimate:
+    """What the gate weighed before a round: `costs[k]` the rounds, in autoregressive rounds' time, left
+    to the batch under cap k (k = 0: autoregressive, N_AR; k >= 1: ρ_k·N_k)."""
+
+    costs: tuple[float, ...]
+
+    @property
+    def choice(self) -> int:
+        """The cheapest cap (ties to the larger: a cap above every round's drafts changes nothing)."""
+        return min(range(len(self.costs)), key=lambda k: (self.costs[k], -k))
 
 
 @dataclass
 class RoundGate:
-    """One decode's round gate (module docstring): `draft(rows, active)` before each round, `ran` after it.
+    """One decode's round gate (module docstring): `cap(rows, active)` before each round, `ran` after it.
 
     Args:
         rule: the batch rule whose costs price a drafting round (`BatchStop.round_ratio`).
+        max_cap: K, the policy's candidate cap (>= 1).
         prior: tallies of earlier decodes (`GateMemory`), pooled with this decode's.
         min_observations: rows' rounds with candidates, prior and own, before the gate weighs (>= 1).
         prior_rounds: pseudo-rounds of the pooled mean gain in each row's own (>= 0).
     """
 
     rule: BatchStop
+    max_cap: int
     prior: GateStats = field(default_factory=GateStats)
     min_observations: float = 8.0
     prior_rounds: float = 2.0
-    closed: bool = False  # the batch decodes the rest autoregressively
-    forwards: list[int] = field(default_factory=list)  # the draft forwards of each drafting round
+    choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
+    own: GateStats = field(default_factory=GateStats)
     last: GateEstimate | None = None
 
     def __post_init__(self) -> None:
-        if self.min_observations < 1 or self.prior_rounds < 0:
-            raise AccheadError(f"the round gate needs min_observations >= 1 and prior_rounds >= 0, got "
-                               f"{self.min_observations}, {self.prior_rounds}")  # fmt: skip
+        if self.min_observations < 1 or self.prior_rounds < 0 or self.max_cap < 1:
+            raise AccheadError("the round gate needs min_observations >= 1, prior_rounds >= 0 and a cap >= 1,"
+                               f" got {self.min_observations}, {self.prior_rounds}, {self.max_cap}")
+        self._ks = torch.arange(1, self.max_cap + 1, dtype=torch.float64)  # (K,) the caps k
+        self._rows: dict[int, tuple[float, torch.Tensor]] = {}  # id(row) -> its rounds, its (K,) gain sums
 
-    def ran(self, forwards: int) -> bool:
-        """A round ran `forwards` batched draft forwards (its rows' gains are in their results); whether the
-        gate is closed (the round was autoregressive by the gate's choice)."""
-        if forwards > 0:
-            self.forwards.append(forwards)
+    @property
+    def closed(self) -> bool:
+        """The batch decodes the rest autoregressively."""
+        return self.choice == 0
+
+    def ran(self, forwards: int, rows: list[Row]) -> bool:
+        """After a round of `rows` that ran `forwards` batched draft forwards: an open round's verdicts join
+        the tallies. Whether the gate is closed (the round was autoregressive by the gate's choice)."""
+        if self.choice is None and forwards > 0:
+            verdicts = [(r, r.res.accepted_per_round[-1]) for r in rows if r.res.drafted_per_round[-1] > 0]
+            if verdicts:
+                tau = torch.tensor([t for _, t in verdicts], dtype=torch.float64)
+                gains = 1.0 + torch.minimum(tau[:, None], self._ks)  # (R, K) g_k of each row
+                for (r, _), g in zip(verdicts, gains, strict=True):
+                    n, total = self._rows.get(id(r), (0.0, torch.zeros_like(self._ks)))
+                    self._rows[id(r)] = (n + 1.0, total + g)
+                fwd = torch.minimum(torch.tensor(float(forwards), dtype=torch.float64), self._ks)
+                self.own = self.own + GateStats(len(verdicts), gains.sum(0), (gains**2).sum(0), 1.0, fwd)
         return self.closed
 
-    def stats(self, rows: list[Row]) -> GateStats:
-        """This decode's own tallies: `rows` every row of the decode."""
-        gains = [g for r in rows for g in row_gains(r)]
-        squares = sum(g * g for g in gains)
-        return GateStats(len(gains), sum(gains), squares, len(self.forwards), sum(self.forwards))
+    def cap(self, active: list[Row]) -> int:
+        """The next round's candidate cap for the `active` rows: K while open (then the policy's own caps),
+        0 for an autoregressive round, or the cap the gate chose (kept for the rest of the decode)."""
+        if self.choice is not None:
+            return self.choice
+        self.last = self.estimate(active)
+        if self.last is not None and self.last.choice < self.max_cap:
+            self.choice = self.last.choice
+            return self.choice
+        return self.max_cap
 
-    def draft(self, rows: list[Row], active: list[Row]) -> bool:
-        """Whether the next round drafts: `rows` every row of the decode (their gains so far), `active` the
-        rows still decoding. Once False, False for the rest of the decode."""
-        if self.closed:
-            return False
-        self.last = self.estimate(rows, active)
-        self.closed = self.last is not None and not self.last.draft
-        return not self.closed
-
-    def estimate(self, rows: list[Row], active: list[Row]) -> GateEstimate | None:
-        """N_AR, N_spec and ρ from the drafting rounds so far, the prior's and the rows' (module docstring);
-        None before `min_observations` of them (then the batch drafts)."""
-        pooled = self.prior + self.stats(rows)
-        if pooled.n < self.min_observations or pooled.rounds == 0:
+    def estimate(self, active: list[Row]) -> GateEstimate | None:
+        """The cost of each cap from the open rounds so far, the prior's and this decode's (module
+        docstring); None before `min_observations` of them (then the batch drafts on)."""
+        pooled = self.prior + self.own
+        if pooled.gain is None or pooled.n < self.min_observations:
             return None
-        e_r = expected_max_normal(len(active))
-        spec, left = 0.0, []
-        for r in active:
-            m, own = r.max_new - r.generated, row_gains(r)
-            mu = (sum(own) + self.prior_rounds * pooled.mean) / (len(own) + self.prior_rounds)
-            spec = max(spec, m / mu + e_r * math.sqrt(m * pooled.var / mu**3))
-            left.append(m)
-        ratio = self.rule.round_ratio(len(active), pooled.forwards / pooled.rounds)
-        return GateEstimate(float(max(left)), spec, ratio)
+        mean, var = pooled.mean, pooled.var  # (K,)
+        zero = torch.zeros_like(self._ks)
+        own = [self._rows.get(id(r), (0.0, zero)) for r in active]
+        n = torch.tensor([c for c, _ in own], dtype=torch.float64)[:, None]  # (R, 1)
+        mu = (torch.stack([t for _, t in own]) + self.prior_rounds * mean) / (n + self.prior_rounds)  # (R, K)
+        m = torch.tensor([float(r.max_new - r.generated) for r in active], dtype=torch.float64)[:, None]
+        rounds = (m / mu + expected_max_normal(len(active)) * (m * var / mu**3).sqrt()).amax(0)  # (K,) N_k
+        d = (pooled.forwards / pooled.rounds).tolist()
+        ratio = torch.tensor([self.rule.round_ratio(len(active), dk) for dk in d], dtype=torch.float64)
+        return GateEstimate((float(m.max()), *(ratio * rounds).tolist()))
 
 
 @dataclass
@@ -175,16 +195,16 @@ class GateMemory:
     history: GateStats = field(default_factory=GateStats)
     decodes: int = 0
 
-    def start(self, rule: BatchStop | None) -> RoundGate | None:
-        """The next decode's gate under `rule` (None: the rule has no gate)."""
-        if rule is None or not rule.gate:
+    def start(self, rule: BatchStop | None, head: object, max_cap: int) -> RoundGate | None:
+        """The next decode's gate under `rule` for a policy with SpecDec++'s `head` (None: none) and cap
+        `max_cap`; None where the rule has no gate."""
+        if rule is None or not rule.gate or head is None or max_cap < 1:
             return None
         explore = self.decodes % self.explore_every == 0
         self.decodes += 1
-        return RoundGate(rule, GateStats() if explore else self.history, self.min_observations)
+        return RoundGate(rule, max_cap, GateStats() if explore else self.history, self.min_observations)
 
-    def remember(self, gate: RoundGate, rows: list[Row]) -> None:
-        """After a decode: its own tallies, if it drafted, join the history (the older ones halved)."""
-        own = gate.stats(rows)
-        if own.n > 0:
-            self.history = self.history.scaled(0.5) + own
+    def remember(self, gate: RoundGate) -> None:
+        """After a decode: its own tallies, if it drafted open rounds, join the history (the older halved)."""
+        if gate.own.gain is not None:
+            self.history = self.history.scaled(0.5) + gate.own

@@ -25,10 +25,17 @@ from acchead.inference.round_gate import GateMemory, GateStats, RoundGate, expec
 from acchead.sampling import SamplingConfig
 
 
-def _row(generated: int, max_new: int, accepted: list[int], drafted: list[int]) -> Row:
-    row = Row(ids=[1] * (2 + generated), prompt_len=2, max_new=max_new, seed=0, stop_check=None)
-    row.res.accepted_per_round, row.res.drafted_per_round = accepted, drafted
-    return row
+def _row(generated: int, max_new: int) -> Row:
+    return Row(ids=[1] * (2 + generated), prompt_len=2, max_new=max_new, seed=0, stop_check=None)
+
+
+def _play(gate: RoundGate, rows: list[Row], rounds: list[tuple[int, list[tuple[int, int]]]]) -> None:
+    """Rounds of `rows`: (draft forwards, [(drafted, accepted) per row]) each, then the gate's `ran`."""
+    for forwards, verdicts in rounds:
+        for r, (n, tau) in zip(rows, verdicts, strict=True):
+            r.res.drafted_per_round.append(n)
+            r.res.accepted_per_round.append(tau)
+        gate.ran(forwards, rows)
 
 
 def test_expected_max_normal():
@@ -38,44 +45,68 @@ def test_expected_max_normal():
         expected_max_normal(0)
 
 
-def test_gate_estimate_hand_computed():
-    """Two rows after two drafting rounds of one forward: gains (1 + τ) 2, 2 and 1, 1, 20 new tokens each.
-    Pooled mean 1.5, variance 1/3; μ_a = (4 + 2·1.5) / 4 = 1.75, μ_b = (2 + 3) / 4 = 1.25; m = 16 and 18;
-    e_2 = 0.589: N_spec = max(16/1.75 + e_2·√(16/3 / 1.75³), 18/1.25 + e_2·√(18/3 / 1.25³)) = 15.433,
-    N_AR = 18. Declared c = 0.2: ρ = 1.2, 18.52 ≥ 18, autoregressive from here; c = 0.1: ρ = 1.1, 16.98 <
-    18, draft."""
-    rows = [_row(4, 20, [1, 1], [2, 3]), _row(2, 20, [0, 0], [1, 2])]
-    for c, drafts in ((0.2, False), (0.1, True)):
-        gate = RoundGate(BatchStop(c, gate=True), min_observations=4)
-        for _ in range(2):
-            gate.ran(1)
-        est = gate.estimate(rows, rows)
-        assert (est.ar_rounds, round(est.spec_rounds, 3), est.ratio) == (18.0, 15.433, 1 + c)
-        assert gate.draft(rows, rows) is drafts and gate.closed is not drafts
-        assert gate.draft(rows, rows) is drafts  # closed stays closed
+# Two open rounds of two rows, 20 new tokens each: row a drafted 2 then 3 (2 and 3 draft forwards), 1
+# accepted each time; row b drafted 1 then 2, none accepted. Under cap 1 or 2 the gains are the same, 2, 2
+# and 1, 1: pooled mean 1.5, variance 1/3; μ_a = (4 + 2·1.5) / 4 = 1.75, μ_b = (2 + 3) / 4 = 1.25; m = 16
+# and 18, e_2 = 0.589: N = max(16/1.75 + e_2·√(16/3 / 1.75³), 18/1.25 + e_2·√(18/3 / 1.25³)) = 15.433;
+# N_AR = 18. Draft forwards a round: min(d, 1) = 1, min(d, 2) = 2, so ρ_1 = 1 + c, ρ_2 = 1 + 2c.
+HAND = [(2, [(2, 1), (1, 0)]), (3, [(3, 1), (2, 0)])]
+
+
+@pytest.mark.parametrize(
+    ("c", "costs", "choice"),
+    [
+        (0.1, [18.0, 16.976, 18.52], 1),  # cap 1: 1.1·15.433 < 18
+        (0.2, [18.0, 18.52, 21.606], 0),  # autoregressive: 1.2·15.433 ≥ 18
+        (0.01, [18.0, 15.587, 15.742], 1),  # a second candidate gains nothing here and costs c
+    ],
+)
+def test_gate_estimate_hand_computed(c, costs, choice):
+    rows = [_row(4, 20), _row(2, 20)]
+    gate = RoundGate(BatchStop(c, gate=True), max_cap=2, min_observations=4)
+    _play(gate, rows, HAND)
+    est = gate.estimate(rows)
+    assert [round(x, 3) for x in est.costs] == costs and est.choice == choice
+    assert gate.cap(rows) == choice == gate.choice and gate.closed is (choice == 0)
+    assert gate.cap(rows) == choice  # kept for the rest of the decode
     # a finished row weighs in the means but not in N: only row a decodes on (one row: e_1 = 0)
-    est = RoundGate(BatchStop(0.2, gate=True), forwards=[1, 1], min_observations=4).estimate(rows, rows[:1])
-    assert (est.ar_rounds, est.spec_rounds) == (16.0, 16 / 1.75)
+    ar, cap1 = gate.estimate(rows[:1]).costs[:2]
+    assert ar == 16.0 and math.isclose(cap1, (1 + c) * 16 / 1.75)
 
 
-def test_gate_drafts_until_min_observations_and_counts_forwards():
-    rows = [_row(2, 20, [0, 0], [1, 1]), _row(2, 20, [0, 0], [1, 1])]  # nothing accepted: 4 observations
-    gate = RoundGate(BatchStop(0.5, gate=True), min_observations=5)
-    assert gate.draft(rows, rows) and not gate.ran(3)  # 4 < 5 observations: draft
-    assert gate.draft(rows, rows) and not gate.ran(0)  # a round without draft forwards does not count
-    rows[0].res.accepted_per_round.append(0)
-    rows[0].res.drafted_per_round.append(1)
-    assert gate.draft(rows, rows) is False and gate.ran(0)  # 5: ρ = 1 + 0.5·3 = 2.5 > 1 = μ
-    assert gate.last is not None and gate.last.ratio == 2.5 and gate.draft(rows, rows) is False
-    assert gate.stats(rows) == GateStats(n=5, gain=5, gain2=5, rounds=1, forwards=3)
+def test_gate_stays_open_while_the_policys_own_cap_is_cheapest():
+    """Row a's second round accepted 2: under cap 2 it gains 3, under cap 1 only 2; with c = 0.01 the cap of
+    2 (the policy's own) is cheapest, so the gate stays open (the policy's caps) and weighs again next
+    round."""
+    rows = [_row(4, 20), _row(2, 20)]
+    gate = RoundGate(BatchStop(0.01, gate=True), max_cap=2, min_observations=4)
+    _play(gate, rows, [(2, [(2, 1), (1, 0)]), (3, [(3, 2), (2, 0)])])
+    assert [round(x, 3) for x in gate.estimate(rows).costs] == [18.0, 15.587, 14.867]
+    assert gate.cap(rows) == 2 and gate.choice is None
+
+
+def test_gate_drafts_until_min_observations_and_counts_only_open_rounds():
+    rows = [_row(2, 20), _row(2, 20)]
+    gate = RoundGate(BatchStop(0.5, gate=True), max_cap=3, min_observations=5)
+    _play(gate, rows, [(3, [(1, 0), (1, 0)]), (0, [(0, 0), (0, 0)]), (1, [(1, 0), (0, 0)])])
+    assert gate.own.n == 3 and gate.own.rounds == 2 and gate.cap(rows) == 3  # 3 < 5 observations: open
+    _play(gate, rows, [(1, [(1, 0), (1, 0)])])
+    assert gate.cap(rows) == 0 and gate.closed  # 5, nothing accepted: ρ > 1 = μ for every cap
+    _play(gate, rows, [(1, [(1, 0), (1, 0)])])  # a round after the choice is not tallied
+    assert gate.own.n == 5 and gate.own.forwards.tolist() == [3.0, 4.0, 5.0]  # min(d, k) over d = 3, 1, 1
     with pytest.raises(AccheadError):
-        RoundGate(BatchStop(0.5, gate=True), min_observations=0)
+        RoundGate(BatchStop(0.5, gate=True), max_cap=3, min_observations=0)
 
 
 def test_gate_stats_pool_and_weigh():
-    a, b = GateStats(4, 6, 10, 2, 2), GateStats(2, 2, 2, 1, 3)
-    assert a + b == GateStats(6, 8, 12, 3, 5) and a.scaled(0.5) == GateStats(2, 3, 5, 1, 1)
-    assert a.mean == 1.5 and math.isclose(a.var, 1 / 3)  # gains 2, 2, 1, 1
+    t = functools.partial(torch.tensor, dtype=torch.float64)
+    a = GateStats(4, t([6.0, 6.0]), t([10.0, 10.0]), 2, t([2.0, 4.0]))  # gains 2, 2, 1, 1 under both caps
+    b = GateStats(2, t([2.0, 3.0]), t([2.0, 5.0]), 1, t([1.0, 2.0]))
+    both = a + b
+    assert both.n == 6 and both.gain.tolist() == [8.0, 9.0] and both.forwards.tolist() == [3.0, 6.0]
+    assert a.scaled(0.5).gain.tolist() == [3.0, 3.0] and a.scaled(0.5).rounds == 1
+    assert a.mean.tolist() == [1.5, 1.5] and torch.allclose(a.var, t([1 / 3, 1 / 3]))
+    assert (GateStats() + a) is a and (a + GateStats()) is a and GateStats().scaled(0.5).gain is None
 
 
 def test_gate_memory_starts_from_earlier_decodes_and_explores():
@@ -83,21 +114,22 @@ def test_gate_memory_starts_from_earlier_decodes_and_explores():
     autoregressive closes the gate before the first round; decode 4 explores again. A decode that drafted
     nothing leaves the history as it was; one that drafted halves the older tallies."""
     memory, rule = GateMemory(explore_every=4), BatchStop(0.5, gate=True)
-    rows = [_row(0, 20, [0] * 4, [1] * 4) for _ in range(2)]  # 8 rounds, nothing accepted
+    rows = [_row(0, 20) for _ in range(2)]
     gates = []
     for _ in range(5):
-        gate = memory.start(rule)
+        gate = memory.start(rule, object(), 3)
         gates.append(gate)
-        if gate.prior.n == 0:
-            for _ in range(4):
-                gate.ran(1)
-            memory.remember(gate, rows)
+        if gate.prior.n == 0:  # 8 rows' rounds, nothing accepted
+            _play(gate, rows, [(1, [(1, 0), (1, 0)])] * 4)
         else:
-            assert gate.draft(rows[:0], rows) is False  # the prior alone: ρ = 1.5 > 1 = μ
-            memory.remember(gate, [])
+            assert gate.cap(rows) == 0  # the prior alone: ρ > 1 = μ
+        memory.remember(gate)
     assert [g.prior.n for g in gates] == [0, 8, 8, 8, 0]
-    assert memory.history == GateStats(12, 12, 12, 6, 6)  # 8 halved + the 8 of decode 4
-    assert memory.start(None) is None and memory.decodes == 5
+    assert memory.history.n == 12 and memory.history.rounds == 6  # 8 halved + the 8 of decode 4
+    assert memory.start(None, object(), 3) is None and memory.start(rule, None, 3) is None
+    assert memory.decodes == 5
+
+
 def test_round_ratio_from_measured_costs():
     """ρ = 1 + c₁(B) + (d − 1)·c(B): at B = 4, t_round 10 ms, a K = 1 round 14 ms (c₁ = 0.4), a forward more
     2 ms (c = 0.2); without a first forward's time, c₁ = c."""
@@ -145,6 +177,29 @@ def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast):
         assert res.rows[b].new_ids.tolist() == again.rows[b].new_ids.tolist() == ref.tolist(), b
     ungated = _decoder(peaked_pair, spec, kind, batch_stop=BatchStop(0.9), fast=fast, compile=False)
     assert ungated.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0).gate_rounds == 0
+
+
+@pytest.mark.parametrize(("spec", "kind", "cap"), [("specdecpp:h=0.5,max=4", "candidate", 2),
+                                                   ("specdecpp:h=0.4,max=4", "lookahead", 1)])  # fmt: skip
+def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch):
+    """A draft close to its target (perturbed by 0.1) and c = 0.05: the gate caps the rounds below the
+    policy's 4 (a cap it chose from the open rounds' counterfactual gains), and the rows, drafted at most that
+    many candidates a round from then on, still equal the target's greedy `generate` alone."""
+    target = _peaked_llama(12, seed=3)
+    pair = (target, _perturbed(target, 0.1, seed=4))
+    gates = []
+    remember = GateMemory.remember
+    monkeypatch.setattr(GateMemory, "remember", lambda self, gate: (gates.append(gate), remember(self, gate)))
+    dec = _decoder(pair, spec, kind, batch_stop=BatchStop(0.05, gate=True))
+    res = dec.generate(PROMPTS, max_new_tokens=20, temperature=0)
+    assert gates[0].choice == cap and res.gate_rounds == 0
+    opened = int(gates[0].own.rounds)  # the open rounds (each drafted), then the choice
+    for b, prompt in enumerate(PROMPTS):
+        ref = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, len(prompt) :]  # fmt: skip
+        row = res.rows[b]
+        assert row.new_ids.tolist() == ref.tolist(), b
+        assert row.rounds > opened and max(row.drafted_per_round[opened:]) <= cap  # capped after the choice
 
 
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])
