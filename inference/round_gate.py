@@ -1,4 +1,5 @@
-"""The round gate of batched SpecDec++: before a round, decide whether the batch drafts at all.
+"""The round gate of batched SpecDec++: before a round, choose its candidate cap, from 0 (autoregressive) to
+the policy's own.
 
 Why. The batch stop rule (`acchead.inference.batch_stop`) prices each further draft step of a round, but
 every round drafts its first candidate, and it values a row's accepted token at t_round(B) / B, what batched
@@ -8,30 +9,35 @@ costs more than an autoregressive one (on a CPU the verification's second positi
 real pair (docs/results/batched-smollm2-eager) batched AR beat every speculative decoder from B = 4 on.
 
 The rule. With m_b tokens left to row b (its max new tokens less those it has), autoregressive rounds finish
-the batch in N_AR = max_b m_b rounds. Drafting rounds advance row b by g tokens a round (1 + its accepted
-candidates), mean μ_b and variance v; as a sum of rounds, row b needs about m_b / μ_b rounds with standard
-deviation σ_b = √(m_b·v / μ_b³) (renewal theory), and the batch the slowest row's:
+the batch in N_AR = max_b m_b rounds. Rounds capped at k candidates advance row b by g_k tokens a round, mean
+μ_{b,k} and variance v_k; as a sum of rounds, row b needs about m_b / μ_{b,k} rounds with standard deviation
+σ_{b,k} = √(m_b·v_k / μ_{b,k}³) (renewal theory), and the batch the slowest row's:
 
-    N_spec ≈ max_b (m_b / μ_b + e_R·σ_b),    e_R = E[max of R standard normals] ≈ Φ⁻¹((R − ⅜) / (R + ¼))
+    N_k ≈ max_b (m_b / μ_{b,k} + e_R·σ_{b,k}),    e_R = E[max of R standard normals] ≈ Φ⁻¹((R − ⅜) / (R + ¼))
 
-over the R rows decoding. A drafting round costs ρ autoregressive rounds (`BatchStop.round_ratio`: 1 + c₁(R)
-+ (d − 1)·c(R) with d the draft forwards per drafting round so far, from the measured costs of
-`acchead.inference.batch_cost`). The batch drafts while ρ·N_spec < N_AR; once it does not, it decodes the
-rest of the batch autoregressively (the draft's cache is left behind: resuming would feed it every token
-since, and on the fast path compile a feed of that width).
+over the R rows decoding. Such a round costs ρ_k autoregressive rounds (`BatchStop.round_ratio`: 1 + c₁(R) +
+(d_k − 1)·c(R), d_k its draft forwards, from the measured costs of `acchead.inference.batch_cost`). The gate
+picks the cap with the least ρ_k·N_k (N_AR for k = 0). One set of rounds gives every cap's gains: a row's
+open round (drafted under the policy's own cap K) with τ of its candidates accepted would have gained
+g_k = 1 + min(τ, k) under cap k, since its first k draws are the same (keyed by position) and so are their
+verdicts, and its d draft forwards would have been min(d, k). While K is the cheapest the rounds stay open
+(the policy's caps, weighed again next round); a smaller cap is kept for the rest of the decode, since capped
+rounds say nothing of larger caps. At 0 the draft's cache is left behind (resuming would feed it every token
+since, and on the fast path compile a feed of that width) and the verifications stop collecting a feature
+draft's states.
 
-The estimates read only rounds decoded before: μ_b shrinks row b's own mean gain towards the pooled one by
-`prior_rounds` pseudo-rounds, v is the pooled variance, d the pooled draft forwards, pooled over this decode
-and the decoder's earlier ones (`GateMemory`: their tallies halved per drafting decode, so a gate may close
-before its first round when the pair's acceptance at this cost says so; every 8th decode, the first included,
-starts from nothing and drafts until it has its own evidence). The gate weighs once there are
-`min_observations` rows' rounds with candidates (before, the batch drafts). Like the stop rules it reads the
-past only, never the target's distribution of the round it decides, so every row stays an exact sample of
-the target (BanditSpec Prop. 3.1; tests/test_round_gate.py); a decoder's outputs then depend on its earlier
-decodes, as a measured c(B) makes them depend on timings.
+The estimates read only rounds decoded before: μ_{b,k} shrinks row b's own mean gain towards the pooled one
+by `prior_rounds` pseudo-rounds; v_k and d_k are pooled, over this decode and the decoder's earlier ones
+(`GateMemory`: their tallies halved per drafting decode, so a gate may choose before its first round; every
+8th decode, the first included, starts from nothing and drafts open rounds until it has its own evidence).
+The gate weighs once there are `min_observations` rows' open rounds with candidates. Like the stop rules it
+reads the past only, never the target's distribution of the round it decides, so every row stays an exact
+sample of the target (BanditSpec Prop. 3.1; tests/test_round_gate.py); a decoder's outputs then depend on its
+earlier decodes, as a measured c(B) makes them depend on timings.
 
-Left out: rows that end early at EOS (m_b counts to the max new tokens), and that a narrower batch is cheaper
-(eager rows leave the batch as they finish, on both kinds of rounds).
+Left out: rows that end early at EOS (m_b counts to the max new tokens), that a narrower batch is cheaper
+(eager rows leave the batch as they finish, under every cap), and block verification's τ under a smaller
+cap (taken as min(τ, k), which token verification gives exactly).
 """
 
 from __future__ import annotations
@@ -122,7 +128,7 @@ class RoundGate:
     rule: BatchStop
     max_cap: int
     prior: GateStats = field(default_factory=GateStats)
-    min_observations: float = 8.0
+    min_observations: float = 32.0
     prior_rounds: float = 2.0
     choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
     own: GateStats = field(default_factory=GateStats)
@@ -191,7 +197,7 @@ class GateMemory:
     first included) starts from nothing, so a gate that closed on old evidence still sees the pair anew."""
 
     explore_every: int = 8
-    min_observations: float = 8.0  # each gate's (`RoundGate`)
+    min_observations: float = 32.0  # each gate's (`RoundGate`)
     history: GateStats = field(default_factory=GateStats)
     decodes: int = 0
 

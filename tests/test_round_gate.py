@@ -113,7 +113,7 @@ def test_gate_memory_starts_from_earlier_decodes_and_explores():
     """Decode 0 explores (no prior); decodes 1-3 start from the tallies so far, and a prior that says
     autoregressive closes the gate before the first round; decode 4 explores again. A decode that drafted
     nothing leaves the history as it was; one that drafted halves the older tallies."""
-    memory, rule = GateMemory(explore_every=4), BatchStop(0.5, gate=True)
+    memory, rule = GateMemory(explore_every=4, min_observations=8), BatchStop(0.5, gate=True)
     rows = [_row(0, 20) for _ in range(2)]
     gates = []
     for _ in range(5):
@@ -153,6 +153,12 @@ def peaked_pair():
     return target, _perturbed(target, 0.5, seed=4)
 
 
+@pytest.fixture
+def early_gates(monkeypatch):
+    """Gates that weigh after 8 rows' open rounds (32 by default: more than these short decodes make)."""
+    monkeypatch.setattr(batched, "GateMemory", functools.partial(GateMemory, min_observations=8))
+
+
 # c = 0.9: a drafting round prices at ~2 autoregressive rounds, so the gate closes on this pair
 GATED = BatchStop(0.9, gate=True)
 
@@ -160,7 +166,7 @@ GATED = BatchStop(0.9, gate=True)
 @pytest.mark.parametrize(("spec", "kind"), [("specdecpp:h=0.5,max=4", "candidate"),
                                             ("specdecpp:h=0.4,max=4", "lookahead")])  # fmt: skip
 @pytest.mark.parametrize("fast", [False, True])
-def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast):
+def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast, early_gates):
     """The gate closes mid-decode (rows then decode autoregressively, the draft left behind): every row still
     equals the target's greedy `generate` on its prompt alone, on the eager path and the fast path's twin."""
     target, _ = peaked_pair
@@ -181,7 +187,7 @@ def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast):
 
 @pytest.mark.parametrize(("spec", "kind", "cap"), [("specdecpp:h=0.5,max=4", "candidate", 2),
                                                    ("specdecpp:h=0.4,max=4", "lookahead", 1)])  # fmt: skip
-def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch):
+def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch, early_gates):
     """A draft close to its target (perturbed by 0.1) and c = 0.05: the gate caps the rounds below the
     policy's 4 (a cap it chose from the open rounds' counterfactual gains), and the rows, drafted at most that
     many candidates a round from then on, still equal the target's greedy `generate` alone."""
@@ -203,7 +209,7 @@ def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch):
 
 
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_gated_feature_draft_rows_equal_generate_alone(tmp_path_factory, compile):
+def test_gated_feature_draft_rows_equal_generate_alone(tmp_path_factory, compile, early_gates):
     """A feature draft under the gate: a closed gate's rounds verify without the target's states (another
     shape, compiled by `warm_up`: nothing compiles while decoding), rows equal to the target's alone."""
     target, draft = trained_feature_pair(tmp_path_factory)
