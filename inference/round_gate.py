@@ -42,7 +42,7 @@ cap (taken as min(τ, k), which token verification gives exactly).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 import torch
@@ -66,26 +66,31 @@ class GateStats:
     row's round that drafted n > 0 candidates and had τ accepted would have gained g_k = 1 + min(τ, k) tokens
     under cap k (the same draws, keyed by position; the same verdicts on the first k). `n` rows' rounds,
     `gain` and `gain2` (K,) sums of g_k and g_k², `rounds` drafting rounds and `forwards` (K,) sums of
-    min(d, k) for a round's d batched draft forwards. Additive (`+`); `scaled` weighs an older decode's
-    down."""
+    min(d, k) for a round's d batched draft forwards; `rows` rows, `row_mean` and `row_mean2` (K,) sums of
+    each row's mean gain and its square (how much rows differ). Additive (`+`); `scaled` weighs an older
+    decode's down."""
 
     n: float = 0.0
     gain: torch.Tensor | None = None  # (K,) float64; None: no rounds yet
     gain2: torch.Tensor | None = None
     rounds: float = 0.0
     forwards: torch.Tensor | None = None
+    rows: float = 0.0
+    row_mean: torch.Tensor | None = None
+    row_mean2: torch.Tensor | None = None
 
     def __add__(self, other: GateStats) -> GateStats:
         if self.gain is None or other.gain is None:
             return other if self.gain is None else self
-        return GateStats(self.n + other.n, self.gain + other.gain, self.gain2 + other.gain2,
-                         self.rounds + other.rounds, self.forwards + other.forwards)  # fmt: skip
+        return GateStats(*(a + b for a, b in zip(self._fields(), other._fields(), strict=True)))
 
     def scaled(self, weight: float) -> GateStats:
-        if self.gain is None:
-            return self
-        return GateStats(weight * self.n, weight * self.gain, weight * self.gain2, weight * self.rounds,
-                         weight * self.forwards)  # fmt: skip
+        return self if self.gain is None else GateStats(*(weight * a for a in self._fields()))
+
+    def _fields(self) -> tuple:
+        zero = torch.zeros_like(self.gain) if self.gain is not None else 0.0
+        means = [zero if t is None else t for t in (self.row_mean, self.row_mean2)]
+        return (self.n, self.gain, self.gain2, self.rounds, self.forwards, self.rows, *means)
 
     @property
     def mean(self) -> torch.Tensor:
@@ -98,6 +103,15 @@ class GateStats:
         """(K,) the gains' variance under each cap (n − 1 in the denominator, at least 1)."""
         assert self.gain2 is not None
         return (self.gain2 - self.n * self.mean**2).clamp_min(0.0) / max(self.n - 1.0, 1.0)
+
+    @property
+    def between(self) -> torch.Tensor:
+        """(K,) how much the rows' own mean gains differ beyond their rounds' noise: the variance of the row
+        means less the pooled variance over a row's mean rounds (0 from fewer than two rows)."""
+        if self.rows < 2 or self.row_mean is None or self.row_mean2 is None:
+            return torch.zeros_like(self.mean)
+        spread = (self.row_mean2 - self.row_mean**2 / self.rows) / (self.rows - 1.0)
+        return (spread - self.var * self.rows / self.n).clamp_min(0.0)
 
 
 @dataclass(frozen=True)
@@ -146,9 +160,9 @@ class RoundGate:
         """The batch decodes the rest autoregressively."""
         return self.choice == 0
 
-    def ran(self, forwards: int, rows: list[Row]) -> bool:
+    def ran(self, forwards: int, rows: list[Row]) -> None:
         """After a round of `rows` that ran `forwards` batched draft forwards: an open round's verdicts join
-        the tallies. Whether the gate is closed (the round was autoregressive by the gate's choice)."""
+        the tallies."""
         if self.choice is None and forwards > 0:
             verdicts = [(r, r.res.accepted_per_round[-1]) for r in rows if r.res.drafted_per_round[-1] > 0]
             if verdicts:
@@ -159,7 +173,6 @@ class RoundGate:
                     self._rows[id(r)] = (n + 1.0, total + g)
                 fwd = torch.minimum(torch.tensor(float(forwards), dtype=torch.float64), self._ks)
                 self.own = self.own + GateStats(len(verdicts), gains.sum(0), (gains**2).sum(0), 1.0, fwd)
-        return self.closed
 
     def cap(self, active: list[Row]) -> int:
         """The next round's candidate cap for the `active` rows: K while open (then the policy's own caps),
@@ -172,19 +185,32 @@ class RoundGate:
             return self.choice
         return self.max_cap
 
+    def tallies(self) -> GateStats:
+        """This decode's own tallies, its rows' mean gains included."""
+        if self.own.gain is None:
+            return self.own
+        means = torch.stack([total / n for n, total in self._rows.values()])  # (rows, K)
+        return replace(self.own, rows=float(len(means)), row_mean=means.sum(0), row_mean2=(means**2).sum(0))
+
     def estimate(self, active: list[Row]) -> GateEstimate | None:
         """The cost of each cap from the open rounds so far, the prior's and this decode's (module
         docstring); None before `min_observations` of them (then the batch drafts on)."""
-        pooled = self.prior + self.own
+        pooled = self.prior + self.tallies()
         if pooled.gain is None or pooled.n < self.min_observations:
             return None
-        mean, var = pooled.mean, pooled.var  # (K,)
+        mean, var, between = pooled.mean, pooled.var, pooled.between  # (K,)
         zero = torch.zeros_like(self._ks)
         own = [self._rows.get(id(r), (0.0, zero)) for r in active]
         n = torch.tensor([c for c, _ in own], dtype=torch.float64)[:, None]  # (R, 1)
-        mu = (torch.stack([t for _, t in own]) + self.prior_rounds * mean) / (n + self.prior_rounds)  # (R, K)
+        # each row's mean gain, its own rounds' mean shrunk towards the pooled one (normal-normal): the
+        # pooled one weighs as var / between rounds (`prior_rounds` where the rows do not differ measurably)
+        fixed = torch.full_like(var, self.prior_rounds)
+        weight = torch.where(between > 0, var / between.clamp_min(1e-12), fixed)
+        mu = (torch.stack([t for _, t in own]) + weight * mean) / (n + weight)  # (R, K)
+        unsure = var / (n + weight)  # (R, K) the variance left in a row's mean gain
         m = torch.tensor([float(r.max_new - r.generated) for r in active], dtype=torch.float64)[:, None]
-        rounds = (m / mu + expected_max_normal(len(active)) * (m * var / mu**3).sqrt()).amax(0)  # (K,) N_k
+        spread = (m * var / mu**3 + m**2 * torch.where(between > 0, unsure, 0.0) / mu**4).sqrt()
+        rounds = (m / mu + expected_max_normal(len(active)) * spread).amax(0)  # (K,) N_k
         d = (pooled.forwards / pooled.rounds).tolist()
         ratio = torch.tensor([self.rule.round_ratio(len(active), dk) for dk in d], dtype=torch.float64)
         return GateEstimate((float(m.max()), *(ratio * rounds).tolist()))
@@ -213,4 +239,4 @@ class GateMemory:
     def remember(self, gate: RoundGate) -> None:
         """After a decode: its own tallies, if it drafted open rounds, join the history (the older halved)."""
         if gate.own.gain is not None:
-            self.history = self.history.scaled(0.5) + gate.own
+            self.history = self.history.scaled(0.5) + gate.tallies()

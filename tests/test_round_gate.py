@@ -45,20 +45,21 @@ def test_expected_max_normal():
         expected_max_normal(0)
 
 
-# Two open rounds of two rows, 20 new tokens each: row a drafted 2 then 3 (2 and 3 draft forwards), 1
-# accepted each time; row b drafted 1 then 2, none accepted. Under cap 1 or 2 the gains are the same, 2, 2
-# and 1, 1: pooled mean 1.5, variance 1/3; μ_a = (4 + 2·1.5) / 4 = 1.75, μ_b = (2 + 3) / 4 = 1.25; m = 16
-# and 18, e_2 = 0.589: N = max(16/1.75 + e_2·√(16/3 / 1.75³), 18/1.25 + e_2·√(18/3 / 1.25³)) = 15.433;
-# N_AR = 18. Draft forwards a round: min(d, 1) = 1, min(d, 2) = 2, so ρ_1 = 1 + c, ρ_2 = 1 + 2c.
-HAND = [(2, [(2, 1), (1, 0)]), (3, [(3, 1), (2, 0)])]
+# Two open rounds of two rows, 20 new tokens each, 4 and 2 made: row a drafted 2 then 3 candidates (2 and 3
+# draft forwards), row b 1 then 2; each had 1 accepted, then none. Under cap 1 or 2 the gains are the same,
+# 2 then 1 for both rows: pooled mean 1.5, variance 1/3, and the rows do not differ (both means 1.5), so each
+# row's mean is 1.5 (its own shrunk by 2 pseudo-rounds); m = 16 and 18, e_2 = 0.589:
+# N = max(16/1.5 + e_2·√(16/3 / 1.5³), 18/1.5 + e_2·√(18/3 / 1.5³)) = 12.786; N_AR = 18. Draft forwards a
+# round: min(d, 1) = 1, min(d, 2) = 2, so ρ_1 = 1 + c, ρ_2 = 1 + 2c.
+HAND = [(2, [(2, 1), (1, 1)]), (3, [(3, 0), (2, 0)])]
 
 
 @pytest.mark.parametrize(
     ("c", "costs", "choice"),
     [
-        (0.1, [18.0, 16.976, 18.52], 1),  # cap 1: 1.1·15.433 < 18
-        (0.2, [18.0, 18.52, 21.606], 0),  # autoregressive: 1.2·15.433 ≥ 18
-        (0.01, [18.0, 15.587, 15.742], 1),  # a second candidate gains nothing here and costs c
+        (0.1, [18.0, 14.065, 15.343], 1),  # cap 1: 1.1·12.786 < 18
+        (0.4, [18.0, 17.9, 23.015], 1),  # 1.4·12.786 = 17.9 < 18, barely
+        (0.5, [18.0, 19.179, 25.572], 0),  # autoregressive: 1.5·12.786 ≥ 18
     ],
 )
 def test_gate_estimate_hand_computed(c, costs, choice):
@@ -71,17 +72,30 @@ def test_gate_estimate_hand_computed(c, costs, choice):
     assert gate.cap(rows) == choice  # kept for the rest of the decode
     # a finished row weighs in the means but not in N: only row a decodes on (one row: e_1 = 0)
     ar, cap1 = gate.estimate(rows[:1]).costs[:2]
-    assert ar == 16.0 and math.isclose(cap1, (1 + c) * 16 / 1.75)
+    assert ar == 16.0 and math.isclose(cap1, (1 + c) * 16 / 1.5)
+
+
+def test_gate_weighs_the_slowest_row():
+    """Row a gained 2, 2 and row b 1, 1 (never an accepted candidate): the rows differ (their means' variance
+    0.5 less the rounds' noise 1/3 · 2/4 leaves 1/3), so row b's own mean counts (weight var / between = 1
+    pseudo-round: μ_b = (2 + 1.5) / 3), its remaining doubt widens its spread, and the batch, as slow as
+    row b, gains nothing from drafting even at c = 0.01."""
+    rows = [_row(4, 20), _row(2, 20)]
+    gate = RoundGate(BatchStop(0.01, gate=True), max_cap=2, min_observations=4)
+    _play(gate, rows, [(2, [(2, 1), (1, 0)]), (3, [(3, 1), (2, 0)])])
+    assert torch.allclose(gate.tallies().between, torch.full((2,), 1 / 3, dtype=torch.float64))
+    assert [round(x, 3) for x in gate.estimate(rows).costs] == [18.0, 18.451, 18.634]
+    assert gate.cap(rows) == 0
 
 
 def test_gate_stays_open_while_the_policys_own_cap_is_cheapest():
-    """Row a's second round accepted 2: under cap 2 it gains 3, under cap 1 only 2; with c = 0.01 the cap of
-    2 (the policy's own) is cheapest, so the gate stays open (the policy's caps) and weighs again next
+    """Rows that accepted 2 candidates in some rounds gain more under cap 2 than cap 1; with c = 0.01 the cap
+    of 2 (the policy's own) is cheapest, so the gate stays open (the policy's caps) and weighs again next
     round."""
     rows = [_row(4, 20), _row(2, 20)]
     gate = RoundGate(BatchStop(0.01, gate=True), max_cap=2, min_observations=4)
-    _play(gate, rows, [(2, [(2, 1), (1, 0)]), (3, [(3, 2), (2, 0)])])
-    assert [round(x, 3) for x in gate.estimate(rows).costs] == [18.0, 15.587, 14.867]
+    _play(gate, rows, [(2, [(2, 2), (2, 1)]), (3, [(3, 1), (2, 2)])])
+    assert [round(x, 3) for x in gate.estimate(rows).costs] == [18.0, 9.09, 7.717]
     assert gate.cap(rows) == 2 and gate.choice is None
 
 
@@ -188,11 +202,11 @@ def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast, e
 @pytest.mark.parametrize(("spec", "kind", "cap"), [("specdecpp:h=0.5,max=4", "candidate", 2),
                                                    ("specdecpp:h=0.4,max=4", "lookahead", 1)])  # fmt: skip
 def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch, early_gates):
-    """A draft close to its target (perturbed by 0.1) and c = 0.05: the gate caps the rounds below the
+    """A draft close to its target (perturbed by 0.05) and c = 0.05: the gate caps the rounds below the
     policy's 4 (a cap it chose from the open rounds' counterfactual gains), and the rows, drafted at most that
     many candidates a round from then on, still equal the target's greedy `generate` alone."""
     target = _peaked_llama(12, seed=3)
-    pair = (target, _perturbed(target, 0.1, seed=4))
+    pair = (target, _perturbed(target, 0.05, seed=4))
     gates = []
     remember = GateMemory.remember
     monkeypatch.setattr(GateMemory, "remember", lambda self, gate: (gates.append(gate), remember(self, gate)))
