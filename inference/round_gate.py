@@ -26,14 +26,19 @@ rounds say nothing of larger caps. At 0 the draft's cache is left behind (resumi
 since, and on the fast path compile a feed of that width) and the verifications stop collecting a feature
 draft's states.
 
-The estimates read only rounds decoded before: μ_{b,k} shrinks row b's own mean gain towards the pooled one
-by `prior_rounds` pseudo-rounds; v_k and d_k are pooled, over this decode and the decoder's earlier ones
+The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
 (`GateMemory`: their tallies halved per drafting decode, so a gate may choose before its first round; every
 8th decode, the first included, starts from nothing and drafts open rounds until it has its own evidence).
-The gate weighs once there are `min_observations` rows' open rounds with candidates. Like the stop rules it
-reads the past only, never the target's distribution of the round it decides, so every row stays an exact
-sample of the target (BanditSpec Prop. 3.1; tests/test_round_gate.py); a decoder's outputs then depend on its
-earlier decodes, as a measured c(B) makes them depend on timings.
+v_k and d_k are pooled; so is how much the rows' own mean gains differ beyond their rounds' noise (the
+between-row variance t_k: the variance of the row means less v_k over a row's mean rounds). μ_{b,k} is row
+b's own mean shrunk towards the pooled one, which weighs as v_k / t_k rounds (normal-normal; `prior_rounds`
+where the rows do not differ measurably), and the doubt left in it, v_k / (n_b + v_k / t_k) after n_b
+rounds, adds m_b²·doubt / μ_{b,k}⁴ to σ_{b,k}²: before a row's own rounds the gate knows only that rows
+differ, and the slowest row of R sets the batch's time. The gate weighs once there are `min_observations`
+rows' open rounds with candidates. Like the stop rules it reads the past only, never the target's
+distribution of the round it decides, so every row stays an exact sample of the target (BanditSpec Prop. 3.1;
+tests/test_round_gate.py); a decoder's outputs then depend on its earlier decodes, as a measured c(B) makes
+them depend on timings.
 
 Left out: rows that end early at EOS (m_b counts to the max new tokens), that a narrower batch is cheaper
 (eager rows leave the batch as they finish, under every cap), and block verification's τ under a smaller
