@@ -47,7 +47,7 @@ cap (taken as min(τ, k), which token verification gives exactly).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from statistics import NormalDist
 
 import torch
@@ -84,18 +84,22 @@ class GateStats:
     row_mean: torch.Tensor | None = None
     row_mean2: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        if self.gain is not None:  # tallies of rounds alone: no row means yet
+            for name in ("row_mean", "row_mean2"):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, torch.zeros_like(self.gain))
+
     def __add__(self, other: GateStats) -> GateStats:
         if self.gain is None or other.gain is None:
             return other if self.gain is None else self
-        return GateStats(*(a + b for a, b in zip(self._fields(), other._fields(), strict=True)))
+        return GateStats(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
 
     def scaled(self, weight: float) -> GateStats:
-        return self if self.gain is None else GateStats(*(weight * a for a in self._fields()))
+        return self if self.gain is None else GateStats(*(weight * a for a in self._values()))
 
-    def _fields(self) -> tuple:
-        zero = torch.zeros_like(self.gain) if self.gain is not None else 0.0
-        means = [zero if t is None else t for t in (self.row_mean, self.row_mean2)]
-        return (self.n, self.gain, self.gain2, self.rounds, self.forwards, self.rows, *means)
+    def _values(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
 
     @property
     def mean(self) -> torch.Tensor:
@@ -113,8 +117,9 @@ class GateStats:
     def between(self) -> torch.Tensor:
         """(K,) how much the rows' own mean gains differ beyond their rounds' noise: the variance of the row
         means less the pooled variance over a row's mean rounds (0 from fewer than two rows)."""
-        if self.rows < 2 or self.row_mean is None or self.row_mean2 is None:
+        if self.rows < 2:
             return torch.zeros_like(self.mean)
+        assert self.row_mean is not None and self.row_mean2 is not None
         spread = (self.row_mean2 - self.row_mean**2 / self.rows) / (self.rows - 1.0)
         return (spread - self.var * self.rows / self.n).clamp_min(0.0)
 
@@ -134,7 +139,7 @@ class GateEstimate:
 
 @dataclass
 class RoundGate:
-    """One decode's round gate (module docstring): `cap(rows, active)` before each round, `ran` after it.
+    """One decode's round gate (module docstring): `cap(active)` before each round, `ran` after it.
 
     Args:
         rule: the batch rule whose costs price a drafting round (`BatchStop.round_ratio`).

@@ -190,15 +190,30 @@ def test_chi_square_batched_row_with_batch_rule(peaked_pair, spec, kind, verifie
     heads: its 3-token continuations follow the target's exact distribution."""
     target, _ = peaked_pair
     dec = _decoder(peaked_pair, spec, kind, verifier=verifier, batch_stop=0.3)
-    prompts, n = [[3, 5, 7, 9], [1, 4], [2]], 250
+    counts, results = sample_row_one(dec)
+    assert sum(res.batch_stops for res in results) > 0  # the rule really ended rounds
+    assert row_one_p_value(target, counts) > 1e-3
+
+
+CHI_PROMPTS, CHI_SAMPLES = [[3, 5, 7, 9], [1, 4], [2]], 250
+
+
+def sample_row_one(dec: BatchedDecoder) -> tuple[Counter, list]:
+    """CHI_SAMPLES sampled decodes (T = 1) of the ragged batch CHI_PROMPTS, each with its own seeds: the
+    counts of row 1's 3-token continuations, and every decode's `BatchResult`."""
     counts: Counter = Counter()
-    stops = 0
-    for s in range(n):
-        res = dec.generate(prompts, max_new_tokens=[5, 3, 4], temperature=1.0, seed=[7 * s, s, 3 * s + 1])
+    results = []
+    for s in range(CHI_SAMPLES):
+        res = dec.generate(CHI_PROMPTS, max_new_tokens=[5, 3, 4], temperature=1.0, seed=[7 * s, s, 3 * s + 1])
         counts[tuple(res.rows[1].new_ids.tolist())] += 1
-        stops += res.batch_stops
-    assert stops > 0  # the rule really ended rounds
-    assert _chi_square_p_value(counts, _exact_sequences(target, prompts[1], 3, SamplingConfig(1.0)), n) > 1e-3
+        results.append(res)
+    return counts, results
+
+
+def row_one_p_value(target, counts: Counter) -> float:
+    """The chi-square p-value of row 1's continuations against the target's exact 3-token distribution."""
+    exact = _exact_sequences(target, CHI_PROMPTS[1], 3, SamplingConfig(1.0))
+    return _chi_square_p_value(counts, exact, CHI_SAMPLES)
 
 
 def test_chi_square_batched_row_catches_a_wrong_row(peaked_pair):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 
 import pytest
 import torch
-from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
-from test_batched import MAX_NEW, PROMPTS, _decoder, _heads
+from exact_models import _peaked_llama, _perturbed
+from test_batched import CHI_SAMPLES, MAX_NEW, PROMPTS, _decoder, _heads, row_one_p_value, sample_row_one
 from test_feature_draft import trained_feature_pair
 from torch._dynamo.utils import counters
 
@@ -22,7 +21,6 @@ from acchead.inference.batch_stop import BatchStop, parse_batch_stop
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.batched_rows import Row
 from acchead.inference.round_gate import GateMemory, GateStats, RoundGate, expected_max_normal
-from acchead.sampling import SamplingConfig
 
 
 def _row(generated: int, max_new: int) -> Row:
@@ -251,12 +249,7 @@ def test_chi_square_gated_row(peaked_pair, monkeypatch):
     fresh = functools.partial(GateMemory, explore_every=1, min_observations=2)  # each decode its own gate
     monkeypatch.setattr(batched, "GateMemory", fresh)
     dec = _decoder(peaked_pair, "specdecpp:h=0.4,max=2", "lookahead", batch_stop=GATED)
-    prompts, n = [[3, 5, 7, 9], [1, 4], [2]], 250
-    counts: Counter = Counter()
-    gated = 0
-    for s in range(n):
-        res = dec.generate(prompts, max_new_tokens=[5, 3, 4], temperature=1.0, seed=[7 * s, s, 3 * s + 1])
-        counts[tuple(res.rows[1].new_ids.tolist())] += 1
-        gated += res.gate_rounds > 0 and res.rows[1].rounds > 1
-    assert 0 < gated < n  # the gate closed in some decodes and not in others while row 1 decoded
-    assert _chi_square_p_value(counts, _exact_sequences(target, prompts[1], 3, SamplingConfig(1.0)), n) > 1e-3
+    counts, results = sample_row_one(dec)
+    gated = sum(res.gate_rounds > 0 and res.rows[1].rounds > 1 for res in results)
+    assert 0 < gated < CHI_SAMPLES  # the gate closed in some decodes and not in others while row 1 decoded
+    assert row_one_p_value(target, counts) > 1e-3
