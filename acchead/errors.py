@@ -1,7 +1,9 @@
-"""One error type for bad input, and the CLI wrapper that turns it into a one-line message and exit code."""
+"""One error type for bad input, the CLI wrapper that turns it into a one-line message and exit code, and the
+help formatter of the commands that show their flags' defaults."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import sys
@@ -39,3 +41,15 @@ def cli_errors(main: F) -> F:
             return 130
 
     return wrapper  # type: ignore[return-value]
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` with each flag's default appended, unless its help already says it or there is none to show
+    (None, a store_true's False): argparse's own formatter would print "(default: None)" after "(default:
+    the pair's)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default:" in text or "(default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)

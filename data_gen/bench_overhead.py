@@ -28,7 +28,7 @@ from acchead.data_gen.cli import context_length, eos_ids
 from acchead.data_gen.labeler import Labeler, left_pad, sample_and_label, stream_uniforms
 from acchead.data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
 from acchead.data_gen.shards import plan_batches
-from acchead.errors import AccheadError, cli_errors
+from acchead.errors import AccheadError, DefaultsHelpFormatter, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 from acchead.sampling import SamplingConfig
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m acchead.data_gen.bench_overhead",
         description="Time gen-data labelling against the target's plain `generate` on the same prompts and "
         "lengths; prints the ratio (goal <= 1.5x).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_input_flags(p, num_prompts=32, mix_ratio=0.15, mix_help="r")
     return p

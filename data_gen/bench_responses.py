@@ -24,7 +24,7 @@ import torch
 
 from acchead.data_gen.bench_overhead import add_input_flags, load_bench_inputs, timed
 from acchead.data_gen.shards import plan_batches
-from acchead.errors import cli_errors
+from acchead.errors import DefaultsHelpFormatter, cli_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m acchead.data_gen.bench_responses",
         description="Labelled positions per second of gen-data online (the target samples) and from given "
         "responses (teacher-forced), same prompts and batches; prints the ratio (goal >= 5x on the CPU).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_input_flags(p, num_prompts=64, mix_ratio=1.0, mix_help="r (gen-data's default for lookahead heads)")
     a = p.add_argument

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from acchead.errors import AccheadError, cli_errors
+from acchead.errors import AccheadError, DefaultsHelpFormatter, cli_errors
 from acchead.inference.policy_spec import SpecDecPPSpec
 from acchead.inference.spec import VERIFIERS, DecodingSpec
 from acchead.pairs import DEFAULT_PAIR, PAIR_NAMES, default_heads, resolve_pair
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="acchead-decode",
         description="Decode one prompt with a speculative decoder, streaming the text and printing the "
         "round statistics (target/draft forwards, discarded drafts, wall time).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
         "--pair", choices=PAIR_NAMES, default=DEFAULT_PAIR,

@@ -260,6 +260,10 @@ def test_console_script_help_and_bad_flags_import_nothing_heavy(script):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip().splitlines()[-1] == "[0, 2] []", f"{script}: {out.stdout[-300:]}"
+    # each flag's help states its default once, and never as "None"
+    flags = re.split(r"\n(?=  -)", out.stdout)
+    doubled = [f.split()[0] for f in flags if "(default: None)" in f or len(re.findall(r"\(default", f)) > 1]
+    assert not doubled, f"{script}: flags whose help states a default twice or as None: {doubled}"
 
 
 # One concept per module (issue 34): a source module past this many lines is split, not grown.
