@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --init: add N decoder layers on top of its draft, copies of its last whose "
                    "output projections start at zero, so the grown draft starts as the same function "
                    "(ignored when resuming: the checkpoint has them; default 0)")  # fmt: skip
+    t.add_argument("--grow-vocab", type=int, default=0, metavar="N",
+                   help="with --init: add head rows for the N tokens the training responses hold most often "
+                   "that its head lacks, each starting as the least-squares map of the token's embedding row "
+                   "into the head's space (V_d grows by N, the draft's cost by N x H multiply-adds a token; "
+                   "ignored when resuming; default 0)")  # fmt: skip
     t.add_argument("--fused-layers", default=None, metavar="I,J,...",
                    help="a feature draft also reads these target layers' outputs beside its final state "
                    "(EAGLE-3's fused states; --features must hold them: `features --fused-layers`). With "

@@ -139,8 +139,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     feature = args.features is not None or args.target_states
     if args.chain < 1:
         raise AccheadError(f"--chain must be >= 1, got {args.chain}")
-    if args.grow_layers < 0 or (args.grow_layers and args.init is None):
-        raise AccheadError("--grow-layers N (N >= 0) grows the --init draft: add --init")
+    for flag, value in (("--grow-layers", args.grow_layers), ("--grow-vocab", args.grow_vocab)):
+        if value < 0 or (value and args.init is None):
+            raise AccheadError(f"{flag} N (N >= 0) grows the --init draft: add --init")
     resuming = (args.out / "checkpoint.pt").is_file()
     start = None if resuming else _init_schedule(args)  # read (and refused) before anything loads
     fused = _fused_layers(args, resuming)
@@ -166,6 +167,7 @@ def run_train_stage(args: argparse.Namespace) -> dict:
         coverage,
         fuse_layers,
         grow_layers,
+        grow_vocabulary,
         init_from_target,
         train_draft,
     )
@@ -200,6 +202,13 @@ def run_train_stage(args: argparse.Namespace) -> dict:
             draft = grow_layers(draft, args.grow_layers)
         if fused and not resuming:
             draft = fuse_layers(draft, fused)
+        if args.grow_vocab and not resuming:  # the responses' most frequent tokens its head lacks
+            have = draft.lm_head.to_full.cpu()
+            try:
+                ranked = build_vocabulary(train_shards, len(have) + args.grow_vocab, tuple(have.tolist()))
+            except ValueError as e:
+                raise AccheadError(f"--grow-vocab {args.grow_vocab}: {e}") from None
+            draft = grow_vocabulary(draft, ranked[len(have) :])
     else:
         target = load_causal_lm(target_path)
         layers = layers or (target.config.num_hidden_layers - 1,)

@@ -21,6 +21,7 @@ from acchead.distill.draft import (
     collate,
     coverage,
     grow_layers,
+    grow_vocabulary,
     init_from_target,
     pack_examples,
     train_draft,
@@ -80,6 +81,40 @@ def test_a_grown_draft_starts_as_the_same_function_and_its_new_layers_learn(feat
     assert new.mlp.down_proj.weight.grad.abs().sum() > 0  # the zeroed projections move first
     with pytest.raises(ValueError, match="count"):
         grow_layers(draft, 0)
+
+
+@pytest.mark.parametrize("feature", [False, True])
+def test_a_grown_vocabulary_keeps_the_old_rows_and_maps_the_new_ones(feature):
+    """New head rows come after the old ones, each the least-squares map of its embedding row; the old
+    tokens' logits are unchanged, q is still zero outside the head, and the new rows train."""
+    target = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
+    draft = init_from_target(target, torch.arange(0, 80, 2)[:32], (1,), feature=feature).eval()
+    with torch.no_grad():  # trained rows that have drifted from the target's: a map to find
+        draft.lm_head.weight.add_(0.05 * torch.randn_like(draft.lm_head.weight))
+    new_ids = torch.tensor([1, 3, 5])
+    grown = grow_vocabulary(draft, new_ids).eval()
+    assert grown.config.draft_vocab_size == 35 and draft.config.draft_vocab_size == 32  # the draft kept
+    assert grown.lm_head.to_full.tolist() == [*draft.lm_head.to_full.tolist(), 1, 3, 5]
+    assert grown.lm_head.to_draft[new_ids].tolist() == [32, 33, 34] and grown.lm_head.to_draft[7] == -1
+    emb = draft.get_input_embeddings().weight.detach()
+    mapping = torch.linalg.lstsq(emb[draft.lm_head.to_full], draft.lm_head.weight.detach()).solution
+    torch.testing.assert_close(grown.lm_head.weight[32:].detach(), emb[new_ids] @ mapping)
+    ids, feats = torch.tensor([[1, 5, 9, 2, 33, 5]]), torch.randn(1, 6, 32)
+    with torch.no_grad():
+        if feature:
+            h_old, h_new = draft.hidden_states(ids, feats), grown.hidden_states(ids, feats)
+            ours, theirs = grown.lm_head(h_new), draft.lm_head(h_old)
+        else:
+            ours, theirs = grown(input_ids=ids).logits, draft(input_ids=ids).logits
+    old = draft.lm_head.to_full
+    torch.testing.assert_close(ours[..., old], theirs[..., old])
+    assert torch.isfinite(ours[..., new_ids]).all() and ours[..., 7].isinf().all()  # q = 0 outside
+    assert not grown.get_input_embeddings().weight.requires_grad
+    grown.lm_head(torch.randn(2, 32))[:, new_ids].sum().backward()
+    assert grown.lm_head.weight.grad[32:].abs().sum() > 0  # the new rows train
+    for bad in (torch.tensor([1, 1]), torch.tensor([0]), torch.tensor([], dtype=torch.long)):
+        with pytest.raises(ValueError):
+            grow_vocabulary(draft, bad)
 
 
 def test_labels_cover_response_positions_only():
@@ -155,7 +190,12 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     grown = [*more[:6], str(tmp_path / "grown"), *more[7:], "--grow-layers", "1"]
     assert cli.main(grown) == 0
     assert load_causal_lm(tmp_path / "grown" / "draft").config.num_hidden_layers == 2
+    wider = [*more[:6], str(tmp_path / "wider"), *more[7:], "--grow-vocab", "2"]
+    assert cli.main(wider) == 0  # the responses' most frequent two tokens its 16 rows lack
+    assert load_causal_lm(tmp_path / "wider" / "draft").config.draft_vocab_size == 18
     assert cli.main([*more[:6], str(tmp_path / "x"), "--grow-layers", "1"]) == 2  # nothing to grow
+    assert "--init" in capsys.readouterr().err
+    assert cli.main([*more[:6], str(tmp_path / "x"), "--grow-vocab", "1"]) == 2
     assert "--init" in capsys.readouterr().err
     assert json.loads((tmp_path / "run2" / "progress.json").read_text())["tokens"] >= trained["tokens"] + 50
     # a schedule --init's draft has finished is refused before anything loads (it trained nothing, silently);
