@@ -69,3 +69,18 @@ def test_every_command_takes_the_flag(capsys, tmp_path, monkeypatch):
     assert "run `acchead-assets`" in capsys.readouterr().err
     assert cli_decode.main(["--pair", "smollm2"]) == 2  # specdecpp without a head
     assert "the smollm2 pair ships no acceptance head yet: pass --head" in capsys.readouterr().err
+
+
+def test_the_shipped_smollm2_draft_fits_the_repos_weight_budget():
+    """Issue 31: the real pair's weights in the repo stay <= 25 MB in all, bf16 safetensors."""
+    from safetensors import safe_open
+
+    from acchead.pairs import PAIR_FILES
+
+    files = sorted(PAIR_FILES.rglob("*.safetensors"))
+    assert files, f"no weights under {PAIR_FILES}"
+    assert sum(f.stat().st_size for f in files) <= 25_000_000
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            floats = {st.get_slice(k).get_dtype() for k in st.keys()} - {"I64", "I32"}  # noqa: SIM118
+            assert floats == {"BF16"}, f"{f}: {floats}"
