@@ -153,7 +153,6 @@ def grow_vocabulary(
     with torch.no_grad():
         grown.lm_head.weight.copy_(torch.cat([old.float().cpu(), emb[token_ids] @ mapping]))
         grown.lm_head.set_vocabulary(torch.cat([have, token_ids]))
-    grown.get_input_embeddings().weight.requires_grad_(False)
     grown.generation_config = draft.generation_config
     return grown
 
