@@ -36,6 +36,15 @@ def step_multiply_adds(config) -> int:
     return config.num_hidden_layers * layer + rows * h + fuse
 
 
+def device_sync(device: torch.device | str) -> None:
+    """Wait for `device`'s queued work before a clock is read: `torch.cuda.synchronize` on CUDA, nothing on
+    the CPU (its ops return when done). The timing code's one CUDA call, so a CPU run takes every line
+    around it (`tests/test_device_sync.py` checks each timer calls it around each timed call)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _feed(seq: KVSequence, ids: torch.Tensor) -> None:
     """One KV-cached forward over `ids` (1, n) as the decoders run it (`KVSequence.feed`, the last
     position's logits); a feature draft reads zero states beside the ids (its cost does not depend on
@@ -51,17 +60,16 @@ def step_seconds(model, context: int, calls: int, seed: int = 0) -> list[float]:
     """Wall seconds of `calls` one-token KV-cached forwards after a `context`-token prefill (the cache is
     cropped back after each, so every call sees the same context), synchronised on CUDA."""
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(1, model.config.vocab_size, (1, context), generator=g).to(device)
     seq = KVSequence(model)
     _feed(seq, x)
     token, times = x[:, -1:], []
     for _ in range(calls):
-        sync()
+        device_sync(device)
         t = time.perf_counter()
         _feed(seq, token)
-        sync()
+        device_sync(device)
         times.append(time.perf_counter() - t)
         seq.crop(context)  # remove the token just added
     return times

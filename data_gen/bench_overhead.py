@@ -31,6 +31,7 @@ from acchead.data_gen.shards import plan_batches
 from acchead.errors import AccheadError, DefaultsHelpFormatter, cli_errors
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 from acchead.sampling import SamplingConfig
+from acchead.step_cost import device_sync
 
 
 def add_input_flags(p: argparse.ArgumentParser, num_prompts: int, mix_ratio: float, mix_help: str) -> None:
@@ -63,14 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def timed(fn, *args, **kwargs) -> tuple[np.ndarray, object]:
-    """([wall seconds, process CPU seconds], result) of fn(*args, **kwargs), synchronising CUDA around it."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+def timed(device: torch.device, fn, *args, **kwargs) -> tuple[np.ndarray, object]:
+    """([wall seconds, process CPU seconds], result) of fn(*args, **kwargs), waiting on `device` around it."""
+    device_sync(device)
     w0, c0 = time.perf_counter(), time.process_time()
     result = fn(*args, **kwargs)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    device_sync(device)
     return np.array([time.perf_counter() - w0, time.process_time() - c0]), result
 
 
@@ -148,14 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     labelers[False].label(warm, [prompt_ids[i] for i in warm])
     for batch in batches:
         prompts = [prompt_ids[i] for i in batch]
-        dt, rows = timed(labelers[False].label, batch, prompts)
+        dt, rows = timed(target.device, labelers[False].label, batch, prompts)
         times["label"] += dt
         steps = max(len(r.response_ids) for r in rows)  # the decode steps the labelling loop ran
         tokens += sum(len(r.response_ids) for r in rows)
         ids, mask = left_pad(prompts, pad, target.device)
         with torch.no_grad():
             dt, _ = timed(
-                target.generate, input_ids=ids, attention_mask=mask, max_new_tokens=steps,
+                target.device, target.generate, input_ids=ids, attention_mask=mask, max_new_tokens=steps,
                 min_new_tokens=steps, **gen_kwargs,
             )  # fmt: skip
         times["generate"] += dt
@@ -163,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             np.stack([stream_uniforms(0, i, "generate", args.max_new_tokens) for i in batch])
         )
         times["own loop"] += timed(
+            target.device,
             lambda i=ids, m=mask, u=u: sample_and_label(
                 target, i, m, sampling, u, args.max_new_tokens, eos, pad
             )
         )[0]
-        times["label+features"] += timed(labelers[True].label, batch, prompts)[0]
+        times["label+features"] += timed(target.device, labelers[True].label, batch, prompts)[0]
 
     ratio = times["label"] / times["generate"]  # (wall, CPU)
     print(

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     b = load_bench_inputs(args)
     kept, sampling, prompt_ids = b.kept, b.sampling, b.prompt_ids
     target_path, draft_path = b.target_path, b.draft_path
-    labeler = b.labeler(args, cache_features=args.cache_features)
+    labeler, device = b.labeler(args, cache_features=args.cache_features), b.target.device
     batches = plan_batches(kept, [len(p) for p in prompt_ids], args.batch_size)
 
     # Warm-up (allocator, kernels) on the first batch, not timed.
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     times = {"online": np.zeros(2), "responses": np.zeros(2)}
     online = {}
     for batch in batches:
-        dt, rows = timed(labeler.label, batch, [prompt_ids[i] for i in batch])
+        dt, rows = timed(device, labeler.label, batch, [prompt_ids[i] for i in batch])
         times["online"] += dt
         online |= {r.prompt_index: r for r in rows}
     responses = {i: r.response_ids.tolist() for i, r in online.items()}
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     max_diff, y_diff = 0.0, 0
     for batch in plan_batches(kept, total, args.batch_size):
         prompts, resp = [prompt_ids[i] for i in batch], [responses[i] for i in batch]
-        dt, rows = timed(labeler.label_responses, batch, prompts, resp)
+        dt, rows = timed(device, labeler.label_responses, batch, prompts, resp)
         times["responses"] += dt
         for b in rows:
             a = online[b.prompt_index]

@@ -26,14 +26,14 @@ def _batch_seconds(examples: list, device: str, hidden: int, on_host: bool, repe
     import torch
 
     from acchead.distill.feature_training import collate_features
+    from acchead.step_cost import device_sync
 
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         _, _, _, read, target = collate_features(examples, 0, torch.float32 if on_host else None)
         read, final = read.to(device).float(), target.to(device)[..., :hidden].float()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        device_sync(device)
         best = min(best, time.perf_counter() - start)
         del read, final
     return best

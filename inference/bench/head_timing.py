@@ -26,6 +26,7 @@ from acchead.inference.drafters import DraftStep
 from acchead.inference.policies import SpecDecPP
 from acchead.kv_decode import KVSequence
 from acchead.sampling import SamplingConfig, probs_from_logits
+from acchead.step_cost import device_sync
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,16 @@ def time_head_overhead(
         step = DraftStep(token=int(token), q=q, hidden=None, index=1, logits=kept, state=hidden)
     else:
         step = DraftStep(token=int(token), q=q, hidden=hidden, index=1)
-    sync = torch.cuda.synchronize if prompt_ids.is_cuda else (lambda: None)
+    device = prompt_ids.device
 
     def draft_step() -> None:
         forward(token)
         seq.crop(context)  # drop the token just added: every call sees the same context length
-        sync()
+        device_sync(device)
 
     def head_call() -> None:
         run.should_stop(step)
-        sync()
+        device_sync(device)
 
     for fn in (draft_step, head_call):  # warm-up: allocator, kernels, lazy init
         for _ in range(max(3, calls // 10)):

@@ -26,11 +26,7 @@ import torch
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafters import ModelDrafter
 from acchead.sampling import SamplingConfig
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from acchead.step_cost import device_sync
 
 
 @torch.inference_mode()  # as the decoder runs (a static cache's write counters are inference tensors)
@@ -42,10 +38,10 @@ def bare_feed_ms(runner: Any, prompt: torch.Tensor, count: int, reps: int = 20) 
     ids = prompt[-1:].repeat(count).to(device)
     times = []
     for _ in range(reps + 2):  # the first two warm caches and allocators
-        _sync(device)
+        device_sync(device)
         t0 = time.perf_counter()
         runner.feed(ids, keep=count)
-        _sync(device)
+        device_sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
         runner.rollback(prompt.numel())
     return statistics.median(times[2:])
