@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     b = load_bench_inputs(args)
     kept, sampling, prompt_ids = b.kept, b.sampling, b.prompt_ids
     target_path, draft_path = b.target_path, b.draft_path
-    labeler, device = b.labeler(args, cache_features=args.cache_features), b.target.device
+    labeler = b.labeler(args, cache_features=args.cache_features)
+    device = b.target.device  # the timer waits on it
     batches = plan_batches(kept, [len(p) for p in prompt_ids], args.batch_size)
 
     # Warm-up (allocator, kernels) on the first batch, not timed.
