@@ -166,6 +166,10 @@ def test_gen_data_and_training_take_a_reduced_draft(tiny_pair_dirs, tiny_tokeniz
                            ("logq", "entropy"))  # fmt: skip
     # float16 rounding of the cached table only; zeros instead of -inf would move the entropy by whole nats
     torch.testing.assert_close(cached.stats, want, rtol=5e-3, atol=1e-2)
+    # computed in chunks of positions (to bound the (chunk, V) logits in memory): the chunking changes nothing
+    chunked = cached._stats(SamplingConfig(0.0), chunk=3)
+    assert len(gd.labels) > 3
+    torch.testing.assert_close(chunked, cached.stats, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
