@@ -112,3 +112,5 @@ def test_bad_input_is_a_one_line_error(lookahead_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 4 and all(": error: " in line for line in err)
     assert "--mix-ratio 1" in err[-1]
+    with pytest.raises(SystemExit):  # argparse's own usage error: a K is a whole number
+        main(["--data", data, "--k-grid", "1.5"])

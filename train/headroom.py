@@ -168,6 +168,13 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+
+
 DESCRIPTION = (
     "Replay decoding rounds along gen-data's labels (data written with --mix-ratio 1) and price fixed K, "
     "SpecDec++ with a head or with calibrated synthetic heads of given AUROCs, and the hindsight oracle in "
@@ -185,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--aurocs", type=_floats, default=[0.7, 0.8, 0.9, 0.95, 0.99],
         help="AUROCs of calibrated synthetic heads, replayed on every prompt (default 0.7,0.8,0.9,0.95,0.99)")
     add("--cost-ratio", type=float, default=0.15, help="draft/target cost ratio c (default 0.15)")
-    add("--k-grid", type=_floats, default=[1, 2, 3, 4, 6], help="fixed Ks (default 1,2,3,4,6)")
+    add("--k-grid", type=_ints, default=[1, 2, 3, 4, 6], help="fixed Ks (default 1,2,3,4,6)")
     add("--h-grid", type=_floats, default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95],
         help="SpecDec++ thresholds (default 0.1,0.2,...,0.9,0.95)")
     add("--max-draft", type=int, default=20, help="SpecDec++'s cap on candidates per round (default 20)")
@@ -235,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                            "labels: regenerate it with --mix-ratio 1 and --feature-chain 1")  # fmt: skip
     data = load_gen_data(args.data, "cached" if args.head else "auto", "lookahead")
     accept = data.hard  # greedy: the labels themselves; sampling: their seeded Bernoulli draws
-    grid = (args.cost_ratio, [int(k) for k in args.k_grid], list(args.h_grid), args.max_draft)
+    grid = (args.cost_ratio, list(args.k_grid), list(args.h_grid), args.max_draft)
     rows = []
     if args.head:
         in_val = split_by_prompt(data.prompt_index, args.val_fraction, args.seed)[data.row]  # (N,)
