@@ -203,13 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _per_row(values: np.ndarray, data: GenData) -> list[np.ndarray]:
-    """(N,) position values -> one array per response, in position order."""
-    out = []
-    for r in np.unique(data.row):
-        at = np.flatnonzero(data.row == r)
-        out.append(values[at[np.argsort(data.position[at])]])
-    return out
+def _responses(data: GenData) -> list[np.ndarray]:
+    """Per response, the indices of its positions in position order: one sort, reused for every array."""
+    order = np.lexsort((data.position, data.row))  # by row, then position
+    cuts = np.flatnonzero(np.diff(data.row[order])) + 1
+    return np.split(order, cuts)
 
 
 def _head_probs(data: GenData, head_path: str) -> np.ndarray:
@@ -243,18 +241,20 @@ def main(argv: list[str] | None = None) -> int:
     data = load_gen_data(args.data, "cached" if args.head else "auto", "lookahead")
     accept = data.hard  # greedy: the labels themselves; sampling: their seeded Bernoulli draws
     grid = (args.cost_ratio, list(args.k_grid), list(args.h_grid), args.max_draft)
+    responses = _responses(data)  # (R,) index arrays
+    accepts = [accept[i] for i in responses]
     rows = []
     if args.head:
         in_val = split_by_prompt(data.prompt_index, args.val_fraction, args.seed)[data.row]  # (N,)
-        val = [v[0] for v in _per_row(in_val, data)]
-        acc = [a for a, v in zip(_per_row(accept, data), val, strict=True) if v]
-        probs = [p for p, v in zip(_per_row(_head_probs(data, args.head), data), val, strict=True) if v]
-        rows.append(headroom(f"{args.head} (validation prompts)", acc, probs, *grid))
+        val = [i for i in responses if in_val[i[0]]]
+        probs = _head_probs(data, args.head)
+        rows.append(headroom(f"{args.head} (validation prompts)", [accept[i] for i in val],
+                             [probs[i] for i in val], *grid))  # fmt: skip
     rng = np.random.default_rng(args.seed)
     for u in args.aurocs:
         probs = synthetic_probs(accept, u, rng)
-        rows.append(headroom(f"synthetic, AUROC {u:g}", _per_row(accept, data), _per_row(probs, data), *grid))
-    print(f"{args.data}: {len(np.unique(data.row))} responses, {len(accept)} positions, "
+        rows.append(headroom(f"synthetic, AUROC {u:g}", accepts, [probs[i] for i in responses], *grid))
+    print(f"{args.data}: {len(responses)} responses, {len(accept)} positions, "
           f"accept rate {accept.mean():.4f}")  # fmt: skip
     print(render(rows, args.cost_ratio))
     return 0
