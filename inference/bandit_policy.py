@@ -131,6 +131,10 @@ class BanditPolicy(StopPolicy):
         for a in self.arms:
             a.attach_draft(model)
 
+    def price_widths(self, fed_ms: dict[int, float]) -> None:
+        for a in self.arms:
+            a.price_widths(fed_ms)
+
     @property
     def max_cap(self) -> int:
         return max(a.max_cap for a in self.arms)

@@ -45,6 +45,7 @@ from transformers import PreTrainedModel
 from acchead.errors import AccheadError
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
+from acchead.head_io import load_head
 from acchead.inference.adaedl import AdaEDL
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs, measured_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
@@ -53,13 +54,14 @@ from acchead.inference.batched_rows import Row, make_rows, verify_sampled
 from acchead.inference.batched_single import SingleRow
 from acchead.inference.batched_step import StepIndex, StepRule, step_posts
 from acchead.inference.device_path import DevicePath
-from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, SpecDecPP, StopPolicy
+from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, StopPolicy
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
 from acchead.inference.round_gate import GateMemory
 from acchead.inference.spec import DecodingSpec, spec_arguments
+from acchead.inference.specdecpp_policy import SpecDecPP
 from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
 from acchead.inference.units import FEED, SAMPLE
 from acchead.inference.verification import VERIFIERS
@@ -107,8 +109,6 @@ class BatchedDecoder:
     ) -> None:
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         if head is not None and not isinstance(head, AcceptanceHead):
-            from acchead.head_io import load_head
-
             head, _ = load_head(head, draft=draft)
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head)
         batchable = Autoregressive | FixedK | SpecDecPP | Confidence | Entropy | AdaEDL
@@ -119,6 +119,8 @@ class BatchedDecoder:
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
         if head is not None and "depth" in head.inputs:  # not built yet
             raise AccheadError("batched decoding takes no head reading 'depth'")
+        if isinstance(self.policy, SpecDecPP) and self.policy.priced:  # the batch rule prices batches
+            raise AccheadError("batched decoding takes no priced=1 policy: batch_stop prices a batch's steps")
         self.target, self.draft, self.verifier = target, draft, verifier
         self._verify = VERIFIERS[verifier]
         self._vocab = target.get_output_embeddings().weight.shape[0]
@@ -352,15 +354,9 @@ class BatchedDecoder:
     # ------------------------------------------------------------------------------------------ verifying
 
     def _verify_round(
-        self,
-        rows: list[Row],
-        cands: list[list[int]],
-        qs: list[torch.Tensor | None],
-        sampling: SamplingConfig,
-        eos: set[int],
-        draft_calls: int,
-        closed: bool = False,
-    ) -> None:
+        self, rows: list[Row], cands: list[list[int]], qs: list[torch.Tensor | None],
+        sampling: SamplingConfig, eos: set[int], draft_calls: int, closed: bool = False,
+    ) -> None:  # fmt: skip
         """One batched target forward over every row's [committed tail, candidates]; per-row verification,
         commit and rollback of both caches (the target's alone once the round gate `closed`)."""
         cache = self.t_cache

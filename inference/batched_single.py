@@ -28,8 +28,9 @@ from acchead.inference.batch_stop import BatchStop
 from acchead.inference.batched_rows import Row
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.device_path import DevicePath
-from acchead.inference.policies import SpecDecPP, StopPolicy
+from acchead.inference.policies import StopPolicy
 from acchead.inference.results import BatchResult
+from acchead.inference.specdecpp_policy import SpecDecPP
 
 H_MIN = 1e-9  # h' where c(1) >= 1: stop at every judged candidate (SpecDec++ takes 0 < h < 1)
 

@@ -211,6 +211,7 @@ class SpeculativeDecoder:
             # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
             # target's token), so `max_length` is all either needs.
             self._verifier.warm_up(max_length, self.policy.max_cap, sampling, states=self.reads_states)
+            self.policy.price_widths(self._verifier.fed_ms())  # a priced SpecDec++'s thresholds
             if self.drafter is not None:
                 self.drafter.warm_up(max_length, sampling, self.policy.start_decode())
 

@@ -28,15 +28,12 @@ fixed-K SpecDec, which is the accounting the cost model (DESIGN §4) assumes.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
-from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.inference.head_call import HeadCall, rows
+from acchead.inference.head_call import rows
 from acchead.inference.host_reads import read
 from acchead.inference.policy_spec import (
     DEFAULT_MAX_DRAFT,
@@ -46,10 +43,9 @@ from acchead.inference.policy_spec import (
     EntropySpec,
     OracleSpec,
     PolicySpec,
-    SpecDecPPSpec,
     SpecDecSpec,
 )
-from acchead.inference.units import FEED, SAMPLE
+from acchead.inference.units import SAMPLE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -132,6 +128,10 @@ class StopPolicy:
     def attach_draft(self, model: torch.nn.Module) -> None:
         """Read what the policy needs of the draft model (a lookahead head: its output embedding)."""
 
+    def price_widths(self, fed_ms: dict[int, float]) -> None:
+        """Read the fast path's measured verification costs (ms of the unit that verifies f fed tokens,
+        `RoundVerifier.fed_ms`) after a warm-up; only a priced SpecDec++ uses them."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r})"
 
@@ -212,70 +212,6 @@ class FixedK(StopPolicy):
     def __init__(self, k: int) -> None:
         super().__init__(SpecDecSpec(k=k))
         self.k = k
-
-
-class SpecDecPP(StopPolicy):
-    """SpecDec++ (paper Algorithm 2): stop when `1 - Π_j σ(f_j) > h`, or at `max_draft` candidates.
-
-    With a `candidate` head (the paper's) f_j = f(e_j) reads the state after candidate Y_j was fed, so the
-    drafter feeds each judged candidate at once and the first decision needs two draft forwards; on a stop
-    the next candidate, whose q the last forward produced, is appended unjudged when `free`. With a
-    `lookahead` head (DESIGN §3.1) f_j = f(s_{j-1}, Y_j) reads the state that produced q_j (plus the
-    candidate's log q, entropy or output-embedding row, as the head was trained), right after Y_j is
-    sampled: a stop verifies Y_1..Y_j, every verified candidate was judged, and no forward is spent on
-    a candidate before it is judged, so a round can end after one draft forward. No free token then.
-
-    The product P̂ is kept as a log (sum of log-sigmoids, float64, on the head's device), so long rounds
-    never underflow, and the stop test is `log P̂ < log(1 - h)`: one host read per judged candidate. The
-    head runs once per candidate through `HeadCall`, which keeps its per-call overhead to a few kernels and
-    equals `head(x)` (pinned by tests).
-    """
-
-    def __init__(self, head: AcceptanceHead, h: float, max_draft: int = DEFAULT_MAX_DRAFT, free: bool = True):
-        lookahead = head.kind == "lookahead"
-        # A lookahead head judges a candidate before it is fed: no free token, so its spec names none.
-        super().__init__(SpecDecPPSpec(h=h, max=max_draft, free=None if lookahead else free))
-        self.head = head.eval()
-        self.h = h
-        self.max_draft = max_draft
-        self.lookahead = lookahead
-        self.needs_hidden = not lookahead
-        self.needs_state = lookahead
-        self.free_token = free and not lookahead
-        self.judge_at = SAMPLE if lookahead else FEED
-        # Stop once log P̂ < log(1 - h). A tensor, so that the compiled step reads it as an input: a float
-        # would be a constant of the graph (one compilation per threshold of a sweep).
-        self._log_keep = torch.tensor(math.log1p(-h), dtype=torch.float64)
-        self.call = HeadCall(head)
-        self._device = head.out.weight.device
-
-    def to(self, device: torch.device | str) -> SpecDecPP:
-        self.call.to(device)
-        self._log_keep = self._log_keep.to(device)
-        super().to(device)
-        return self
-
-    def attach_draft(self, model: torch.nn.Module) -> None:
-        self.call.attach_draft(model)
-
-    def lookahead_input(self, step: DraftStep) -> torch.Tensor:
-        """The lookahead head's input for a candidate: (input_size,), as `acchead.lookahead` builds it."""
-        return self.call.input(step)
-
-    def start_round(self, run: PolicyRun, position: int) -> int:
-        # log P̂ of the round, a tensor from the start so that every judged step is the same unit
-        run.stats = torch.zeros((), dtype=torch.float64, device=self._device)
-        return self.max_draft
-
-    def should_stop(self, run: PolicyRun, step: DraftStep) -> bool:
-        run.head_calls += 1
-        return super().should_stop(run, step)
-
-    def judge(self, step: DraftStep, stats: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        log_p_hat = F.logsigmoid(self.call.logit(step).double())
-        if stats is not None:  # None: the round's first judged candidate
-            log_p_hat = stats + log_p_hat
-        return log_p_hat < self._log_keep, log_p_hat
 
 
 def threshold_input(value: float) -> torch.Tensor:

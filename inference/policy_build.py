@@ -23,7 +23,6 @@ from acchead.inference.policies import (
     Entropy,
     FixedK,
     Oracle,
-    SpecDecPP,
     StopPolicy,
 )
 from acchead.inference.policy_spec import (
@@ -38,6 +37,7 @@ from acchead.inference.policy_spec import (
     SpecDecSpec,
 )
 from acchead.inference.spec import as_policy_spec
+from acchead.inference.specdecpp_policy import SpecDecPP
 
 HeadArg = AcceptanceHead | str | Path | None
 
@@ -94,7 +94,7 @@ def _build(spec: PolicySpec, head: AcceptanceHead | None) -> StopPolicy:
                 f"policy {spec.to_spec()!r} needs an acceptance head (give --head PATH or head=...)"
             )
         h = head.default_h if spec.h is None else spec.h
-        return SpecDecPP(head, h, spec.max_cap, spec.free is not False)
+        return SpecDecPP(head, h, spec.max_cap, spec.free is not False, priced=spec.priced is True)
     if isinstance(spec, ConfidenceSpec):
         return Confidence(spec.tau, spec.max_cap)
     if isinstance(spec, EntropySpec):

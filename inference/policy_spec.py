@@ -4,7 +4,7 @@ The string form is what every CLI's `--policy` and the bench's specs take:
 
     autoregressive                              no drafting (the baseline)
     specdec:k=4                                 fixed K candidates per round
-    specdecpp[:h=0.8,max=20,free=1]             SpecDec++ (no h: the head's recorded threshold)
+    specdecpp[:h=0.8,max=20,free=1,priced=1]    SpecDec++ (no h: the head's recorded threshold)
     confidence:tau=0.4[,max=20]                 stop after a candidate with q(x) < tau
     entropy:tau=1.0[,max=20]                    stop after a candidate with H(q) > tau nats
     adaedl:lam=0.5[,gamma=0.2,adapt=1,max=20]   AdaEDL, fixed or online lambda
@@ -180,7 +180,9 @@ class SpecDecPPSpec(PolicySpec):
     """SpecDec++: stop once the head's P(some candidate rejected) > h; no h: the head's `default_h`.
 
     `free` (default 1) appends the already-computed next candidate after an early stop (candidate heads
-    only: a lookahead head judges a candidate before it is fed, so its built spec leaves `free` out)."""
+    only: a lookahead head judges a candidate before it is fed, so its built spec leaves `free` out).
+    `priced` (default 0) raises the threshold where a candidate moves the round into a dearer verification
+    width, priced by the fast path's measured units (`acchead.inference.specdecpp_policy`)."""
 
     name: ClassVar[str] = "specdecpp"
     example: ClassVar[str] = "specdecpp:h=0.8,max=20"
@@ -188,6 +190,7 @@ class SpecDecPPSpec(PolicySpec):
     h: float | None = None
     max: int | None = None
     free: bool | None = None
+    priced: bool | None = None
 
     def _check(self) -> None:
         if self.h is not None and not 0.0 < self.h < 1.0:

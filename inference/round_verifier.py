@@ -127,6 +127,7 @@ class RoundVerifier:
         self.symbolic = symbolic
         # count fed -> the width it is verified at: the ladder's, or a cheaper one timed at `warm_up`
         self.widths: dict[int, int] = {}
+        self._unit_ms: dict[int, float] = {}  # width -> the ms of its unit, timed at `warm_up`
 
     @property
     def slack(self) -> int:
@@ -240,4 +241,10 @@ class RoundVerifier:
                 if rep:
                     unit_ms[width] = min(unit_ms.get(width, math.inf), 1e3 * (time.perf_counter() - start))
         self.widths = cheapest_widths({w: unit_ms[w] for w in widths if w in unit_ms}) if timed else {}
+        self._unit_ms = dict(unit_ms) if timed else {}
         runner.reset(capacity)
+
+    def fed_ms(self) -> dict[int, float]:
+        """For each count of tokens fed that the last timed `warm_up` covered, the ms of the unit that
+        verifies it (its cheapest width's): what a priced SpecDec++ reads. {} before a timed warm-up."""
+        return {fed: self._unit_ms[w] for fed, w in self.widths.items() if w in self._unit_ms}

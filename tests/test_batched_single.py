@@ -15,7 +15,7 @@ from acchead.inference.batch_cost import BatchCost, BatchCosts, measured_costs
 from acchead.inference.batch_stop import BatchStop
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.batched_single import H_MIN, single_threshold
-from acchead.inference.policies import SpecDecPP
+from acchead.inference.specdecpp_policy import SpecDecPP
 
 PROMPT = [3, 5, 7, 9, 11, 2, 6]
 

@@ -79,3 +79,17 @@ def test_entropy_grids_and_cost_ratios_are_validated(argv, message):
     with pytest.raises(AccheadError) as e:
         resolve_args(build_parser().parse_args(argv))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_specdecpp_rules_run_the_h_grid_with_the_papers_and_the_priced_thresholds():
+    argv = ["--methods", "specdecpp", "--h-grid", "0.5,0.9", "--specdecpp-rules", "paper,priced"]
+    args = resolve_args(build_parser().parse_args(argv))
+    settings, _ = build_settings(args, SamplingConfig(0.0))
+    specs = [s.spec for s in settings if s.head == args.head[0]]
+    assert specs == ["specdecpp:h=0.5,max=20", "specdecpp:h=0.9,max=20", "specdecpp:h=0.5,max=20,priced=1",
+                     "specdecpp:h=0.9,max=20,priced=1"]  # fmt: skip
+    assert [s.params.get("priced", False) for s in settings[:4]] == [False, False, True, True]
+    assert len({s.key for s in settings}) == len(settings)  # every row its own partial file
+    for bad in ("", "paper,cheap"):
+        with pytest.raises(AccheadError, match="--specdecpp-rules takes paper and/or priced"):
+            resolve_args(build_parser().parse_args(["--specdecpp-rules", bad]))

@@ -152,7 +152,7 @@ def test_a_decoder_that_fails_to_compile_is_a_line_and_the_rest_run(check_argv, 
     whole run with a traceback) is a line in the report and fails the verdict; the others are still
     checked and timed."""
     from acchead.inference.decoder import SpeculativeDecoder
-    from acchead.inference.policies import SpecDecPP
+    from acchead.inference.specdecpp_policy import SpecDecPP
 
     warm_up = SpeculativeDecoder.warm_up
 

@@ -7,7 +7,7 @@ import torch
 
 from acchead.head import AcceptanceHead
 from acchead.inference.bench.head_timing import time_head_overhead
-from acchead.inference.policies import SpecDecPP
+from acchead.inference.specdecpp_policy import SpecDecPP
 from acchead.sampling import SamplingConfig
 
 LOOKAHEAD_INPUTS = ("state", "logq", "entropy", "token")

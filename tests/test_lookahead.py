@@ -21,8 +21,8 @@ from acchead.head_io import HeadMetadata, load_head, save_head
 from acchead.inference import head_call
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafters import ModelDrafter
-from acchead.inference.policies import SpecDecPP
 from acchead.inference.policy_build import parse_policy
+from acchead.inference.specdecpp_policy import SpecDecPP
 from acchead.lookahead import (
     LOGQ_FLOOR,
     TOPK_WIDTH,

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--k-grid", type=_int_list, help="SpecDec candidate lengths K, comma-separated")
     a("--h-grid", type=_float_list, help="SpecDec++ stop thresholds h in (0, 1), comma-separated")
     a("--specdecpp-max", type=int, help="SpecDec++ cap on candidates per round")
+    a("--specdecpp-rules", type=_str_list, help="SpecDec++ thresholds, comma-separated: paper (stop once P̂ < "
+      "1 - h) and/or priced (1 - h plus the price of a wider verification, timed at the fast path's warm-up: "
+      "the policy's priced=1); each runs the h-grid")  # fmt: skip
     a("--tau-grid", type=_float_list, help="confidence-rule thresholds tau in (0, 1), comma-separated")
     a("--entropy-tau-grid", type=_float_list, help="entropy-rule thresholds tau >= 0 in nats (stop after a "
       "candidate whose draft distribution has entropy > tau), comma-separated")  # fmt: skip
@@ -196,7 +199,7 @@ _LISTS = {"methods": _str_list, "paths": _str_list, "k_grid": _int_list, "h_grid
           "tau_grid": _float_list, "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list,
           "adaedl_adapt_grid": _float_list,
           "cost_ratios": _float_list, "extra_specs": _spec_list, "head": _str_list,
-          "batch_stop": _str_list}  # fmt: skip
+          "batch_stop": _str_list, "specdecpp_rules": _str_list}  # fmt: skip
 _INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls",
          "loop_profile_prompts"}  # fmt: skip
 _FLOATS = {"temperature", "top_p", "adaedl_gamma", "plot_ratio"}
@@ -263,6 +266,9 @@ def _validate(args: argparse.Namespace) -> None:
     bad = [m for m in args.methods if m not in FAMILIES]
     if bad:
         raise AccheadError(f"unknown method {bad[0]!r}; choose from {', '.join(FAMILIES)}")
+    if not args.specdecpp_rules or not set(args.specdecpp_rules) <= {"paper", "priced"}:
+        got = ",".join(args.specdecpp_rules)
+        raise AccheadError(f"--specdecpp-rules takes paper and/or priced, got {got or 'nothing'}")
     bad = [x for x in args.paths if x not in PATHS]
     if bad or not args.paths:
         raise AccheadError(f"--paths takes {' and/or '.join(PATHS)}, got {','.join(args.paths) or 'nothing'}")

@@ -23,7 +23,7 @@ from torch import nn
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
 from acchead.inference.drafters import DraftStep
-from acchead.inference.policies import SpecDecPP
+from acchead.inference.specdecpp_policy import SpecDecPP
 from acchead.kv_decode import KVSequence
 from acchead.sampling import SamplingConfig, probs_from_logits
 from acchead.step_cost import device_sync

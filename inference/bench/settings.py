@@ -13,6 +13,7 @@ lookahead head side by side.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -239,8 +240,9 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
     if "specdecpp" in methods:
         cap = args.specdecpp_max
         for family, path, _ in heads:  # one family per head: its kind, suffixed if two would collide
-            for h in args.h_grid:
-                add(family, SpecDecPPSpec(h=h, max=cap), {"h": h, "max": cap, "head": str(path)}, str(path))
+            for priced, h in itertools.product([r == "priced" for r in args.specdecpp_rules], args.h_grid):
+                params = {"h": h, "max": cap, "head": str(path)} | ({"priced": True} if priced else {})
+                add(family, SpecDecPPSpec(h=h, max=cap, priced=priced or None), params, str(path))
         if not heads:
             notes.append("no SpecDec++ rows: the pair ships no head trained under this S (pass --head)")
     for t in args.tau_grid if "confidence" in methods else ():
