@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ids, truncated_from = _fit_prompt(ids, args.max_new_tokens, [target, draft], args.truncate_prompt)
     if args.batch_size is not None:
         return _decode_batch(args, target, draft, spec, tok, [ids] * args.batch_size)
+    if isinstance(spec.policy, SpecDecPPSpec) and spec.policy.priced:  # it reads the widths warm_up times
+        decoder.warm_up(ids.numel() + args.max_new_tokens, **s.to_dict())
     streamer = None if args.json else TextStreamer(tok, skip_prompt=False)
     res = decoder.generate(
         ids,

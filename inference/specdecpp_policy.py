@@ -28,6 +28,7 @@ policy runs the paper's rule.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +102,7 @@ class SpecDecPP(StopPolicy):
         # log c_k per judged count k. A tensor, so that the compiled step reads it as an input: a float
         # would be a constant of the graph (one compilation per threshold of a sweep).
         self._log_keep = torch.full((max_draft + 2,), math.log1p(-h), dtype=torch.float64)
+        self._unpriced = priced  # priced, but no timings handed over yet: warn once, at a decode's start
         self.call = HeadCall(head)
         self._device = head.out.weight.device
 
@@ -119,6 +121,7 @@ class SpecDecPP(StopPolicy):
         if not self.priced:
             return
         extra = 2 if self.free_token else 1
+        self._unpriced = not fed_ms
         c = priced_thresholds(self.h, fed_ms, self.max_draft, extra)
         logs = [math.log(x) if x > 0 else -math.inf for x in c]
         self._log_keep.copy_(torch.tensor(logs, dtype=torch.float64))
@@ -131,6 +134,16 @@ class SpecDecPP(StopPolicy):
     def lookahead_input(self, step: DraftStep) -> torch.Tensor:
         """The lookahead head's input for a candidate: (input_size,), as `acchead.lookahead` builds it."""
         return self.call.input(step)
+
+    def start_decode(
+        self, previous: PolicyRun | None = None, reference: list[list[bool]] | None = None
+    ) -> PolicyRun:
+        if self._unpriced:
+            self._unpriced = False
+            message = (f"{self.spec}: no verification widths were timed (the fast path's warm_up times "
+                       "them), so this decoder runs the paper's threshold 1 - h")  # fmt: skip
+            warnings.warn(message, stacklevel=3)
+        return super().start_decode(previous, reference)
 
     def start_round(self, run: PolicyRun, position: int) -> int:
         # [log P̂, judged count] of the round, a tensor from the start so that every judged step is one unit

@@ -225,6 +225,12 @@ def test_cli_specdecpp_with_head_file(tiny_pair_dirs, tmp_path, capsys):
     assert _cli(tiny_pair_dirs, "--policy", "specdecpp:h=0.5,max=6", "--head", str(path), "--json") == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["head_calls"] > 0 and stats["sampling"]["temperature"] == 0.0  # S from the head
+    # priced: acchead-decode warms the decoder up first (on the fast path that times the widths it reads;
+    # eager, nothing is timed and the rule says it runs the paper's threshold)
+    with pytest.warns(UserWarning, match="paper's threshold"):
+        priced = ["--policy", "specdecpp:h=0.5,max=6,priced=1", "--head", str(path), "--json", "--no-fast"]
+        assert _cli(tiny_pair_dirs, *priced) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["policy"].endswith("priced=1")
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ the thresholds, the stops they make, exactness, and the fast path handing its me
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -111,3 +112,17 @@ def test_batched_decoding_refuses_a_priced_rule(tiny_llama_pair):
     head = AcceptanceHead(draft.config.hidden_size, depth=1, kind="lookahead", inputs=("state",))
     with pytest.raises(AccheadError, match="priced"):
         BatchedDecoder(target, draft, policy="specdecpp:h=0.9,priced=1", head=head)
+
+
+def test_a_priced_rule_without_timings_says_it_runs_the_papers_threshold_once(tiny_llama_pair):
+    target, draft = tiny_llama_pair
+    head = AcceptanceHead(draft.config.hidden_size, depth=1, kind="lookahead", inputs=("state",))
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.9,max=4,priced=1", head=head)  # eager
+    dec.warm_up(32)  # eager: times nothing
+    prompt = torch.tensor([5, 17, 40, 99])
+    with pytest.warns(UserWarning, match="paper's threshold 1 - h"):
+        dec.generate(prompt, max_new_tokens=4, temperature=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dec.generate(prompt, max_new_tokens=4, temperature=0)  # once per policy
+    assert dec.policy.thresholds == pytest.approx([0.1] * 6)
