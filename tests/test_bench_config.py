@@ -88,7 +88,7 @@ def test_specdecpp_rules_run_the_h_grid_with_the_papers_and_the_priced_threshold
     specs = [s.spec for s in settings if s.head == args.head[0]]
     assert specs == ["specdecpp:h=0.5,max=20", "specdecpp:h=0.9,max=20", "specdecpp:h=0.5,max=20,priced=1",
                      "specdecpp:h=0.9,max=20,priced=1"]  # fmt: skip
-    assert [s.params.get("priced", False) for s in settings[:4]] == [False, False, True, True]
+    assert [s.params.get("priced", 0) for s in settings[:4]] == [0, 0, 1, 1]
     assert len({s.key for s in settings}) == len(settings)  # every row its own partial file
     for bad in ("", "paper,cheap"):
         with pytest.raises(AccheadError, match="--specdecpp-rules takes paper and/or priced"):

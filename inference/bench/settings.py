@@ -241,7 +241,7 @@ def build_settings(args: argparse.Namespace, sampling: SamplingConfig) -> tuple[
         cap = args.specdecpp_max
         for family, path, _ in heads:  # one family per head: its kind, suffixed if two would collide
             for priced, h in itertools.product([r == "priced" for r in args.specdecpp_rules], args.h_grid):
-                params = {"h": h, "max": cap, "head": str(path)} | ({"priced": True} if priced else {})
+                params = {"h": h, "max": cap, "head": str(path)} | ({"priced": 1} if priced else {})
                 add(family, SpecDecPPSpec(h=h, max=cap, priced=priced or None), params, str(path))
         if not heads:
             notes.append("no SpecDec++ rows: the pair ships no head trained under this S (pass --head)")
