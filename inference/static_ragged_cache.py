@@ -42,16 +42,11 @@ from transformers import PreTrainedModel
 from acchead.errors import AccheadError
 from acchead.feature_chain import install_output_hooks
 from acchead.feature_draft import is_feature_draft
+from acchead.inference.compiled_units import arg_key, compile_units
 from acchead.inference.device_path import DevicePath
 from acchead.inference.ragged_cache import Post
 from acchead.inference.round_verifier import VERIFY_WIDTHS, verify_width
-from acchead.inference.static_runner import (
-    MAX_SYMBOLIC_COUNT,
-    arg_key,
-    compile_units,
-    copy_out,
-    new_static_cache,
-)
+from acchead.inference.static_runner import MAX_SYMBOLIC_COUNT, copy_out, new_static_cache
 from acchead.lm_forward import lm_forward, splits_cleanly
 from acchead.models import CACHE_ARG
 

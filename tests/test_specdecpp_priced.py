@@ -77,11 +77,6 @@ def test_an_unpriced_policy_keeps_the_papers_threshold():
     assert policy.thresholds == pytest.approx([0.25] * 6)
 
 
-# Slow: in one of three full runs with two workers (`make test-latest`, 2026-11-29) the draft's warm-up here
-# recompiled a unit whose key the shared compiled pair's runner had seen (dynamo's guards skipped: a
-# RuntimeError); alone, in its group and in the other runs it passes. Kept out of CI's suite until the
-# order that triggers it is found (docs/testing.md).
-@pytest.mark.slow
 def test_the_fast_path_prices_a_priced_rule_with_its_measured_units_and_matches_eager(compiled_pair):
     """After `warm_up` the compiled path's priced thresholds are its verifier's timed units
     (`RoundVerifier.fed_ms`, one per count fed up to cap + 1); given the same thresholds the eager path stops
