@@ -38,7 +38,8 @@ class AcceptanceHead(nn.Module):
         depth: number of residual blocks D (>= 0).
         kind: "candidate" (the paper's: reads e_k after Y_k was fed) or "lookahead" (reads the state that
             produced q_k, plus `inputs`, before Y_k is fed); see DESIGN §3.1.
-        inputs: what a lookahead head reads, a subset of ("state", "logq", "entropy", "token").
+        inputs: what a lookahead head reads, a subset of `acchead.lookahead.LOOKAHEAD_INPUTS` ("state",
+            "logq", "entropy", "token", "topk", "depth").
         default_h: the stop threshold `specdecpp` uses with this head when its spec names no `h`; in
             (0, 1). `acchead.load_head` sets it from the head file's metadata.
     """

@@ -1,7 +1,6 @@
 """The speculative decoder: a drafter proposes, a stop policy ends the round, one target forward verifies.
 
-Batch size 1 only: a round's length depends on the sequence, and batching rounds of different lengths
-needs ragged caches that transformers' `DynamicCache` does not offer.
+One sequence per decode (B prompts at once: `acchead.inference.batched.BatchedDecoder`).
 
 One round, with n tokens committed (prompt + generated) and the target's cache holding the first n − 1:
     1. candidates X_1..X_L from the drafter, L chosen online by the policy (DESIGN §4);
@@ -86,9 +85,8 @@ class SpeculativeDecoder:
             None for `autoregressive`.
         policy: a spec string (`acchead.inference.policy_spec`), its typed `PolicySpec`, or a `StopPolicy`.
         head: for `specdecpp`: an `AcceptanceHead`, or a path loaded with `acchead.load_head(path,
-            draft=draft)` so that a head trained for another draft is refused. Required: the decoder
-            never picks one (the commands resolve their default at the command line; the demo pair's
-            shipped head for an S is `acchead.demo_pair.head_for(S)`).
+            draft=draft)` (a head trained for another draft is refused). Required: the decoder never picks
+            one (the demo pair's shipped head for an S: `acchead.demo_pair.head_for(S)`).
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         fast: run the target (and a draft model given as a `PreTrainedModel`) on the fast path: static KV
             caches and compiled forwards (`acchead.inference.model_runner.StaticRunner`). None: on when
@@ -174,6 +172,8 @@ class SpeculativeDecoder:
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
         if self.drafter is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
+        # Autoregressive decoding never drafts: no draft cache to fill, no target states to hand over.
+        self._round_drafter = None if isinstance(self.policy, Autoregressive) else self.drafter
         if self.draft_model is not None:
             self.policy.to(self.draft_model.device)
             self.policy.attach_draft(self.draft_model)
@@ -210,10 +210,11 @@ class SpeculativeDecoder:
         with torch.inference_mode():
             # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
             # target's token), so `max_length` is all either needs.
-            self._verifier.warm_up(max_length, self.policy.max_cap, sampling, states=self.reads_states)
+            drafter, states = self._round_drafter, self._round_drafter is not None and self.reads_states
+            self._verifier.warm_up(max_length, self.policy.max_cap, sampling, states=states)
             self.policy.price_widths(self._verifier.fed_ms())  # a priced SpecDec++'s thresholds
-            if self.drafter is not None:
-                self.drafter.warm_up(max_length, sampling, self.policy.start_decode())
+            if drafter is not None:
+                drafter.warm_up(max_length, sampling, self.policy.start_decode())
 
     # ------------------------------------------------------------------------------------------ generate
 
@@ -264,8 +265,9 @@ class SpeculativeDecoder:
         clock = PhaseClock(t_dev) if profile else None
 
         start = time.perf_counter()
-        if self.drafter is not None:
-            self.drafter.begin(prompt, sampling, seed)
+        drafter = self._round_drafter
+        if drafter is not None:
+            drafter.begin(prompt, sampling, seed)
         res = GenerationResult(new_ids=torch.empty(0, dtype=torch.long))
         # The sequence lives on the target's device (a draft elsewhere reads its context by copy); `out`
         # mirrors the generated tokens on the host, filled from each round's status read.
@@ -278,16 +280,16 @@ class SpeculativeDecoder:
         if streamer is not None:
             streamer.put(prompt[None])
         done = False
-        reads_states = self.reads_states
+        reads_states = drafter is not None and self.reads_states
         while not done and n - prompt.numel() < max_new_tokens:
             generated = n - prompt.numel()
             cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
-            if self.drafter is not None and not self.drafter.ready:
+            if drafter is not None and not drafter.ready:
                 cap = 0  # a feature drafter before the target's first states: this round verifies alone
             if clock is not None:
                 clock.mark()
                 calls0 = self._draft_calls()
-            steps = draft_round(self.drafter, policy, seq, n, cap) if cap > 0 else []
+            steps = draft_round(drafter, policy, seq, n, cap) if cap > 0 else []
             num = len(steps)
             if clock is not None:
                 clock.mark()
@@ -312,10 +314,10 @@ class SpeculativeDecoder:
             out += new
             # Both caches keep exactly the committed tokens they have seen: prefix + accepted candidates.
             runner.rollback(n + tau)
-            if self.drafter is not None:
-                self.drafter.rollback(n + tau)
+            if drafter is not None:
+                drafter.rollback(n + tau)
                 if reads_states:  # the accepted positions' states: fed_from..n+τ-1
-                    self.drafter.observe(states[: n + tau - fed_from], fed_from)
+                    drafter.observe(states[: n + tau - fed_from], fed_from)
             if clock is not None:
                 clock.mark()
             n += len(new)
@@ -385,16 +387,12 @@ class SpeculativeDecoder:
         return [read(level) for level in levels]
 
     def _draft_calls(self) -> int:
-        """Draft forwards since the drafter's `begin` (0 without a drafter)."""
-        return self.drafter.draft_calls if self.drafter is not None else 0
+        """Draft forwards since the drafter's `begin` (0 without one, or under a policy that never drafts)."""
+        return self._round_drafter.draft_calls if self._round_drafter is not None else 0
 
     def _warn_sampling_mismatch(self, sampling: SamplingConfig) -> None:
         if self.head_meta is None or not (self.policy.needs_hidden or self.policy.needs_state):
             return
-        trained = self.head_meta.sampling_config
-        if trained != sampling:
-            warnings.warn(
-                f"the head's labels were computed under {trained}, decoding uses {sampling}: "
-                "its acceptance predictions will be off (DESIGN §2)",
-                stacklevel=3,
-            )
+        if (trained := self.head_meta.sampling_config) != sampling:
+            warnings.warn(f"the head's labels were computed under {trained}, decoding uses {sampling}: its "
+                          "acceptance predictions will be off (DESIGN §2)", stacklevel=3)  # fmt: skip

@@ -75,7 +75,10 @@ class FeatureDrafter(Drafter):
 
     def _reset(self) -> None:
         self._true_pairs = 0  # pairs in the cache built on the target's states
-        self._states = torch.empty(0, self.model.state_width, device=self.device)  # (known, W)
+        # The target's states of the committed positions: the first `_known` rows of a buffer that grows
+        # by doubling (a round writes its accepted rows in place, not a copy of the whole prefix).
+        self._states = torch.empty(0, self.model.state_width, device=self.device)  # (capacity, W)
+        self._known = 0
         self._pending: PendingDraw | None = None  # what the last forward drew for the next position
         self._handed: PendingDraw | None = None  # the last candidate handed out (with the h that drew it)
 
@@ -89,13 +92,18 @@ class FeatureDrafter(Drafter):
     @property
     def ready(self) -> bool:
         """Whether the target has handed over any states (before the first verification it has not)."""
-        return self._states.shape[0] > 0
+        return self._known > 0
 
     def observe(self, states: torch.Tensor, start: int) -> None:
         """The target's states (m, W) of positions start..start+m-1, all committed: its final hidden
         states, then the draft's fused layers' outputs (`FeatureDraftConfig.fused_layers`)."""
-        known = self._states[:start]
-        self._states = torch.cat([known, states.to(self.device, self._states.dtype)])
+        end = start + states.shape[0]
+        if end > self._states.shape[0]:
+            grown = self._states.new_empty(max(end, 2 * self._states.shape[0]), self._states.shape[1])
+            grown[:start] = self._states[:start]
+            self._states = grown
+        self._states[start:end] = states
+        self._known = end
 
     def _forward(
         self, ids: torch.Tensor, features: torch.Tensor, slot: tuple[int, int], policy: PolicyRun | None,
@@ -150,8 +158,8 @@ class FeatureDrafter(Drafter):
     def _start_round(self, context: torch.Tensor, n0: int, policy: PolicyRun | None) -> None:
         """Crop the pairs fed on guessed states, feed pairs up to n0 - 2 on the target's states, and draw
         the round's first candidate (on the fast path, a ladder width of them: module docstring)."""
-        if self._states.shape[0] < n0 - 1:
-            raise RuntimeError(f"the target's states cover {self._states.shape[0]} of {n0 - 1} positions")
+        if self._known < n0 - 1:
+            raise RuntimeError(f"the target's states cover {self._known} of {n0 - 1} positions")
         keep = min(self._true_pairs, n0 - 2)  # at least the last pair is fed: its h draws X_1
         if self.fast and keep > 0:
             keep = max(n0 - 1 - verify_width(n0 - 1 - keep), 0)
@@ -162,7 +170,7 @@ class FeatureDrafter(Drafter):
     def rollback(self, length: int) -> None:
         """Forget the pairs past the committed `length` (those built on guessed states go at the next
         round's start, which knows where the target's states end)."""
-        self._states = self._states[: max(length - 1, 0)]
+        self._known = min(self._known, max(length - 1, 0))
         self._true_pairs = min(self._true_pairs, max(length - 1, 0))
         self._pending = self._handed = None
 

@@ -137,6 +137,40 @@ def test_greedy_equals_the_targets_greedy(feature_pair, spec):
     assert sum(res.accepted_per_round) > 0  # the draft's candidates do get accepted
 
 
+def test_autoregressive_decoding_leaves_the_feature_drafter_alone(feature_pair, monkeypatch):
+    """AR never drafts: it asks the target for no states and never feeds or warms up the draft (its speed is
+    the baseline every speedup divides by), and it decodes the target's greedy tokens."""
+    target, draft = feature_pair
+    dec = SpeculativeDecoder(target, draft, policy="autoregressive", fast=False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("autoregressive decoding touched the drafter")
+
+    for name in ("begin", "observe", "warm_up", "propose"):
+        monkeypatch.setattr(dec.drafter, name, refuse)
+    prompt = torch.tensor([[1, 4, 7]])
+    dec.warm_up(64)
+    res = dec.generate(prompt, max_new_tokens=12, temperature=0)
+    ref = target.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert res.new_ids.tolist() == ref[0, 3:].tolist() and res.draft_calls == 0
+
+
+def test_the_drafters_states_grow_in_place_across_rounds(feature_pair):
+    """The committed positions' states live in a buffer that doubles: a long decode (its buffer regrown
+    several times) decodes what the target's greedy decoding does, and holds exactly the committed rows."""
+    target, draft = feature_pair
+    dec = SpeculativeDecoder(target, draft, policy="specdec:k=3", fast=False)
+    prompt = torch.tensor([[2, 9, 3]])
+    res = dec.generate(prompt, max_new_tokens=48, temperature=0)
+    ar = SpeculativeDecoder(target, draft, policy="autoregressive", fast=False)  # long: float ties vs HF's
+    assert res.new_ids.tolist() == ar.generate(prompt, max_new_tokens=48, temperature=0).new_ids.tolist()
+    full = torch.cat([prompt[0], res.new_ids])
+    known, width = dec.drafter._known, target.config.hidden_size
+    assert known >= full.numel() - 4 and dec.drafter._states.shape[0] >= known
+    torch.testing.assert_close(dec.drafter._states[:known, :width], _states(target, full.tolist())[:known],
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
 def test_the_oracle_of_a_feature_draft_never_drafts_a_rejected_candidate(feature_pair):
     """The hindsight bound reads each candidate at its depth: every drafted token is accepted, runs past
     the first candidate included (with first-candidate agreement alone, later ones would be rejected)."""
