@@ -133,7 +133,8 @@ class BatchedDecoder:
         # a feature draft with fused layers reads those layers' outputs beside the target's final states
         self._fused = tuple(draft.config.fused_layers) if is_feature_draft(draft) else ()
         feed = FeatureFeed if is_feature_draft(draft) else TokenFeed
-        self._feed = feed(cache(draft)) if draft is not None else None
+        drafts = draft is not None and not isinstance(self.policy, Autoregressive)  # AR: no draft cache
+        self._feed = feed(cache(draft)) if drafts else None
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
         if not isinstance(batch_stop, BatchStop):
             batch_stop = parse_batch_stop(batch_stop, pp.h if pp else None)

@@ -319,6 +319,20 @@ def test_feature_draft_rows_equal_generate_and_the_single_prompt_decoder(feature
     _assert_sampled_rows_are_the_single_decoders(dec, single, PROMPTS)
 
 
+def test_autoregressive_rows_keep_no_feature_draft_cache(feature_pair):
+    """Batched AR with a feature draft beside it: no draft cache, no target states handed over (AR is the
+    baseline every speedup divides by), and each row the target's greedy decoding of its prompt."""
+    target, draft = feature_pair
+    dec = BatchedDecoder(target, draft, "autoregressive")
+    assert dec._feed is None
+    res = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0, eos_token_id=5)
+    for b, prompt in enumerate(PROMPTS):
+        ref = target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW[b], do_sample=False,
+                              eos_token_id=5, pad_token_id=0)[0, len(prompt) :]  # fmt: skip
+        assert res.rows[b].new_ids.tolist() == ref.tolist(), b
+        assert res.rows[b].draft_calls == 0
+
+
 def test_adaedl_rows_move_their_own_lambda_as_they_would_alone(peaked_pair):
     """AdaEDL's online λ with large steps (ε = 0.2, no smoothing, target α = 0.5), so λ swings round by
     round and changes where rounds stop: each row of a ragged batch still drafts, round by round, what the
