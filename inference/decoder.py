@@ -172,11 +172,14 @@ class SpeculativeDecoder:
         self.policy = policy if isinstance(policy, StopPolicy) else parse_policy(policy, head=head_module)
         if self.drafter is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model or drafter")
-        # Autoregressive decoding never drafts: no draft cache to fill, no target states to hand over.
-        self._round_drafter = None if isinstance(self.policy, Autoregressive) else self.drafter
         if self.draft_model is not None:
             self.policy.to(self.draft_model.device)
             self.policy.attach_draft(self.draft_model)
+
+    @property
+    def _round_drafter(self) -> Drafter | None:
+        """The drafter a decode drives: none under autoregressive decoding (no draft cache, no states)."""
+        return None if isinstance(self.policy, Autoregressive) else self.drafter
 
     def _resolve_head(self, head: AcceptanceHead | str | Path | None) -> AcceptanceHead | None:
         if head is None:
@@ -208,8 +211,7 @@ class SpeculativeDecoder:
         except ValueError as e:
             raise AccheadError(str(e)) from None
         with torch.inference_mode():
-            # Neither cache ever holds more than prompt + new tokens (a round's cap leaves room for the
-            # target's token), so `max_length` is all either needs.
+            # No cache holds more than prompt + new tokens (a round's cap leaves room for the target's).
             drafter, states = self._round_drafter, self._round_drafter is not None and self.reads_states
             self._verifier.warm_up(max_length, self.policy.max_cap, sampling, states=states)
             self.policy.price_widths(self._verifier.fed_ms())  # a priced SpecDec++'s thresholds
