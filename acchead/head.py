@@ -30,8 +30,9 @@ class AcceptanceHead(nn.Module):
     """Predicts the logit of the probability that the target accepts a draft candidate.
 
     The paper's "(D+1)-layer ResNet": `depth` residual blocks with independent weights, then
-    `Linear(hidden_size, 1)`. `depth = 0` is a linear probe. A `lookahead` head whose inputs are more than
-    the state (`acchead.lookahead`) first projects its input vector to `hidden_size` with one Linear.
+    `Linear(width, 1)`. `depth = 0` is a linear probe. A head whose inputs are more than the state
+    (`acchead.lookahead`), or whose `width` is not the draft's hidden size, first projects its input
+    vector to `width` with one Linear.
 
     Args:
         hidden_size: width of the draft model's final hidden state.
@@ -42,6 +43,9 @@ class AcceptanceHead(nn.Module):
             "logq", "entropy", "token", "topk", "depth").
         default_h: the stop threshold `specdecpp` uses with this head when its spec names no `h`; in
             (0, 1). `acchead.load_head` sets it from the head file's metadata.
+        width: width of the residual blocks; None = `hidden_size` (the paper's). The head runs once per
+            drafted candidate on one vector, so its cost is reading its weights: at 576 wide its four
+            matrices (5.3 MB in float32) outgrow a 2 MB L2 cache and stream from L3 on every call.
     """
 
     def __init__(
@@ -51,26 +55,32 @@ class AcceptanceHead(nn.Module):
         kind: str = "candidate",
         inputs: tuple[str, ...] | list[str] = ("state",),
         default_h: float = DEFAULT_H,
+        width: int | None = None,
     ) -> None:
         super().__init__()
         if hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
+        width = hidden_size if width is None else width
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width}")
         if depth < 0:
             raise ValueError(f"depth must be >= 0, got {depth}")
         if not 0.0 < default_h < 1.0:
             raise ValueError(f"default_h must be in (0, 1), got {default_h}")
         self.default_h = float(default_h)  # a plain attribute: not a weight, not in the state dict
         self.hidden_size = hidden_size
+        self.width = width
         self.depth = depth
         self.kind = kind
         self.inputs = check_kind(kind, inputs)
         self.input_size = input_size(self.inputs, hidden_size)
-        # A state-only head has no projection, so it is exactly the paper's architecture.
-        self.proj = nn.Linear(self.input_size, hidden_size) if self.inputs != ("state",) else None
+        # A state-only head of the state's width has no projection: exactly the paper's architecture.
+        plain = self.inputs == ("state",) and width == hidden_size
+        self.proj = None if plain else nn.Linear(self.input_size, width)
         # A list comprehension, not `[ResidualBlock(h)] * depth`: the latter repeats ONE module, so all
         # blocks would share weights (the bug in the paper's and Medusa's code).
-        self.blocks = nn.ModuleList([ResidualBlock(hidden_size) for _ in range(depth)])
-        self.out = nn.Linear(hidden_size, 1)
+        self.blocks = nn.ModuleList([ResidualBlock(width) for _ in range(depth)])
+        self.out = nn.Linear(width, 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (..., input_size) -> logits: (...)."""

@@ -48,6 +48,8 @@ class HeadMetadata:
         default_h: the stop threshold `specdecpp` uses with this head when its spec names no `h` (set by
             `acchead-train --default-h`). None in heads written before heads recorded one: they use
             `acchead.head.DEFAULT_H`.
+        width: width of the head's residual blocks (`acchead-train --width`); None = `hidden_size` (the
+            paper's, and every head written before heads had a width).
     """
 
     depth: int
@@ -61,6 +63,7 @@ class HeadMetadata:
     kind: str = "candidate"
     inputs: list[str] = field(default_factory=lambda: ["state"])
     default_h: float | None = None
+    width: int | None = None
 
     @property
     def threshold(self) -> float:
@@ -91,11 +94,11 @@ def save_head(head: AcceptanceHead, path: str | Path, *, meta: HeadMetadata) -> 
     `meta.depth` / `meta.hidden_size` must describe `head`, and a `meta.draft` that names a hidden size
     must agree with it: a file that lies about its head would be refused only much later.
     """
-    described = (meta.depth, meta.hidden_size, meta.kind, tuple(meta.inputs))
-    actual = (head.depth, head.hidden_size, head.kind, head.inputs)
+    described = (meta.depth, meta.hidden_size, meta.width or meta.hidden_size, meta.kind, tuple(meta.inputs))
+    actual = (head.depth, head.hidden_size, head.width, head.kind, head.inputs)
     if described != actual:
         raise ValueError(
-            f"metadata says (depth, hidden_size, kind, inputs)={described} but the head has {actual}"
+            f"metadata says (depth, hidden_size, width, kind, inputs)={described} but the head has {actual}"
         )
     if meta.default_h is not None and not 0.0 < meta.default_h < 1.0:
         raise ValueError(f"default_h must be in (0, 1), got {meta.default_h}")
@@ -160,7 +163,9 @@ def load_head(path: str | Path, *, draft: Any = None) -> tuple[AcceptanceHead, H
         raise AccheadError(f"{path} is head format version {version}; this acchead reads 1..{FORMAT_VERSION}")
     try:
         meta = HeadMetadata.from_json(metadata[_META_KEY])
-        head = AcceptanceHead(meta.hidden_size, meta.depth, meta.kind, meta.inputs, meta.threshold)
+        head = AcceptanceHead(
+            meta.hidden_size, meta.depth, meta.kind, meta.inputs, meta.threshold, width=meta.width
+        )
         head.load_state_dict(tensors, strict=True)
     except (KeyError, TypeError, ValueError, RuntimeError, AccheadError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

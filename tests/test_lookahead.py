@@ -42,9 +42,11 @@ from acchead.train.data import load_gen_data
 ALL_INPUTS = ("state", "logq", "entropy", "token", "topk")
 
 
-def lookahead_head(hidden: int, inputs=("state",), depth: int = 1, bias: float = 0.0) -> AcceptanceHead:
+def lookahead_head(
+    hidden: int, inputs=("state",), depth: int = 1, bias: float = 0.0, width: int | None = None
+) -> AcceptanceHead:
     torch.manual_seed(0)
-    head = AcceptanceHead(hidden, depth, kind="lookahead", inputs=inputs)
+    head = AcceptanceHead(hidden, depth, kind="lookahead", inputs=inputs, width=width)
     with torch.no_grad():
         head.out.bias.fill_(bias)
     return head.eval()
@@ -68,6 +70,17 @@ def test_state_only_head_is_the_papers_architecture():
     assert a.proj is None and b.proj is None
     assert a.state_dict().keys() == b.state_dict().keys()
     assert AcceptanceHead(16, 2, kind="lookahead", inputs=ALL_INPUTS).proj.in_features == 42
+    assert AcceptanceHead(16, 2, width=16).proj is None  # the state's own width: still the paper's head
+
+
+def test_a_narrow_head_projects_its_input_to_its_width():
+    head = AcceptanceHead(16, 2, kind="lookahead", inputs=("state", "logq"), width=4)
+    assert (head.proj.in_features, head.proj.out_features, head.out.in_features) == (17, 4, 4)
+    assert [b.linear.weight.shape for b in head.blocks] == [(4, 4)] * 2
+    assert AcceptanceHead(16, 0, width=4).proj.out_features == 4  # a state-only head projects too
+    assert head(torch.randn(3, 17)).shape == (3,)
+    with pytest.raises(ValueError, match="width"):
+        AcceptanceHead(16, 2, width=0)
 
 
 def test_candidate_stats_are_log_q_entropy_and_top_log_probs_of_the_requested_columns():
@@ -89,20 +102,24 @@ def test_candidate_stats_are_log_q_entropy_and_top_log_probs_of_the_requested_co
     assert torch.equal(x[0, 3:], every[0, 1:])
 
 
-def test_lookahead_head_round_trips_and_old_heads_load_as_candidate(tmp_path):
-    head = lookahead_head(8, ("state", "logq", "token"), depth=2)
+@pytest.mark.parametrize("width", [None, 8, 3])
+def test_lookahead_head_round_trips_and_old_heads_load_as_candidate(tmp_path, width):
+    head = lookahead_head(8, ("state", "logq", "token"), depth=2, width=width)
     meta = HeadMetadata(depth=2, hidden_size=8, w_acc=1.0, w_rej=3.0, draft={"hidden_size": 8},
                         sampling=SamplingConfig(0.0).to_dict(), kind="lookahead",
-                        inputs=["state", "logq", "token"])
+                        inputs=["state", "logq", "token"], width=width)
     path = save_head(head, tmp_path / "h.safetensors", meta=meta)
     back, meta2 = load_head(path)
     assert back.kind == meta2.kind == "lookahead" and back.inputs == ("state", "logq", "token")
+    assert back.width == (width or 8) and meta2.width == width
     x = torch.randn(5, 17)
     assert torch.allclose(back(x), head(x))
     # metadata written before kinds existed: no "kind"/"inputs" keys -> a candidate head
     old = HeadMetadata.from_json(json.dumps({"depth": 1, "hidden_size": 8, "w_acc": 1, "w_rej": 6,
                                              "draft": {}, "sampling": SamplingConfig().to_dict()}))
-    assert old.kind == "candidate" and old.inputs == ["state"]
+    assert old.kind == "candidate" and old.inputs == ["state"] and old.width is None
+    with pytest.raises(ValueError, match="width"):  # metadata that names another width
+        save_head(head, tmp_path / "bad.safetensors", meta=HeadMetadata(**{**meta.__dict__, "width": 5}))
     with pytest.raises(ValueError, match="kind"):
         save_head(head, tmp_path / "bad.safetensors", meta=HeadMetadata(
             depth=2, hidden_size=8, w_acc=1, w_rej=3, draft={}, sampling=SamplingConfig().to_dict()))
@@ -142,15 +159,19 @@ def test_decoder_inputs_equal_the_training_inputs(tiny_llama_pair, cfg):
 @pytest.mark.parametrize("inputs", [("state", "token"), ALL_INPUTS, ("state", "logq", "topk"),
                                     ("state", "depth"), (*ALL_INPUTS, "depth")], ids="+".join)  # fmt: skip
 @pytest.mark.parametrize("cfg", [SamplingConfig(0.0), SamplingConfig(1.0, top_k=20)], ids=str)
-def test_head_call_logit_is_the_head_on_the_training_inputs(tiny_llama_pair, cfg, inputs, fold, monkeypatch):
+@pytest.mark.parametrize("width", [None, 8], ids=["width-hidden", "width-8"])
+def test_head_call_logit_is_the_head_on_the_training_inputs(
+    tiny_llama_pair, cfg, inputs, fold, width, monkeypatch
+):
     """`HeadCall.logit` (the decoder's per-candidate path: views, the token folded into the first layer)
-    equals the module on the vector training builds, with the token table and without it."""
+    equals the module on the vector training builds, with the token table and without it, at the draft's
+    width and narrower."""
     if not fold:
         monkeypatch.setattr(head_call, "TOKEN_TABLE_MAX", 0)
     _, draft = tiny_llama_pair
     drafter = ModelDrafter(draft)
     drafter.begin(torch.tensor([3, 5, 7]), cfg, 0)
-    head = lookahead_head(32, inputs, depth=2, bias=0.3)
+    head = lookahead_head(32, inputs, depth=2, bias=0.3, width=width)
     call = head_call.HeadCall(head)
     call.attach_draft(draft)
     assert (call._token_table is not None) == (fold and "token" in inputs)
@@ -307,10 +328,11 @@ def test_train_lookahead_head_end_to_end(lookahead_data, tiny_pair_dirs, tmp_pat
     out = tmp_path / "head"
     args = ["--data", str(lookahead_data), "--out", str(out), "--kind", "lookahead", "--inputs",
             "state+logq+entropy+token+topk", "--epochs", "1", "--depth", "1", "--no-progress", "--logger",
-            "none", "--features", features, "--draft", str(tiny_pair_dirs[1])]
+            "none", "--features", features, "--draft", str(tiny_pair_dirs[1]), "--width", "8"]
     assert train_cli.main(args) == 0
     head, meta = load_head(out / "head.safetensors")
     assert head.kind == meta.kind == "lookahead" and meta.inputs == list(ALL_INPUTS)
+    assert head.width == meta.width == 8 and head.proj.out_features == 8
     data = load_gen_data(lookahead_data, "cached", kind="lookahead")
     counts = json.loads((lookahead_data / "gen_config.json").read_text())["counts"]
     assert len(data.labels) == counts["positions"]

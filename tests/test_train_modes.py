@@ -145,13 +145,15 @@ def test_resume_continues_exactly_where_the_run_stopped(gen_data, tmp_path):  # 
         assert torch.allclose(a, b, atol=1e-6), name
 
 
-def test_resume_with_another_depth_is_refused(gen_data, tmp_path):  # noqa: F811
+def test_resume_with_another_depth_or_width_is_refused(gen_data, tmp_path):  # noqa: F811
     from acchead.errors import AccheadError
 
     out = str(tmp_path / "run")
     train_head(_settings(gen_data, epochs=1, out=out, checkpoints=True))
     with pytest.raises(AccheadError, match="depth mismatch"):
         train_head(_settings(gen_data, epochs=2, out=out, checkpoints=True, resume="last", depth=2))
+    with pytest.raises(AccheadError, match="width mismatch"):
+        train_head(_settings(gen_data, epochs=2, out=out, checkpoints=True, resume="last", width=8))
 
 
 def test_sweep_writes_table3_markdown_and_json(gen_data, tmp_path, capsys):  # noqa: F811

@@ -53,6 +53,9 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     if not sweep:
         p.add_argument("--w-rej", type=float, help="BCE weight of the reject term, > 0 (default 3; paper 6)")
         p.add_argument("--depth", type=int, help="residual blocks of the head, >= 0 (default 3)")
+    p.add_argument("--width", type=int,
+                   help="width of the head's residual blocks, >= 1 (default: the draft's hidden size, the "
+                        "paper's; a narrower head costs less per drafted candidate)")
     p.add_argument("--kind", choices=["candidate", "lookahead"],
                    help="candidate: the paper's head, reads the state after a candidate was fed; "
                         "lookahead: judges a candidate from the state that produced it, before it is "

@@ -112,8 +112,10 @@ def _check_resume(ckpt: str, module: AcceptanceHeadModule) -> None:
         raise AccheadError(
             f"checkpoint {ckpt} is unreadable ({msg}); resume from another one, or rerun with --overwrite"
         ) from None
-    for key in ("hidden_size", "depth", "kind", "inputs"):
+    for key in ("hidden_size", "depth", "width", "kind", "inputs"):
         mine, theirs = module.hparams[key], hp.get(key, {"kind": "candidate", "inputs": ("state",)}.get(key))
+        if key == "width":  # None is the hidden size (and checkpoints from before widths carry none)
+            mine, theirs = mine or module.hparams["hidden_size"], theirs or hp.get("hidden_size")
         if key == "inputs":
             mine, theirs = tuple(mine), tuple(theirs or ())
         if theirs != mine:
@@ -293,6 +295,7 @@ def train_head(
         kind=settings.kind,
         inputs=inputs,
         sampling=dict(data.sampling),
+        width=settings.width,
     )
     if ckpt:
         _check_resume(ckpt, module)
@@ -349,6 +352,7 @@ def _metrics(settings: TrainSettings, dm: GenDataModule, module: AcceptanceHeadM
         "fit_seconds": fit_s,
         "head": {
             "depth": settings.depth,
+            "width": settings.width or dm.data.hidden_size,
             "w_acc": settings.w_acc,
             "w_rej": settings.w_rej,
             "kind": settings.kind,
@@ -378,6 +382,7 @@ def _metadata(settings: TrainSettings, data: GenData, dm: GenDataModule, metrics
         kind=settings.kind,
         inputs=list(settings.input_names),
         default_h=settings.default_h,
+        width=settings.width,
         extra={
             "training": train_meta,
             "val_kl": metrics["val"]["kl"],

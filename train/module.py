@@ -44,6 +44,7 @@ class AcceptanceHeadModule(L.LightningModule):
         inputs: the head's inputs (`acchead.lookahead.LOOKAHEAD_INPUTS`); ("state",) for candidate heads.
         sampling: S of the data, as `SamplingConfig.to_dict()`; a lookahead head's log q / entropy inputs
             are computed under it in the on-the-fly mode (the cached mode assembles inputs in the dataset).
+        width: width of the head's residual blocks; None = hidden_size.
     """
 
     def __init__(
@@ -63,10 +64,11 @@ class AcceptanceHeadModule(L.LightningModule):
         kind: str = "candidate",
         inputs: tuple[str, ...] | list[str] = ("state",),
         sampling: dict | None = None,
+        width: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["draft"])
-        self.head = AcceptanceHead(hidden_size, depth, kind, tuple(inputs))
+        self.head = AcceptanceHead(hidden_size, depth, kind, tuple(inputs), width=width)
         self.sampling = SamplingConfig.from_dict(sampling) if sampling else SamplingConfig()
         self.draft = draft  # a plain attribute: FrozenDraft is not an nn.Module, so it is not registered
         # One metric collection per split, keyed "split_<name>" ("train" would shadow nn.Module.train).

@@ -25,6 +25,7 @@ class TrainSettings:
     w_acc: float = 1.0
     w_rej: float = 3.0
     depth: int = 3
+    width: int | None = None  # None: the draft's hidden size
     kind: str = "lookahead"
     inputs: str | None = None  # None: DEFAULT_INPUTS of the kind (set in __post_init__)
     default_h: float = 0.8
@@ -68,6 +69,7 @@ class TrainSettings:
             (self.w_acc > 0, f"--w-acc must be > 0, got {self.w_acc}"),
             (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
             (self.depth >= 0, f"--depth must be >= 0, got {self.depth}"),
+            (self.width is None or self.width >= 1, f"--width must be >= 1, got {self.width}"),
             (0 < self.default_h < 1, f"--default-h must be in (0, 1), got {self.default_h}"),
             (self.kind in ("candidate", "lookahead"), f"--kind must be candidate or lookahead: {self.kind}"),
             (self.lr > 0, f"--lr must be > 0, got {self.lr}"),
