@@ -43,7 +43,10 @@ def _heads(hidden: int) -> dict[str, AcceptanceHead]:
         torch.manual_seed(0)
         return {
             "candidate": AcceptanceHead(hidden, depth=2),
-            "lookahead": AcceptanceHead(hidden, depth=1, kind="lookahead", inputs=("state", "logq", "token")),
+            # narrower than the draft's state: the batched step runs a projected head too
+            "lookahead": AcceptanceHead(
+                hidden, depth=1, kind="lookahead", inputs=("state", "logq", "token"), width=hidden // 2
+            ),
         }
 
 
