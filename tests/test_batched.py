@@ -43,8 +43,9 @@ def _heads(hidden: int) -> dict[str, AcceptanceHead]:
         torch.manual_seed(0)
         return {
             "candidate": AcceptanceHead(hidden, depth=2),
-            # narrower than the draft's state: the batched step runs a projected head too
-            "lookahead": AcceptanceHead(
+            "lookahead": AcceptanceHead(hidden, depth=1, kind="lookahead", inputs=("state", "logq", "token")),
+            # narrower than the draft's state (`--width`): the batched step runs a projected head too
+            "narrow": AcceptanceHead(
                 hidden, depth=1, kind="lookahead", inputs=("state", "logq", "token"), width=hidden // 2
             ),
         }
@@ -119,6 +120,7 @@ def check_ragged_cache(cache, target) -> None:
 
 # The batch rule reads the heads' P̂: specdecpp only.
 GREEDY_CASES = [(spec, kind, rule) for spec, kind in POLICIES for rule in ((False, True)[: 1 + bool(kind)])]
+GREEDY_CASES.append(("specdecpp:h=0.6,max=6", "narrow", True))
 
 
 @pytest.mark.parametrize("verifier", ["token", "block"])
