@@ -58,7 +58,7 @@ REAL_HEAD_INPUTS ?= state+logq+entropy+topk
 # "What a head can buy").
 REAL_HEAD_EPOCHS ?= 24
 # A head 32 wide, not the draft's 576: validation AUROC 0.802 against 0.794 over four splits (every width from
-# 8 to 576 within 0.01), and a third of the cost per drafted candidate, whose 576-wide weights (5.3 MB)
+# 8 to 576 within 0.01), and a quarter of the cost per drafted candidate, whose 576-wide weights (5.3 MB)
 # outgrow the L2 cache (docs/real-pair.md, "A narrower head").
 REAL_HEAD_WIDTH ?= 32
 # A feature draft's candidates labelled per round by gen-data (1: first candidates only; docs/real-pair.md).

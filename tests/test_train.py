@@ -106,6 +106,7 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
         (["--w-rej", "0"], "--w-rej must be > 0"),
         (["--w-rej", "-2"], "--w-rej must be > 0"),
         (["--depth", "-1"], "--depth must be >= 0"),
+        (["--width", "0"], "--width must be >= 1"),
     ],
 )
 def test_bad_hyperparameters_are_one_line_errors(gen_data, tmp_path, capsys, flags, message):  # noqa: F811

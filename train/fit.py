@@ -352,7 +352,7 @@ def _metrics(settings: TrainSettings, dm: GenDataModule, module: AcceptanceHeadM
         "fit_seconds": fit_s,
         "head": {
             "depth": settings.depth,
-            "width": settings.width or dm.data.hidden_size,
+            "width": module.head.width,
             "w_acc": settings.w_acc,
             "w_rej": settings.w_rej,
             "kind": settings.kind,
