@@ -31,7 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from acchead.errors import AccheadError
-from acchead.inference.drafter_spec import DrafterSpec, MaGSpec, as_drafter_spec
+from acchead.inference.drafter_spec import CopySpec, DrafterSpec, MaGSpec, as_drafter_spec
 from acchead.inference.drafters import RoundBufferDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.mag import MaGDrafter, MaxGram
@@ -232,6 +232,8 @@ def make_drafter(
     `specdec:k=<sum of k's first row>` ends each target round where the cascade's round ends. `bigram` is
     MaG's table (`build_bigram_table` / `corpus_bigram_table`)."""
     spec = as_drafter_spec(spec)
+    if isinstance(spec, CopySpec):
+        raise AccheadError("copy rounds wrap the draft model's own rounds: use copy+POLICY, not a bandit arm")
     mag = MaxGram(bigram)  # type: ignore[arg-type]
     if isinstance(spec, MaGSpec):
         return MaGDrafter(mag, vocab_size, block=spec.block)

@@ -43,15 +43,18 @@ from transformers import PreTrainedModel
 
 import acchead.inference.host_reads as host_reads
 from acchead.errors import AccheadError
-from acchead.feature_chain import chain_hidden_states, target_states
 from acchead.feature_draft import is_feature_draft
 from acchead.head import AcceptanceHead
+from acchead.inference.bandit_policy import BanditPolicy
+from acchead.inference.copy_drafter import CopyDrafter
 from acchead.inference.device_path import DevicePath, PhaseClock, upload
 from acchead.inference.draft_round import draft_round
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.drafters import Drafter, ModelDrafter
 from acchead.inference.feature_drafter import FeatureDrafter
 from acchead.inference.host_reads import read
 from acchead.inference.model_runner import make_runner
+from acchead.inference.oracle_reference import oracle_reference
 from acchead.inference.policies import Autoregressive, PolicyRun, StopPolicy
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
@@ -59,7 +62,6 @@ from acchead.inference.results import GenerationResult
 from acchead.inference.round_verifier import RoundVerifier
 from acchead.inference.spec import DecodingSpec, needs_head, spec_arguments
 from acchead.inference.verification import VERIFIERS
-from acchead.kv_decode import KVSequence, decode
 from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig
 
@@ -100,6 +102,8 @@ class SpeculativeDecoder:
             True on the CPU runs them there (how the CPU suite tests them); a `DevicePath` also picks the
             compile backend (`DevicePath(True, backend="cudagraphs")`: no Inductor).
         spec: a `DecodingSpec` (or its string) in place of policy, head, verifier and fast.
+        copy: copy rounds where the context's suffix recurs, the draft model's rounds elsewhere
+            (`acchead.inference.copy_drafter`; eager path).
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class SpeculativeDecoder:
         compile: bool = True,
         device_path: bool | DevicePath | None = None,
         spec: DecodingSpec | str | None = None,
+        copy: CopySpec | None = None,
     ) -> None:
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         self.target = target
@@ -146,6 +151,11 @@ class SpeculativeDecoder:
             )
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
         self.draft_model = draft.model if isinstance(draft, ModelDrafter | FeatureDrafter) else None
+        if copy is not None:
+            if self.draft_model is None or self.fast:
+                raise AccheadError("copy rounds wrap a draft model's drafter on the eager path: pass a draft "
+                                   "model and fast=False")  # fmt: skip
+            draft = CopyDrafter(draft, copy, vocab)
         self.drafter: Drafter | None = draft
         self.reads_states = draft is not None and draft.reads_target_states  # a feature drafter
         self.verifier = verifier
@@ -161,6 +171,8 @@ class SpeculativeDecoder:
                 "for an S: acchead.demo_pair.head_for(S))"
             )
         self._set_policy(policy, head)
+        if copy is not None and isinstance(self.policy, BanditPolicy):  # its arms would miss the copy rounds
+            raise AccheadError("copy rounds run without the policy; a bandit's arms cannot share them")
 
     def _set_policy(
         self, policy: str | PolicySpec | StopPolicy, head: AcceptanceHead | str | Path | None
@@ -291,7 +303,9 @@ class SpeculativeDecoder:
             if clock is not None:
                 clock.mark()
                 calls0 = self._draft_calls()
-            steps = draft_round(drafter, policy, seq, n, cap) if cap > 0 else []
+            # A drafter's own round (a copy of the context) runs without the policy, up to the tokens left.
+            own = drafter.own_round(seq, n, max_new_tokens - generated - 1) if drafter is not None else None
+            steps = own if own is not None else draft_round(drafter, policy, seq, n, cap) if cap > 0 else []
             num = len(steps)
             if clock is not None:
                 clock.mark()
@@ -323,7 +337,8 @@ class SpeculativeDecoder:
             if clock is not None:
                 clock.mark()
             n += len(new)
-            policy.end_round(num, tau)
+            if own is None:  # the policy learns (AdaEDL's λ) from its own rounds only
+                policy.end_round(num, tau)
             res.rounds += 1
             res.drafted += num
             res.discarded += num - tau
@@ -348,45 +363,11 @@ class SpeculativeDecoder:
     # --------------------------------------------------------------------------------------------- helpers
 
     def _reference(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int]) -> list[list[bool]]:
-        """The oracle's hindsight (`OracleRun`): agree[k][i] = (the draft's greedy candidate of depth k at
-        generated position i == the target's token).
-
-        The target decodes greedily (cached, one token per forward); the draft is teacher-forced over that
-        output, which is exactly the context it sees under the oracle (no rejections): in one forward for a
-        draft whose candidates do not depend on their depth (one level), level by level for a feature draft,
-        whose later candidates read its own states (`acchead.feature_chain`), until no run of agreeing
-        candidates reaches the next level.
-        """
+        """The oracle's hindsight (`acchead.inference.oracle_reference`)."""
         if self.draft_model is None:
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
-        seq = KVSequence(self.target)
-        seq.feed(prompt[None])
-        # Host-driven: one read per reference token (the loop's stop check), and one for the tokens.
-        ref: list[int] = read(decode(seq, max_new_tokens, eos_ids=eos, host_read=read)[0])
-        full = torch.cat([prompt, torch.tensor(ref)]).to(self.draft_model.device)[None]  # (1, T)
-        n = prompt.numel()
-        target_ids = torch.tensor(ref, device=full.device)
-        if not self.reads_states:
-            logits = self.draft_model(input_ids=full).logits[0, n - 1 : -1]
-            return [read(logits.argmax(-1) == target_ids)]
-        fused = self._verifier.state_layers  # (1, T, W): the states the drafter reads while decoding
-        states = target_states(self.target, fused, input_ids=full.to(self.target.device))
-        levels: list[torch.Tensor] = []  # (len(ref),) bool per depth
-        alive = torch.ones(len(ref), dtype=torch.bool, device=full.device)  # runs still agreeing, by position
-
-        def agree(k: int, h: torch.Tensor) -> bool:  # h (1, T - 1, H): pair j draws token j + 2
-            nonlocal alive
-            drafted = self.draft_model.lm_head(h[0, max(n - 2, 0) : -1]).argmax(-1)  # (len(ref) or 1 fewer,)
-            hit = torch.zeros_like(alive)
-            hit[len(ref) - drafted.numel() :] = drafted == target_ids[len(ref) - drafted.numel() :]
-            levels.append(hit)
-            # a depth-k run ending at i started at i - k: alive there at depth k - 1 and a hit here
-            alive = hit if k == 0 else torch.cat([alive.new_zeros(1), alive[:-1]]) & hit
-            return bool(alive.any())
-
-        chain_hidden_states(self.draft_model, full[:, 1:], states[:, :-1].to(full.device),
-                            torch.ones_like(full[:, 1:]), len(ref), keep_going=agree)  # fmt: skip
-        return [read(level) for level in levels]
+        states = self._verifier.state_layers if self.reads_states else None
+        return oracle_reference(self.target, self.draft_model, prompt, max_new_tokens, eos, states)
 
     def _draft_calls(self) -> int:
         """Draft forwards since the drafter's `begin` (0 without one, or under a policy that never drafts)."""

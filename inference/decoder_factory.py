@@ -4,7 +4,8 @@
     decoder = build_decoder(DecodingSpec.from_spec("mag+specdec:k=10"), target, draft, bigram=table)
 
 A spec names a drafter (`DRAFTER+POLICY`: Max-Gram or a cascade, built by
-`acchead.inference.cascade.make_drafter`), a bandit whose arms name drafters (built by
+`acchead.inference.cascade.make_drafter`; copy rounds, which the decoder wraps around the draft model's,
+`acchead.inference.copy_drafter`), a bandit whose arms name drafters (built by
 `acchead.inference.bandit_decoder`), or neither (the draft model drafts). The policy is built from its typed
 spec by `SpeculativeDecoder` itself (`acchead.inference.policy_build`), which also checks the head file
 against the draft and refuses a `specdecpp` policy without one.
@@ -22,6 +23,7 @@ from acchead.inference.bandit_spec import BanditSpec
 from acchead.inference.cascade import make_drafter
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.device_path import DevicePath
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.spec import DecodingSpec
 
 
@@ -41,6 +43,9 @@ def build_decoder(
         head = spec.head if spec.needs_head else None
         return bandit_decoder(target, draft, spec.policy, bigram=bigram, head=head, verifier=spec.verifier,
                               fast=spec.fast, device_path=device_path)  # fmt: skip
+    if isinstance(spec.drafter, CopySpec):  # the decoder wraps the draft model's drafter
+        return SpeculativeDecoder(target, draft, spec=replace(spec, drafter=None), copy=spec.drafter,
+                                  compile=compile, device_path=device_path)  # fmt: skip
     drafter: Any = draft
     if spec.drafter is not None:
         drafter = make_drafter(spec.drafter, draft=draft, bigram=bigram, vocab_size=target.config.vocab_size)

@@ -3,10 +3,13 @@ arm's `DRAFTER@POLICY`.
 
     mag[:block=10]              MaGSpec: Max-Gram alone (copies the context; one-hot q, no model forwards)
     cascade:k=4.2/10[,l=1]      CascadeSpec: the draft reviewing MaG's proposals (rows "a.b/c"), leniency l
+    copy[:min=3,block=16]       CopySpec: the draft model's rounds, or a copy of the context where its suffix
+                                recurs (`acchead.inference.copy_drafter`)
 
 `parse_drafter_spec` checks a string when a spec is parsed, before any model loads;
-`acchead.inference.cascade.make_drafter` builds the drafter from the typed value. `to_spec` writes the
-string back, defaults left out, so `parse_drafter_spec(d.to_spec()) == d`. Pure data: no torch.
+`acchead.inference.cascade.make_drafter` builds MaG and cascades from the typed value, the decoder copy
+rounds. `to_spec` writes the string back, defaults left out, so `parse_drafter_spec(d.to_spec()) == d`.
+Pure data: no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class MaGSpec:
 
     block: int = 10
     name: ClassVar[str] = "mag"
+    needs_bigram: ClassVar[bool] = True  # MaG's table fills what the context's copy leaves
 
     def __post_init__(self) -> None:
         if self.block < 1:
@@ -41,6 +45,7 @@ class CascadeSpec:
     k: tuple[tuple[int, ...], ...]
     leniency: float = 1.0
     name: ClassVar[str] = "cascade"
+    needs_bigram: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not self.k or any(not row or min(row) < 1 for row in self.k):
@@ -53,7 +58,32 @@ class CascadeSpec:
         return f"cascade:k={rows}" + ("" if self.leniency == 1.0 else f",l={format_number(self.leniency)}")
 
 
-DrafterSpec = MaGSpec | CascadeSpec
+@dataclass(frozen=True)
+class CopySpec:
+    """Copy rounds (`acchead.inference.copy_drafter.CopyDrafter`): a suffix match of at least `min_match`
+    tokens copies up to `block` candidates. Spec string `copy[:min=3,block=16]`, before a policy:
+    `copy+specdecpp:h=0.9`."""
+
+    min_match: int = 3
+    block: int = 16
+    name: ClassVar[str] = "copy"
+    needs_bigram: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.min_match < 1 or self.block < 1:
+            raise AccheadError(f"copy needs min >= 1 and block >= 1, got min={self.min_match}, "
+                               f"block={self.block}")  # fmt: skip
+
+    def to_spec(self) -> str:
+        params = []
+        if self.min_match != 3:
+            params.append(f"min={self.min_match}")
+        if self.block != 16:
+            params.append(f"block={self.block}")
+        return "copy" + (":" + ",".join(params) if params else "")
+
+
+DrafterSpec = MaGSpec | CascadeSpec | CopySpec
 
 
 def parse_k(text: str) -> tuple[tuple[int, ...], ...]:
@@ -65,7 +95,8 @@ def parse_k(text: str) -> tuple[tuple[int, ...], ...]:
 
 
 def parse_drafter_spec(text: str) -> DrafterSpec:
-    """The typed drafter of `mag[:block=N]` or `cascade:k=ROWS[,l=L]`; one-line AccheadError if malformed."""
+    """The typed drafter of `mag[:block=N]`, `cascade:k=ROWS[,l=L]` or `copy[:min=M,block=N]`; one-line
+    AccheadError if malformed."""
     name, _, body = text.strip().partition(":")
     params: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in body.split(","))):
@@ -73,19 +104,24 @@ def parse_drafter_spec(text: str) -> DrafterSpec:
         if not eq:
             raise AccheadError(f"cannot parse drafter {text!r}: expected key=value, got {item!r}")
         params[key.strip()] = value.strip()
-    allowed = {"mag": {"block"}, "cascade": {"k", "l"}}.get(name.strip())
+    allowed = {"mag": {"block"}, "cascade": {"k", "l"}, "copy": {"min", "block"}}.get(name.strip())
     if allowed is None:
-        raise AccheadError(f"unknown drafter {name!r} in {text!r}; expected mag[:block=N] or cascade:k=...")
+        raise AccheadError(
+            f"unknown drafter {name!r} in {text!r}; expected mag[:block=N], cascade:k=... or "
+            "copy[:min=M,block=N]"
+        )
     if set(params) - allowed:
         raise AccheadError(f"drafter {name!r} takes {', '.join(sorted(allowed))}; got {text!r}")
     try:
         if name.strip() == "mag":
             return MaGSpec(int(params.get("block", 10)))
+        if name.strip() == "copy":
+            return CopySpec(int(params.get("min", 3)), int(params.get("block", 16)))
         if "k" not in params:
             raise AccheadError(f"drafter {text!r} needs k=ROWS, e.g. cascade:k=4.2/10")
         return CascadeSpec(parse_k(params["k"]), float(params.get("l", 1.0)))
     except ValueError:
-        raise AccheadError(f"cannot parse drafter {text!r}: block must be an integer, l a number") from None
+        raise AccheadError(f"cannot parse drafter {text!r}: block, min: integers; l: a number") from None
 
 
 def as_drafter_spec(spec: str | DrafterSpec) -> DrafterSpec:

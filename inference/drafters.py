@@ -89,6 +89,11 @@ class Drafter(ABC):
     def rollback(self, length: int) -> None:
         """Forget everything past the first `length` tokens (the committed prefix after verification)."""
 
+    def own_round(self, seq: torch.Tensor, n: int, room: int) -> list[DraftStep] | None:
+        """A round of at most `room` candidates the drafter proposes without the stop policy, written into
+        seq[n:] (copy rounds: `acchead.inference.copy_drafter`); None: the policy's round. Default: None."""
+        return None
+
     def observe(self, states: torch.Tensor, start: int) -> None:  # noqa: B027 (only feature drafters read it)
         """The target's final hidden states (m, H) of committed positions start..start+m-1, handed over
         after a verification to a drafter that `reads_target_states`. Default: ignored."""

@@ -69,7 +69,8 @@ class DecodingSpec:
 
     Attributes:
         policy: the stop policy and its parameters.
-        drafter: a model-free or cascaded drafter (`MaGSpec`, `CascadeSpec`), or None for the draft model.
+        drafter: a model-free or cascaded drafter (`MaGSpec`, `CascadeSpec`), copy rounds beside the draft
+            model (`CopySpec`), or None for the draft model alone.
         verifier: "token" (Leviathan/Chen) or "block" (Sun et al. 2024).
         sampling: S, or None where the caller supplies it per call (the bench, transformers' generate).
         path: "eager", "fast" (static caches, compiled forwards), or None: the device's default.
@@ -125,6 +126,13 @@ class DecodingSpec:
         return self.drafter is not None or (isinstance(self.policy, BanditSpec) and self.policy.has_drafters)
 
     @property
+    def needs_bigram(self) -> bool:
+        """Its drafters read MaG's bigram table (`mag`, `cascade`, in `DRAFTER+` or a bandit arm)."""
+        if isinstance(self.policy, BanditSpec) and self.policy.has_drafters:
+            return True
+        return self.drafter is not None and self.drafter.needs_bigram
+
+    @property
     def fast(self) -> bool | None:
         """The `fast` argument of `SpeculativeDecoder`: None for the device's default."""
         return None if self.path is None else self.path == "fast"
@@ -145,6 +153,6 @@ def spec_arguments(
         raise AccheadError("pass either spec= or policy= / head= / verifier= / fast=, not both")
     spec = DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
     if spec.uses_drafters:
-        raise AccheadError(f"spec {spec.to_spec()!r} names a model-free drafter: decode it with "
-                           "acchead-decode or build_decoder(spec, target, draft)")  # fmt: skip
+        raise AccheadError(f"spec {spec.to_spec()!r} names a drafter: decode it with acchead-decode or "
+                           "build_decoder(spec, target, draft)")  # fmt: skip
     return spec.policy, spec.head if spec.needs_head else None, spec.verifier, spec.fast

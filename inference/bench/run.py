@@ -76,7 +76,7 @@ class Bench:
         from acchead.inference.decoder_factory import build_decoder
 
         assert setting.decoding is not None, f"{setting.family} is not decoded by our decoders"
-        bigram = self.bigram() if setting.decoding.uses_drafters else None
+        bigram = self.bigram() if setting.decoding.needs_bigram else None
         return build_decoder(setting.decoding, self.target, self.draft, bigram=bigram)
 
     def bigram(self):

@@ -1,0 +1,127 @@
+"""Copy rounds (`acchead.inference.copy_drafter`): the continuation they copy, and decoding with them stays
+exact (greedy-identical to the target, chi-square under sampling) beside a model draft and a feature draft."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from exact_models import _exact_sequences, _peaked_llama, _perturbed, _prefix_p_value
+
+from acchead.distill.draft import init_from_target
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.inference.cascade import make_drafter
+from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.decoder_factory import build_decoder
+from acchead.inference.drafter_spec import CopySpec, parse_drafter_spec
+from acchead.inference.spec import DecodingSpec
+from acchead.sampling import SamplingConfig
+
+VOCAB = 12
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = _peaked_llama(VOCAB, seed=3)
+    return target, _perturbed(target, 0.5, seed=4)
+
+
+def _feature_draft(target):
+    """A feature draft started from the target's last layer, jittered so it disagrees sometimes."""
+    draft = init_from_target(target, torch.arange(VOCAB), (1,), feature=True).eval()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.3 * p.std() * torch.randn(p.shape, generator=g))
+    return draft
+
+
+def _copy(seq: list[int], min_match: int, count: int) -> list[int]:
+    from acchead.inference.copy_drafter import copy_continuation
+
+    return copy_continuation(np.array(seq, dtype=np.int64), min_match, count)
+
+
+def test_the_continuation_of_the_longest_earlier_match_periodic_past_the_end():
+    # suffix [7, 8] occurs at 1..2; what followed it: 9, 5, then the sequence's own end, so period 4
+    assert _copy([3, 7, 8, 9, 5, 7, 8], 2, 3) == [9, 5, 7]
+    assert _copy([3, 7, 8, 9, 5, 7, 8], 2, 6) == [9, 5, 7, 8, 9, 5]
+    assert _copy([3, 7, 8, 9, 5, 7, 8], 3, 6) == []  # the match is 2 long: below min_match
+    assert _copy([3, 7, 8, 9, 5, 6], 1, 4) == []  # the last token occurs nowhere before
+    assert _copy([4, 4, 4], 2, 3) == [4, 4, 4]  # period 1: a run continues
+    # the longest match wins over a later shorter one: [1, 2, 3] at 0..2, not [2, 3] at 5..6
+    assert _copy([1, 2, 3, 6, 0, 2, 3, 5, 1, 2, 3], 2, 2) == [6, 0]
+
+
+def test_spec_round_trips_and_bad_specs_are_one_line_errors():
+    assert parse_drafter_spec("copy") == CopySpec()
+    spec = DecodingSpec.from_spec("copy:min=2,block=8+specdec:k=3")
+    assert spec.drafter == CopySpec(2, 8) and spec.to_spec() == "copy:min=2,block=8+specdec:k=3"
+    assert not spec.needs_bigram and DecodingSpec.from_spec("mag+specdec:k=3").needs_bigram
+    for bad in ("copy:min=0", "copy:len=3", "copy:block=x"):
+        with pytest.raises(AccheadError):
+            parse_drafter_spec(bad)
+    with pytest.raises(AccheadError, match="bandit arm"):
+        make_drafter("copy", draft=None, bigram=[0] * VOCAB, vocab_size=VOCAB)
+
+
+def test_copy_rounds_need_a_draft_model_on_the_eager_path_and_no_bandit(pair):
+    target, draft = pair
+    with pytest.raises(AccheadError, match="eager path"):
+        SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False, copy=CopySpec())
+    with pytest.raises(AccheadError, match="bandit"):
+        SpeculativeDecoder(target, draft, policy="ucb:arms=specdec:k=1|specdec:k=2", copy=CopySpec())
+    with pytest.raises(AccheadError, match="build_decoder"):
+        SpeculativeDecoder(target, draft, spec="copy+specdec:k=2")
+
+
+def _greedy(target, prompt: list[int], n: int) -> list[int]:
+    out = target.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("feature", [False, True], ids=["model-draft", "feature-draft"])
+@pytest.mark.parametrize("policy", ["specdec:k=2", "specdecpp:h=0.5,max=4"])
+def test_greedy_equals_the_targets_and_both_kinds_of_round_run(pair, feature, policy):
+    target, draft = pair
+    draft = _feature_draft(target) if feature else draft
+    spec = DecodingSpec.from_spec(f"copy:min=2,block=6+{policy}", path="eager")
+    if spec.needs_head:  # a random head: its stops are arbitrary, which exactness must not notice
+        dec = SpeculativeDecoder(target, draft, policy=policy, head=AcceptanceHead(32, depth=1), fast=False,
+                                 copy=spec.drafter)  # fmt: skip
+    else:
+        dec = build_decoder(spec, target, draft)
+    ended = []
+    dec.policy.end_round = lambda run, drafted, accepted: ended.append(drafted)  # counts the policy's rounds
+    prompt = [1, 4, 2, 1, 4, 2, 7, 1, 4]
+    with torch.inference_mode():
+        res = dec.generate(torch.tensor(prompt), max_new_tokens=40, temperature=0)
+    assert res.new_ids.tolist() == _greedy(target, prompt, 40)
+    copier = dec.drafter
+    assert copier.copied_rounds > 0 and res.draft_calls > 0  # copy rounds and the draft's rounds both ran
+    assert len(ended) == res.rounds - copier.copied_rounds  # the policy saw its own rounds only
+    assert sum(res.drafted_per_round) == sum(ended) + copier.copied_tokens
+
+
+@pytest.mark.parametrize("feature", [False, True], ids=["model-draft", "feature-draft"])
+@pytest.mark.parametrize(("policy", "verifier"), [("specdec:k=2", "token"), ("specdec:k=3", "block")])
+def test_sampling_stays_exact(pair, feature, policy, verifier):
+    """3-token continuations of a prompt whose suffix recurs (its first round is a copy round) follow the
+    target's exact distribution, as do their first one and two tokens (a q that is not the copy's one-hot
+    law fails the first token's test)."""
+    target, draft = pair
+    draft = _feature_draft(target) if feature else draft
+    dec = SpeculativeDecoder(target, draft, policy=policy, verifier=verifier, fast=False, copy=CopySpec(2, 4))
+    cfg, prompt, n = SamplingConfig(1.0), [1, 4, 2, 1, 4], 250
+    counts, copied = Counter(), 0
+    with torch.inference_mode():
+        for s in range(n):
+            counts[tuple(dec.generate(torch.tensor(prompt), max_new_tokens=3, temperature=1.0,
+                                      seed=s).new_ids.tolist())] += 1  # fmt: skip
+            copied += dec.drafter.copied_rounds
+    assert copied >= n  # every decode's first round copies [2, 1, 4, ...]
+    assert _prefix_p_value(counts, _exact_sequences(target, prompt, 3, cfg), n) > 1e-3
