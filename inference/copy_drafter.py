@@ -17,8 +17,13 @@ Exact: a copy round is a deterministic function of the committed tokens, so each
 is one-hot at it (as Max-Gram's) and the verifier accepts it with probability p(x); the wrapped drafter's
 draws keep their keys. The wrapped drafter sees the copied tokens when it next drafts: it feeds what its
 cache lacks (a feature draft: the target's states of the accepted positions, handed over after every
-verification). Eager path only: a copy round leaves the draft's cache up to `block` + 1 tokens behind,
-a feed width the fast path's units are not compiled for.
+verification).
+
+On the fast path the target verifies a copy round at its ladder width and a feature draft catches up in
+one forward at a ladder width (`FeatureDrafter`), so `warm_up` compiles the widths up to `block` + 1 too.
+A token-level draft (`ModelDrafter`) would catch up with a forward of a new width after every copy round:
+with one, copy rounds run on the eager path only. The search runs on the host: one read of the sequence
+per round (on CUDA, a synchronisation).
 """
 
 from __future__ import annotations
@@ -120,5 +125,5 @@ class CopyDrafter(Drafter):
     def observe(self, states: torch.Tensor, start: int) -> None:
         self.inner.observe(states, start)
 
-    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun) -> None:
-        self.inner.warm_up(max_length, sampling, policy)
+    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun, longest: int = 0) -> None:
+        self.inner.warm_up(max_length, sampling, policy, max(longest, self.spec.block))

@@ -151,10 +151,12 @@ class SpeculativeDecoder:
             )
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
         self.draft_model = draft.model if isinstance(draft, ModelDrafter | FeatureDrafter) else None
+        self._copy_block = 0 if copy is None else copy.block  # a copy round's most candidates
         if copy is not None:
-            if self.draft_model is None or self.fast:
-                raise AccheadError("copy rounds wrap a draft model's drafter on the eager path: pass a draft "
-                                   "model and fast=False")  # fmt: skip
+            # a token-level draft would catch up at a new feed width after each copy round on the fast path
+            if not (isinstance(draft, FeatureDrafter) or (isinstance(draft, ModelDrafter) and not self.fast)):
+                raise AccheadError("copy rounds wrap a draft model's drafter: a feature draft, or a "
+                                   "token-level draft on the eager path (fast=False)")  # fmt: skip
             draft = CopyDrafter(draft, copy, vocab)
         self.drafter: Drafter | None = draft
         self.reads_states = draft is not None and draft.reads_target_states  # a feature drafter
@@ -225,7 +227,8 @@ class SpeculativeDecoder:
         with torch.inference_mode():
             # No cache holds more than prompt + new tokens (a round's cap leaves room for the target's).
             drafter, states = self._round_drafter, self._round_drafter is not None and self.reads_states
-            self._verifier.warm_up(max_length, self.policy.max_cap, sampling, states=states)
+            cap = max(self.policy.max_cap, self._copy_block)  # the widest round: the policy's or a copy
+            self._verifier.warm_up(max_length, cap, sampling, states=states)
             self.policy.price_widths(self._verifier.fed_ms())  # a priced SpecDec++'s thresholds
             if drafter is not None:
                 drafter.warm_up(max_length, sampling, self.policy.start_decode())

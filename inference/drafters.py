@@ -112,10 +112,11 @@ class Drafter(ABC):
         return steps
 
     def warm_up(  # noqa: B027  (an optional hook: most drafters have nothing to prepare)
-        self, max_length: int, sampling: SamplingConfig, policy: PolicyRun
+        self, max_length: int, sampling: SamplingConfig, policy: PolicyRun, longest: int = 0
     ) -> None:
         """Prepare the units a decode of up to `max_length` tokens under S and `policy` runs (the fast
-        path compiles them here rather than inside a timed decode). Default: nothing to prepare."""
+        path compiles them here rather than inside a timed decode); `longest`: the most candidates a round
+        may hold when that exceeds the policy's cap (a copy round's block). Default: nothing to prepare."""
 
 
 @dataclass
@@ -203,7 +204,7 @@ class ModelDrafter(Drafter):
         self._seed = seed
         self.draft_calls = 0
 
-    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun) -> None:
+    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun, longest: int = 0) -> None:
         """Prepare (fast path: compile) the draft's decode-time units for sequences up to `max_length`
         under S and a stop `policy`: 1 token per proposal, 2 after a round whose candidates were all
         accepted (the last candidate and the bonus token); unjudged and judged steps (the judged ones

@@ -22,7 +22,9 @@ shape. A round's first forward feeds the pairs the cache lacks, one more than th
 accepted (1..cap + 1 of them): rather than a graph per count, it feeds a width of the verifier's ladder
 (`VERIFY_WIDTHS`), starting that many pairs before the round's start and so feeding again a few pairs
 already cached on the target's states (the same pairs: the same keys and values); its later forwards feed
-one pair each. A decode then runs ~log(cap) graphs of the draft, all compiled by `warm_up`.
+one pair each. A decode then runs ~log(cap) graphs of the draft, all compiled by `warm_up`. A round that
+lacks more pairs than the widest of them (after copy rounds in a row, `acchead.inference.copy_drafter`)
+feeds the excess uncompiled first.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class FeatureDrafter(Drafter):
         self.draft_calls = 0
         self._sampling = SamplingConfig()
         self._seed = 0
+        self._widest: int | None = None  # the widest round start `warm_up` compiled (fast path)
         self._reset()
 
     def _reset(self) -> None:
@@ -161,6 +164,14 @@ class FeatureDrafter(Drafter):
         if self._known < n0 - 1:
             raise RuntimeError(f"the target's states cover {self._known} of {n0 - 1} positions")
         keep = min(self._true_pairs, n0 - 2)  # at least the last pair is fed: its h draws X_1
+        if self.fast and keep > 0 and self._widest is not None and n0 - 1 - keep > self._widest:
+            # More pairs behind than the widest round start compiled (copy rounds in a row drafted
+            # nothing): the excess is fed uncompiled, then the unit of that width draws X_1.
+            cut = n0 - 1 - self._widest
+            self.runner.rollback(keep)
+            self.runner.feed(context[keep + 1 : cut + 1], features=self._states[keep:cut], eager=True)
+            self.draft_calls += 1
+            keep = cut
         if self.fast and keep > 0:
             keep = max(n0 - 1 - verify_width(n0 - 1 - keep), 0)
         self.runner.rollback(keep)
@@ -174,9 +185,10 @@ class FeatureDrafter(Drafter):
         self._true_pairs = min(self._true_pairs, max(length - 1, 0))
         self._pending = self._handed = None
 
-    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun) -> None:
+    def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun, longest: int = 0) -> None:
         """Prepare (fast path: compile) the units a decode of up to `max_length` tokens under S and a stop
-        `policy` runs: a round's first forward at the ladder width of every count of 1..cap + 1 pairs,
+        `policy` runs: a round's first forward at the ladder width of every count of 1..cap + 1 pairs (cap:
+        the policy's, or `longest` when a copy round may hold more candidates),
         judged when the policy judges its first candidate, and the one-pair forwards of later candidates,
         unjudged and judged (at SAMPLE, or FEED returning the hidden state)."""
         if not self.fast:
@@ -190,7 +202,8 @@ class FeatureDrafter(Drafter):
         wide = torch.zeros(max_length, self.model.state_width, device=self.device)  # (·, W) target states
         guess = torch.zeros(1, self.model.config.hidden_size, device=self.device)  # (1, H) the draft's own
         self.runner.feed(ids[:2], features=wide[:2])  # a prefill (eager: no unit compiled for it)
-        for width in sorted({verify_width(count) for count in range(1, policy.max_cap + 2)}):
+        widths = sorted({verify_width(count) for count in range(1, max(policy.max_cap, longest) + 2)})
+        for width in widths:
             self.runner.rollback(1)
             self._forward(ids[:width], wide[:width], (0, 1), judged, SAMPLE)
         for rule, at in {(None, SAMPLE), (judged, policy.judge_at or SAMPLE)}:
@@ -198,3 +211,4 @@ class FeatureDrafter(Drafter):
             self._forward(ids[:1], guess, (0, 2), rule, at)
         self.runner.reset(max_length)
         self._reset()
+        self._widest = widths[-1]

@@ -51,6 +51,7 @@ class ModelRunner(Protocol):
         symbolic: int = 0,
         state_layers: tuple[int, ...] = (),
         features: torch.Tensor | None = None,
+        eager: bool = False,
     ) -> Any:
         """Append `tokens` ((n,) int64, any device) after the cached prefix.
 
@@ -69,6 +70,7 @@ class ModelRunner(Protocol):
         (`StaticRunner.feed`). `keep` = 0 keeps every position. Eager: nothing to do.
         `features` ((n, W)): the model is a feature draft (`acchead.feature_draft`) and these are the states
         its pairs read beside `tokens` (`acchead.inference.feature_drafter`).
+        `eager`: on the fast path, run this feed uncompiled, as a prompt's (a width no unit is compiled for).
         """
         ...
 
@@ -113,6 +115,7 @@ class EagerRunner:
         symbolic: int = 0,
         state_layers: tuple[int, ...] = (),
         features: torch.Tensor | None = None,
+        eager: bool = False,
     ) -> Any:
         keep = keep or tokens.numel()  # 0: every position
         feats = features[None] if features is not None else None  # (1, n, W)

@@ -249,6 +249,7 @@ class StaticRunner:
         symbolic: int = 0,
         state_layers: tuple[int, ...] = (),
         features: torch.Tensor | None = None,
+        eager: bool = False,
     ) -> Any:
         """See `ModelRunner.feed`. `symbolic` > 0: the compiled graph serves every token count n ≥
         `symbolic` (n is a symbol of it, guarded to that range so that it never shadows the static graphs
@@ -260,8 +261,8 @@ class StaticRunner:
         self._reserve(self.length + n + post_feeds, self.length)
         ids = tokens.to(self.device)[None]
         # The prompt (a new length every call) runs eager; decode-time counts replay their graph.
-        prefill = self.length == 0 and n > 1
-        fn = step_forward if self._compiled is None or prefill else self._compiled
+        uncompiled = eager or (self.length == 0 and n > 1)
+        fn = step_forward if self._compiled is None or uncompiled else self._compiled
         if state_layers and fn is not step_forward:
             install_output_hooks(self.model)
         feats = features.to(self.device)[None] if features is not None else None  # (1, n, W)
@@ -269,7 +270,7 @@ class StaticRunner:
             torch._dynamo.mark_dynamic(ids, 1, min=symbolic, max=MAX_SYMBOLIC_COUNT)
         out = fn(self.model, self.cache, ids, keep, want_hidden, post, *post_args, features=feats)
         self.length += n + post_feeds
-        if self._compiled is None or prefill or not self.path.copy_outputs:
+        if self._compiled is None or uncompiled or not self.path.copy_outputs:
             return out
         return copy_out(out)
 

@@ -49,7 +49,7 @@ def _exact_sequences(target, prompt: list[int], length: int, cfg: SamplingConfig
     return dist
 
 
-def _chi_square_p_value(counts: Counter, expected: dict, n: int) -> float:
+def _cells_p_value(counts: Counter, expected: dict, n: int) -> float:
     """Pearson chi-square of `counts` against `expected` probabilities; cells with n·p < 5 pooled."""
     big = {k for k, pr in expected.items() if n * pr >= 5}
     stat, cells = 0.0, 0
@@ -65,12 +65,13 @@ def _chi_square_p_value(counts: Counter, expected: dict, n: int) -> float:
     return float(torch.special.gammaincc(torch.tensor((cells - 1) / 2), torch.tensor(stat / 2)))
 
 
-def _prefix_p_value(counts: Counter, expected: dict, n: int) -> float:
-    """The smallest chi-square p-value over the laws of every prefix length (first token, first two, ...).
+def _chi_square_p_value(counts: Counter, expected: dict, n: int) -> float:
+    """The smallest chi-square p-value (`_cells_p_value`) over the laws of every prefix length of the
+    sequences (first token, first two, ..., whole), so the test has the power of each.
 
-    The whole sequences' test pools the many rare cells of a long continuation into one, where an excess of
-    some is hidden by a deficit of others: a copy round's candidate accepted ten times too often passed it
-    (p = 0.39 at n = 250) and fails the first token's test (p < 1e-12)."""
+    The whole sequences' test alone pools the many rare cells of a long continuation into one, where an
+    excess of some is hidden by a deficit of others: a copy round's candidate accepted ten times too often
+    passed it (p = 0.39 at n = 250) and fails the first token's test (p < 1e-12)."""
     length = max(len(k) for k in expected)
     worst = 1.0
     for j in range(1, length + 1):
@@ -79,5 +80,5 @@ def _prefix_p_value(counts: Counter, expected: dict, n: int) -> float:
             seen[k[:j]] += c
         for k, pr in expected.items():
             law[k[:j]] += pr
-        worst = min(worst, _chi_square_p_value(seen, dict(law), n))
+        worst = min(worst, _cells_p_value(seen, dict(law), n))
     return worst

@@ -3,12 +3,13 @@ exact (greedy-identical to the target, chi-square under sampling) beside a model
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
-from exact_models import _exact_sequences, _peaked_llama, _perturbed, _prefix_p_value
+from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
 
 from acchead.distill.draft import init_from_target
 from acchead.errors import AccheadError
@@ -71,7 +72,7 @@ def test_spec_round_trips_and_bad_specs_are_one_line_errors():
 
 def test_copy_rounds_need_a_draft_model_on_the_eager_path_and_no_bandit(pair):
     target, draft = pair
-    with pytest.raises(AccheadError, match="eager path"):
+    with pytest.raises(AccheadError, match="token-level draft on the eager path"):
         SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False, copy=CopySpec())
     with pytest.raises(AccheadError, match="bandit"):
         SpeculativeDecoder(target, draft, policy="ucb:arms=specdec:k=1|specdec:k=2", copy=CopySpec())
@@ -124,4 +125,43 @@ def test_sampling_stays_exact(pair, feature, policy, verifier):
                                       seed=s).new_ids.tolist())] += 1  # fmt: skip
             copied += dec.drafter.copied_rounds
     assert copied >= n  # every decode's first round copies [2, 1, 4, ...]
-    assert _prefix_p_value(counts, _exact_sequences(target, prompt, 3, cfg), n) > 1e-3
+    assert _chi_square_p_value(counts, _exact_sequences(target, prompt, 3, cfg), n) > 1e-3
+
+
+def test_fast_path_copy_rounds_are_the_eager_paths(pair):
+    """With a feature draft on the fast path's static caches (uncompiled: the functions the compiled units
+    trace), copy rounds give the eager path's tokens and rounds, greedy and sampled."""
+    target, _ = pair
+    draft = _feature_draft(target)
+    fast, eager = (SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=f, compile=False,
+                                      copy=CopySpec(2, 6)) for f in (True, False))  # fmt: skip
+    prompt = torch.tensor([1, 4, 2, 1, 4, 2, 7, 1, 4])
+    with torch.inference_mode():
+        for temperature, seed in ((0.0, 0), (1.0, 1), (1.0, 2)):
+            a = fast.generate(prompt, max_new_tokens=32, temperature=temperature, seed=seed)
+            b = eager.generate(prompt, max_new_tokens=32, temperature=temperature, seed=seed)
+            assert a.new_ids.tolist() == b.new_ids.tolist() and a.drafted_per_round == b.drafted_per_round
+            assert fast.drafter.copied_rounds == eager.drafter.copied_rounds > 0 and a.draft_calls > 0
+
+
+def test_compiled_copy_rounds_compile_nothing_after_warm_up(pair, caplog):
+    """Compiled (the device path's units through the `cudagraphs` backend, uncaptured on the CPU: seconds of
+    tracing): `warm_up` prepares the widths a copy round verifies and the feature draft's catch-up after a
+    copy round it accepted whole (6 pairs behind: a width K = 2 alone never feeds), so no unit compiles
+    during the decode; greedy tokens are the target's."""
+    import logging
+
+    from acchead.inference.device_path import DevicePath
+
+    target, _ = pair
+    draft = _feature_draft(target)
+    dec = SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, copy=CopySpec(2, 6),
+                             device_path=DevicePath(True, backend="cudagraphs"))  # fmt: skip
+    prompt = [8, 5, 8, 3, 9, 8]
+    dec.warm_up(len(prompt) + 40)
+    with caplog.at_level(logging.DEBUG, logger="acchead.inference.compiled_units"), torch.inference_mode():
+        res = dec.generate(torch.tensor(prompt), max_new_tokens=40, temperature=0)
+    assert not [r.getMessage() for r in caplog.records if "ready in" in r.getMessage()]  # nothing compiled
+    assert res.new_ids.tolist() == _greedy(target, prompt, 40)
+    rounds = list(zip(res.drafted_per_round, res.accepted_per_round, strict=True))
+    assert any(a == (6, 6) and b[0] == 2 for a, b in itertools.pairwise(rounds))  # a draft round after one

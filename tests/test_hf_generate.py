@@ -87,7 +87,7 @@ def test_a_decoding_spec_stands_for_policy_and_verifier(pair, prompt, spec):
     [
         (dict(spec="specdec:k=2", policy="specdec:k=3"), "either spec= or policy="),
         (dict(spec="specdec:k=2", verifier="block"), "either spec= or policy="),
-        (dict(spec="mag+specdec:k=4"), "model-free drafter: decode it with acchead-decode or build_decoder"),
+        (dict(spec="mag+specdec:k=4"), "names a drafter: decode it with acchead-decode or build_decoder"),
         (dict(spec=DecodingSpec.from_spec("specdec:k=2", sampling=SamplingConfig(1.0))), "differs from"),
     ],
 )

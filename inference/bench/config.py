@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_spec_list,
         help="extra decoders run as method 'extra', ';'-separated: bandits "
         "(ucb:arms=specdec:k=2|specdec:k=4), or DRAFTER+POLICY with a model-free or cascaded drafter "
-        "(mag+specdec:k=10, cascade:k=4.2/10+specdec:k=6)",
+        "(mag+specdec:k=10, cascade:k=4.2/10+specdec:k=6), or copy rounds beside the draft model's "
+        "(copy+specdecpp:h=0.9, copy:min=3,block=16+specdec:k=2)",
     )
     a("--verifier", choices=VERIFIERS, help="verification rule of our decoders")
     a(
