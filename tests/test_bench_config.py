@@ -93,3 +93,14 @@ def test_specdecpp_rules_run_the_h_grid_with_the_papers_and_the_priced_threshold
     for bad in ("", "paper,cheap"):
         with pytest.raises(AccheadError, match="--specdecpp-rules takes paper and/or priced"):
             resolve_args(build_parser().parse_args(["--specdecpp-rules", bad]))
+
+
+def test_copy_rounds_run_on_every_requested_path_and_other_extras_once():
+    """An extra spec with copy rounds beside the draft model runs on each of `--paths` (its fast rows
+    "copy@fast"); a model-free drafter or a bandit runs once, eagerly."""
+    argv = ["--methods", "specdec,extra", "--k-grid", "2", "--paths", "eager,fast",
+            "--extra-specs", "copy:min=2+specdec:k=2;mag+specdec:k=4"]  # fmt: skip
+    settings, _ = build_settings(resolve_args(build_parser().parse_args(argv)), SamplingConfig(0.0))
+    runs = sorted((s.family, s.decoding.path) for s in settings)
+    assert runs == [("copy", "eager"), ("copy@fast", "fast"), ("mag", "eager"), ("specdec", "eager"),
+                    ("specdec@fast", "fast")]  # fmt: skip

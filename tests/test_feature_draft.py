@@ -418,12 +418,13 @@ def test_bench_takes_a_feature_draft_and_skips_what_cannot(tiny_pair_dirs, tiny_
     save_head(AcceptanceHead(64, 1, kind="lookahead", inputs=inputs), head, meta=meta)
     argv = ["--prompts", str(prompts), "--target", str(target_dir), "--draft", str(tmp_path / "draft"),
             "--out", str(out), "--max-new-tokens", "8", "--num-prompts", "0", "--k-grid", "1,3",
-            "--methods", "autoregressive,specdec,specdecpp,oracle,hf-assisted", "--h-grid", "0.5",
+            "--methods", "autoregressive,specdec,specdecpp,oracle,hf-assisted,extra", "--h-grid", "0.5",
+            "--extra-specs", "copy:min=2+specdec:k=2",
             "--head", str(head), "--paths", "eager", "--overhead-calls", "5"]  # fmt: skip
     assert bench_main(argv) == 0
     res = json.loads((out / "results.json").read_text())
     methods = sorted({r["method"] for r in res["rows"]})
-    assert methods == ["autoregressive", "oracle", "specdec", "specdecpp-lookahead"]
+    assert methods == ["autoregressive", "copy", "oracle", "specdec", "specdecpp-lookahead"]
     assert res["head_overhead"]  # timed on the feature draft's own step
     assert all(r["matches_autoregressive"] for r in res["rows"] if r["method"] != "autoregressive")
     assert any("skipped with a feature draft" in n and "hf-assisted" in n for n in res["notes"])

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.policy_spec import (
     AdaEDLSpec,
     AutoregressiveSpec,
@@ -300,13 +301,17 @@ def hf_custom_setting(settings: Sequence[Setting], verifier: str) -> Setting:
 
 
 def _on_paths(settings: list[Setting], paths: Sequence[str]) -> list[Setting]:
-    """The settings on the requested paths: the draft-model decoders (fitted families) once per path, the
-    rest (oracle, Hugging Face, extra drafters) once, eager."""
-    out = [s for s in settings if "eager" in paths or not is_fitted(s.family)]
+    """The settings on the requested paths: the draft-model decoders (fitted families, and copy rounds
+    beside them) once per path, the rest (oracle, Hugging Face, model-free drafters, bandits) once, eager."""
+
+    def per_path(s: Setting) -> bool:
+        return s.decoding is not None and (is_fitted(s.family) or isinstance(s.decoding.drafter, CopySpec))
+
+    out = [s for s in settings if "eager" in paths or not per_path(s)]
     if "fast" in paths:
         out += [
             replace(s, family=fast_family(s.family), decoding=replace(s.decoding, path="fast"))
             for s in settings
-            if is_fitted(s.family) and s.decoding is not None
+            if per_path(s)
         ]
     return out
