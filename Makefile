@@ -11,7 +11,7 @@
 #   make demo                 the whole pipeline on the real pair (SmolLM2-135M-Instruct and its shipped distilled
 #                             draft; docs/real-pair.md): install the assets (acchead-assets) -> gen-data on held-out
 #                             ShareGPT prompts -> acchead-train --w-rej 6 --depth 3 -> bench AR, fixed K,
-#                             SpecDec++ and the oracle on MT-bench and HumanEval, the two side by side ->
+#                             SpecDec++, copy rounds and the oracle on MT-bench and HumanEval, side by side ->
 #                             runs/demo-smollm2/bench-*/report.md
 #   make demo-toy             the same on the embedded demo pair, every stage on its defaults: gen-data on stdlib
 #                             prompts (greedy S, r = 1) -> train the shipped heads' recipe (lookahead, state+token,
@@ -65,9 +65,13 @@ REAL_HEAD_WIDTH ?= 32
 REAL_FEATURE_CHAIN ?= 1
 REAL_BENCH_PROMPTS ?= 8
 REAL_NEW_TOKENS ?= 64
+# Copy rounds beside the draft's (copy+POLICY): on HumanEval a third fewer target forwards than the best K
+# (docs/real-pair.md, "Copy rounds").
+REAL_COPY_SPECS ?= copy+specdec:k=2;copy+specdecpp:h=0.5;copy+specdecpp:h=0.9
 REAL_BENCH ?= --pair smollm2 --num-prompts $(REAL_BENCH_PROMPTS) --max-new-tokens $(REAL_NEW_TOKENS) \
 	--config configs/bench-smollm2.yaml \
-	--methods autoregressive,specdec,specdecpp,oracle --k-grid 1,2,3,4,6 --h-grid 0.3,0.5,0.7,0.9 \
+	--methods autoregressive,specdec,specdecpp,oracle,extra --extra-specs "$(REAL_COPY_SPECS)" \
+	--k-grid 1,2,3,4,6 --h-grid 0.3,0.5,0.7,0.9 \
 	--loop-profile-prompts 0 \
 	--head $(REAL_DIR)/head/head.safetensors
 # Toy demo sizes: prompts labelled by gen-data, HumanEval prompts and tokens per prompt in the bench.

@@ -166,7 +166,23 @@ def compiled_pair(tiny_pair_dirs):
     """
     from acchead.models import load_causal_lm
 
-    return load_causal_lm(tiny_pair_dirs[0]), load_causal_lm(tiny_pair_dirs[1])
+    pair = load_causal_lm(tiny_pair_dirs[0]), load_causal_lm(tiny_pair_dirs[1])
+    _build_each_model_class(pair[0])
+    return pair
+
+
+def _build_each_model_class(target) -> None:
+    """Build a model of each class the library defines once, before any of the session's compiled graphs.
+
+    transformers registers a model class in a global on its first instantiation, and dynamo guards a traced
+    forward on that registry's size: a class first built after `compiled_pair`'s graphs compiled (a feature
+    draft in a later test of the same worker) makes them compile again, and a test that asserts its decode
+    compiles nothing (`fail_on_recompile`) then fails or passes by the order xdist deals the tests."""
+    from acchead.distill.draft import init_from_target
+
+    rows = torch.arange(min(8, target.config.vocab_size))
+    for feature in (False, True):  # ReducedVocabLlamaForCausalLM, FeatureDraftForCausalLM
+        init_from_target(target, rows, (0,), feature=feature)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
