@@ -168,7 +168,9 @@ def format_stats(res: GenerationResult) -> str:
     tps = res.tokens / res.wall_time if res.wall_time > 0 else float("nan")
     mean_acc = sum(res.accepted_per_round) / max(res.rounds, 1)
     return (
-        f"tokens {res.tokens} | rounds {res.rounds} | target calls {res.target_calls} | "
+        f"tokens {res.tokens} | rounds {res.rounds}"
+        + (f" ({res.copied_rounds} copied)" if res.copied_rounds else "")
+        + f" | target calls {res.target_calls} | "
         f"draft calls {res.draft_calls} | discarded {res.discarded} | accepted/round {mean_acc:.2f} | "
         f"verification rate {res.verification_rate:.3f} | discard rate {res.discard_rate:.3f} | "
         f"{res.wall_time:.2f} s, {tps:.1f} tokens/s"

@@ -342,6 +342,8 @@ class SpeculativeDecoder:
             n += len(new)
             if own is None:  # the policy learns (AdaEDL's λ) from its own rounds only
                 policy.end_round(num, tau)
+            else:
+                res.copied_rounds += 1
             res.rounds += 1
             res.drafted += num
             res.discarded += num - tau

@@ -26,6 +26,7 @@ class GenerationResult:
         wall_time: seconds spent in `generate` (excluding the oracle's hindsight reference run).
         head_calls: acceptance-head evaluations (SpecDec++ only).
         host_reads: device-to-host reads made by the decoding loop (`acchead.inference.host_reads`).
+        copied_rounds: rounds whose candidates were copied from the context (`copy+POLICY`; no draft forward).
         phases: with `generate(..., profile=True)`, per round: "draft_ms" (drafting, all its forwards and
             stop decisions), "draft_forwards", "verify_ms" (target forward, verification, the status read
             and both rollbacks) and "verify_tokens" (tokens the target's forward fed); else empty.
@@ -42,6 +43,7 @@ class GenerationResult:
     wall_time: float = 0.0
     head_calls: int = 0
     host_reads: int = 0
+    copied_rounds: int = 0
     phases: dict[str, list[float]] = field(default_factory=dict)
 
     @property

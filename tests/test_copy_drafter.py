@@ -103,7 +103,7 @@ def test_greedy_equals_the_targets_and_both_kinds_of_round_run(pair, feature, po
         res = dec.generate(torch.tensor(prompt), max_new_tokens=40, temperature=0)
     assert res.new_ids.tolist() == _greedy(target, prompt, 40)
     copier = dec.drafter
-    assert copier.copied_rounds > 0 and res.draft_calls > 0  # copy rounds and the draft's rounds both ran
+    assert copier.copied_rounds == res.copied_rounds > 0 and res.draft_calls > 0  # both kinds of round ran
     assert len(ended) == res.rounds - copier.copied_rounds  # the policy saw its own rounds only
     assert sum(res.drafted_per_round) == sum(ended) + copier.copied_tokens
 
@@ -165,3 +165,20 @@ def test_compiled_copy_rounds_compile_nothing_after_warm_up(pair, caplog):
     assert res.new_ids.tolist() == _greedy(target, prompt, 40)
     rounds = list(zip(res.drafted_per_round, res.accepted_per_round, strict=True))
     assert any(a == (6, 6) and b[0] == 2 for a, b in itertools.pairwise(rounds))  # a draft round after one
+
+
+def test_decode_cli_takes_copy_rounds_and_counts_them(tiny_pair_dirs, capsys):
+    """`acchead-decode --policy copy:...+POLICY` decodes with copy rounds and says how many rounds copied."""
+    import json
+
+    from acchead.inference.cli_decode import main as decode_main
+
+    t, d = tiny_pair_dirs
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"  # its suffix recurs
+    argv = ["--target", str(t), "--draft", str(d), "--prompt", prompt, "--max-new-tokens", "12",
+            "--policy", "copy:min=2+specdec:k=2"]  # fmt: skip
+    assert decode_main(argv) == 0
+    assert "copied) | target calls" in capsys.readouterr().out
+    assert decode_main([*argv, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["copied_rounds"] >= 1 and stats["policy"].startswith("specdec:k=2")

@@ -220,7 +220,7 @@ def test_the_decoders_take_the_spec_alike(tiny_llama_pair):
     assert not batched.fast and BatchedDecoder(target, draft, spec=fast, compile=False).fast
     refusals = [
         (lambda: SpeculativeDecoder(target, draft, policy="specdec:k=2", spec=spec), "either spec= or"),
-        (lambda: SpeculativeDecoder(target, draft, spec="mag+specdec:k=4"), "names a drafter: decode it with"),
+        (lambda: SpeculativeDecoder(target, draft, spec="mag+specdec:k=4"), "names a drafter: decode it"),
         (lambda: SpeculativeDecoder(target, draft, verifier="beam"), "verifier must be"),
     ]
     for make, message in refusals:
