@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.hf_decoders import decoder_for, pair_head_default
 from acchead.inference.policies import StopPolicy
 from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec
@@ -144,8 +145,8 @@ def generate(
             draft): its shipped head for the requested S (`pair_head_default`).
         spec: the typed decoding configuration (`acchead.inference.spec.DecodingSpec`, or its string
             form) instead of policy, verifier, fast and head: passing both is refused, as are a spec's
-            DRAFTER+ (model-free drafters decode through `acchead-decode` and the bench) and a spec's
-            sampling that differs from the generation config's.
+            model-free DRAFTER+ (Max-Gram, cascades: `acchead-decode` and the bench decode them) and a
+            spec's sampling that differs from the generation config's; `copy+POLICY` adds copy rounds.
         seed: keys every sampled draw; None draws one from torch's global generator.
         model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
 
@@ -158,8 +159,9 @@ def generate(
     _check_config(generation_config)
     _check_inputs(input_ids, model_kwargs)
     sampling = sampling_from(logits_processor, generation_config)
+    copy_rounds = None
     if spec is not None:
-        policy, verifier, fast, head = _from_spec(spec, sampling, policy, verifier, fast, head)
+        policy, verifier, fast, head, copy_rounds = _from_spec(spec, sampling, policy, verifier, fast, head)
     policy = "specdecpp" if policy is None else policy
     verifier = "token" if verifier is None else verifier
     if draft is None and not _is_autoregressive(policy):
@@ -175,7 +177,7 @@ def generate(
     built = isinstance(policy, StopPolicy)  # a built policy already holds its head
     if head is None and draft is not None and not built and _typed(policy).needs_head:
         head = pair_head_default(draft, sampling)
-    decoder = decoder_for(model, draft, policy, head, verifier, fast)
+    decoder = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds)
     if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed; greedy draws nothing
         seed = 0 if sampling.greedy else int(torch.randint(0, 2**62, ()).item())
     res = decoder.generate(
@@ -331,14 +333,17 @@ def _check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None
 
 def _from_spec(
     spec: DecodingSpec | str, sampling: SamplingConfig, policy: Any, verifier: Any, fast: Any, head: Any
-) -> tuple[PolicySpec, str, bool | None, str | None]:
-    """(policy, verifier, fast, head) of a `DecodingSpec` (`spec_arguments`: one line if the four are
-    passed too, or the spec names a model-free drafter); one line if its S is not the generation config's."""
+) -> tuple[PolicySpec, str, bool | None, str | None, CopySpec | None]:
+    """(policy, verifier, fast, head, copy rounds) of a `DecodingSpec` (`spec_arguments`: one line if the
+    four are passed too, or the spec names a model-free drafter); one line if its S is not the generation
+    config's."""
     spec = DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
     if spec.sampling is not None and spec.sampling != sampling:
         raise AccheadError(f"spec's sampling {spec.sampling} differs from the generation config's {sampling}")
-    policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
-    return policy, verifier, fast, head
+    rounds = spec.drafter if isinstance(spec.drafter, CopySpec) else None
+    policy, head, verifier, fast = spec_arguments(replace(spec, drafter=None) if rounds else spec, policy,
+                                                  head, verifier, fast)  # fmt: skip
+    return policy, verifier, fast, head, rounds
 
 
 def _typed(policy: str | PolicySpec | StopPolicy) -> PolicySpec:

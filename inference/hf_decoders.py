@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 
 from acchead.head import AcceptanceHead
 from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.drafter_spec import CopySpec
 from acchead.pairs import shipped_head_for
 from acchead.sampling import SamplingConfig
 
@@ -58,14 +59,15 @@ class DecoderCache:
         head: AcceptanceHead | str | Path | None,
         verifier: str,
         fast: bool | None,
+        copy: CopySpec | None = None,
     ) -> SpeculativeDecoder:
         """The decoder for these arguments: the cached one, or a new one (which may evict the least
         recently used). A head file is keyed by its resolved path; models and objects by identity."""
         head_key = str(Path(head).expanduser().resolve()) if isinstance(head, str | Path) else head
-        key = (target, draft, policy, head_key, verifier, fast)
+        key = (target, draft, policy, head_key, verifier, fast, copy)
         decoder = self._decoders.get(key)
         if decoder is None:
-            decoder = SpeculativeDecoder(target, draft, policy, head, verifier, fast)
+            decoder = SpeculativeDecoder(target, draft, policy, head, verifier, fast, copy=copy)
             self._decoders[key] = decoder
             while len(self._decoders) > self.size:
                 self._decoders.popitem(last=False)
@@ -104,10 +106,11 @@ def decoder_for(
     head: AcceptanceHead | str | Path | None,
     verifier: str,
     fast: bool | None,
+    copy: CopySpec | None = None,
 ) -> SpeculativeDecoder:
-    """The `SpeculativeDecoder` `generate` uses for these arguments, from `DECODERS` (an adaptive policy
-    carrying state between calls sees them as calls of one decoder)."""
-    return DECODERS.get(target, draft, policy, head, verifier, fast)
+    """The `SpeculativeDecoder` `generate` uses for these arguments (`copy`: copy rounds), from `DECODERS`
+    (an adaptive policy carrying state between calls sees them as calls of one decoder)."""
+    return DECODERS.get(target, draft, policy, head, verifier, fast, copy)
 
 
 def pair_head_default(draft: PreTrainedModel, sampling: SamplingConfig) -> Path | None:

@@ -182,3 +182,21 @@ def test_decode_cli_takes_copy_rounds_and_counts_them(tiny_pair_dirs, capsys):
     assert decode_main([*argv, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["copied_rounds"] >= 1 and stats["policy"].startswith("specdec:k=2")
+
+
+def test_transformers_generate_takes_copy_rounds(pair):
+    """`generate(..., custom_generate=hf.generate, spec="copy+POLICY")` decodes with copy rounds: the target's
+    greedy tokens, and the decoder it caches copied some rounds."""
+    from acchead.inference import hf
+    from acchead.inference.hf_decoders import decoder_for
+
+    target, draft = pair
+    prompt = [1, 4, 2, 1, 4, 2, 7, 1, 4]
+    ids = torch.tensor([prompt])
+    kw = dict(max_new_tokens=24, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        out = target.generate(ids, draft=draft, custom_generate=hf.generate, spec="copy:min=2+specdec:k=2", **kw)
+    assert out[0, len(prompt) :].tolist() == _greedy(target, prompt, 24)
+    decoder = decoder_for(target, draft, DecodingSpec.from_spec("specdec:k=2").policy, None, "token", None,
+                          CopySpec(2))  # fmt: skip
+    assert decoder.drafter.copied_rounds > 0
