@@ -63,7 +63,7 @@ class CopyDrafter(Drafter):
     """`inner`'s rounds, or a copy of the context where its suffix recurs (module docstring).
 
     Args:
-        inner: the drafter of the other rounds (the draft model's, eager).
+        inner: the drafter of the other rounds: a `ModelDrafter` (eager) or a `FeatureDrafter` (either path).
         spec: the match length that triggers a copy and the most candidates one copies.
         vocab_size: width of q (the target's vocabulary).
 
