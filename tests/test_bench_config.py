@@ -34,12 +34,13 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     assert sorted(args.head) == sorted(map(str, shipped))
     settings, _ = build_settings(args, SamplingConfig(0.0))
     specs = [s.spec for s in settings]
-    assert len(settings) == 36 + 9 * len(args.head)  # 9 thresholds h per head
+    assert len(settings) == 37 + 9 * len(args.head)  # 9 thresholds h per head
+    assert args.extra_specs == ["copy+specdec:k=3"] and "copy+specdec:k=3" in specs  # copy rounds beside them
     assert args.paths == ["eager"] and "hf-generate" in args.methods  # issue 11: opt-in fast path
     assert "adaedl:gamma=0.2,lam=0.5,adapt=1" in specs and "entropy:tau=4" in specs
     assert sum(s.family == "adaedl" for s in settings) == 4
-    assert build_settings(args, SamplingConfig(1.0))[0][-4].family == "adaedl-adapt"  # sampling: no oracle
-    custom = settings[-1]  # hf-custom: the first head's SpecDec++ h = 0.8, decoded through generate
+    assert build_settings(args, SamplingConfig(1.0))[0][-5].family == "adaedl-adapt"  # sampling: no oracle
+    custom = settings[-2]  # hf-custom: the first head's SpecDec++ h = 0.8, decoded through generate
     assert (custom.family, custom.spec, custom.head) == ("hf-custom", "specdecpp:h=0.8,max=20", args.head[0])
     user = tmp_path / "user.yaml"
     user.write_text("k_grid: [3, 5]\nextra_specs: ['ucb:arms=specdec:k=2|specdecpp:h=0.5,max=8']\n")
