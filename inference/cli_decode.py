@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "specdecpp[:h=H,max=M,free=0/1] (no h: the head's recorded threshold) | confidence:tau=T[,max=M] | "
         "entropy:tau=T[,max=M] | adaedl:lam=L[,gamma=G,adapt=0/1,max=M] | oracle (greedy only) | "
         "ucb:arms=SPEC|SPEC|... | exp3:arms=...; copy[:min=M,block=N]+POLICY adds copy rounds where the "
-        "context's suffix recurs (eager path)",
+        "context's suffix recurs",
     )
     p.add_argument(
         "--verifier",

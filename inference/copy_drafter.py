@@ -19,11 +19,11 @@ draws keep their keys. The wrapped drafter sees the copied tokens when it next d
 cache lacks (a feature draft: the target's states of the accepted positions, handed over after every
 verification).
 
-On the fast path the target verifies a copy round at its ladder width and a feature draft catches up in
-one forward at a ladder width (`FeatureDrafter`), so `warm_up` compiles the widths up to `block` + 1 too.
-A token-level draft (`ModelDrafter`) would catch up with a forward of a new width after every copy round:
-with one, copy rounds run on the eager path only. The search runs on the host: one read of the sequence
-per round (on CUDA, a synchronisation).
+On the fast path the target verifies a copy round at its ladder width, which `warm_up` compiles up to
+`block` + 1 too; a feature draft catches up in one forward at a ladder width (`FeatureDrafter`), a
+token-level draft (`ModelDrafter`) in its compiled one- or two-token units; what either lacks beyond those
+widths (copy rounds in a row) is fed uncompiled first, so no unit compiles inside a decode. The search
+runs on the host: one read of the sequence per round (on CUDA, a synchronisation).
 """
 
 from __future__ import annotations

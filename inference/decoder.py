@@ -103,7 +103,7 @@ class SpeculativeDecoder:
             compile backend (`DevicePath(True, backend="cudagraphs")`: no Inductor).
         spec: a `DecodingSpec` (or its string) in place of policy, head, verifier and fast.
         copy: copy rounds where the context's suffix recurs, the draft model's rounds elsewhere
-            (`acchead.inference.copy_drafter`; eager path).
+            (`acchead.inference.copy_drafter`; either path).
     """
 
     def __init__(
@@ -153,10 +153,8 @@ class SpeculativeDecoder:
         self.draft_model = draft.model if isinstance(draft, ModelDrafter | FeatureDrafter) else None
         self._copy_block = 0 if copy is None else copy.block  # a copy round's most candidates
         if copy is not None:
-            # a token-level draft would catch up at a new feed width after each copy round on the fast path
-            if not (isinstance(draft, FeatureDrafter) or (isinstance(draft, ModelDrafter) and not self.fast)):
-                raise AccheadError("copy rounds wrap a draft model's drafter: a feature draft, or a "
-                                   "token-level draft on the eager path (fast=False)")  # fmt: skip
+            if not isinstance(draft, FeatureDrafter | ModelDrafter):
+                raise AccheadError("copy rounds wrap a draft model's rounds: pass a draft model")
             draft = CopyDrafter(draft, copy, vocab)
         self.drafter: Drafter | None = draft
         self.reads_states = draft is not None and draft.reads_target_states  # a feature drafter

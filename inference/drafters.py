@@ -190,6 +190,7 @@ class ModelDrafter(Drafter):
         self.device: torch.device = model.device
         self.path = DevicePath.resolve(self.device, device_path)
         self.runner = make_runner(model, fast, compile, device_path=self.path)
+        self.fast = fast
         # A compiled unit takes its random keys as tensors (an int would be a graph constant).
         self._key_tensors = fast and compile
         self._pending: PendingDraw | None = None
@@ -277,6 +278,7 @@ class ModelDrafter(Drafter):
                 # unknown: re-feed the last token (rare: a rollback landing exactly on the cache's end).
                 self.runner.rollback(n - 1)
                 cached = n - 1
+            cached = self._catch_up(context, cached)
             self._feed(context[cached:], want_state, (n0, index), policy, SAMPLE)
             pend = self._pending
         assert pend is not None
@@ -290,6 +292,16 @@ class ModelDrafter(Drafter):
         state = pend.state if want_state else None
         return DraftStep(pend.token, pend.q, hidden, index, logits=pend.logits, state=state, stop=stop)
 
+    def _catch_up(self, context: torch.Tensor, cached: int) -> int:
+        """On the fast path, feed all but the last two tokens the cache lacks uncompiled (a copy round,
+        `acchead.inference.copy_drafter`, leaves it behind by more than a round's units are compiled for:
+        1 or 2 tokens); returns the cache's length."""
+        if self.fast and context.numel() - cached > 2:
+            self.runner.feed(context[cached : context.numel() - 2], eager=True)
+            self.draft_calls += 1
+            cached = context.numel() - 2
+        return cached
+
     def propose_block(self, context: torch.Tensor, count: int) -> list[DraftStep]:
         """All `count` candidates of a fixed-length round after `context` ((n,) committed tokens) in one
         unit (`acchead.inference.units.draft_block_post`): the same draws as `count` proposals, one
@@ -297,7 +309,7 @@ class ModelDrafter(Drafter):
         n = context.numel()
         if self.runner.length >= n:  # the first forward must produce the logits after context[-1]
             self.rollback(n - 1)
-        cached = self.runner.length
+        cached = self._catch_up(context, self.runner.length)
         slots = torch.arange(1, count + 1, device=self.device)
         keys = key_hash(self._seed, DRAFT, n, slots)  # (count,) int64: the per-step keys, as a tensor
         q, tokens = self.runner.feed(

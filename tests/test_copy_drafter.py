@@ -70,10 +70,10 @@ def test_spec_round_trips_and_bad_specs_are_one_line_errors():
         make_drafter("copy", draft=None, bigram=[0] * VOCAB, vocab_size=VOCAB)
 
 
-def test_copy_rounds_need_a_draft_model_on_the_eager_path_and_no_bandit(pair):
+def test_copy_rounds_need_a_draft_model_and_no_bandit(pair):
     target, draft = pair
-    with pytest.raises(AccheadError, match="token-level draft on the eager path"):
-        SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False, copy=CopySpec())
+    with pytest.raises(AccheadError, match="pass a draft model"):
+        SpeculativeDecoder(target, None, policy="autoregressive", copy=CopySpec())
     with pytest.raises(AccheadError, match="bandit"):
         SpeculativeDecoder(target, draft, policy="ucb:arms=specdec:k=1|specdec:k=2", copy=CopySpec())
     with pytest.raises(AccheadError, match="build_decoder"):
@@ -128,11 +128,12 @@ def test_sampling_stays_exact(pair, feature, policy, verifier):
     assert _chi_square_p_value(counts, _exact_sequences(target, prompt, 3, cfg), n) > 1e-3
 
 
-def test_fast_path_copy_rounds_are_the_eager_paths(pair):
-    """With a feature draft on the fast path's static caches (uncompiled: the functions the compiled units
-    trace), copy rounds give the eager path's tokens and rounds, greedy and sampled."""
-    target, _ = pair
-    draft = _feature_draft(target)
+@pytest.mark.parametrize("feature", [False, True], ids=["model-draft", "feature-draft"])
+def test_fast_path_copy_rounds_are_the_eager_paths(pair, feature):
+    """On the fast path's static caches (uncompiled: the functions the compiled units trace), copy rounds
+    give the eager path's tokens and rounds, greedy and sampled, with either kind of draft."""
+    target, draft = pair
+    draft = _feature_draft(target) if feature else draft
     fast, eager = (SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=f, compile=False,
                                       copy=CopySpec(2, 6)) for f in (True, False))  # fmt: skip
     prompt = torch.tensor([1, 4, 2, 1, 4, 2, 7, 1, 4])
@@ -144,17 +145,18 @@ def test_fast_path_copy_rounds_are_the_eager_paths(pair):
             assert fast.drafter.copied_rounds == eager.drafter.copied_rounds > 0 and a.draft_calls > 0
 
 
-def test_compiled_copy_rounds_compile_nothing_after_warm_up(pair, caplog):
+@pytest.mark.parametrize("feature", [False, True], ids=["model-draft", "feature-draft"])
+def test_compiled_copy_rounds_compile_nothing_after_warm_up(pair, caplog, feature):
     """Compiled (the device path's units through the `cudagraphs` backend, uncaptured on the CPU: seconds of
-    tracing): `warm_up` prepares the widths a copy round verifies and the feature draft's catch-up after a
-    copy round it accepted whole (6 pairs behind: a width K = 2 alone never feeds), so no unit compiles
-    during the decode; greedy tokens are the target's."""
+    tracing): `warm_up` prepares the widths a copy round verifies, and the draft's catch-up after copy
+    rounds (a feature draft: up to a compiled width, a token-level draft: up to 2 tokens; the rest fed
+    uncompiled) runs no new unit, so nothing compiles during the decode; greedy tokens are the target's."""
     import logging
 
     from acchead.inference.device_path import DevicePath
 
-    target, _ = pair
-    draft = _feature_draft(target)
+    target, draft = pair
+    draft = _feature_draft(target) if feature else draft
     dec = SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, copy=CopySpec(2, 6),
                              device_path=DevicePath(True, backend="cudagraphs"))  # fmt: skip
     prompt = [8, 5, 8, 3, 9, 8]
@@ -195,7 +197,8 @@ def test_transformers_generate_takes_copy_rounds(pair):
     ids = torch.tensor([prompt])
     kw = dict(max_new_tokens=24, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
-        out = target.generate(ids, draft=draft, custom_generate=hf.generate, spec="copy:min=2+specdec:k=2", **kw)
+        out = target.generate(ids, draft=draft, custom_generate=hf.generate, spec="copy:min=2+specdec:k=2",
+                              **kw)  # fmt: skip
     assert out[0, len(prompt) :].tolist() == _greedy(target, prompt, 24)
     decoder = decoder_for(target, draft, DecodingSpec.from_spec("specdec:k=2").policy, None, "token", None,
                           CopySpec(2))  # fmt: skip
