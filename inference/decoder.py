@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.results import GenerationResult
 from acchead.inference.round_verifier import RoundVerifier
-from acchead.inference.spec import DecodingSpec, needs_head, spec_arguments
+from acchead.inference.spec import DecodingSpec, as_decoding_spec, needs_head, spec_arguments
 from acchead.inference.verification import VERIFIERS
 from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig
@@ -103,7 +104,7 @@ class SpeculativeDecoder:
             compile backend (`DevicePath(True, backend="cudagraphs")`: no Inductor).
         spec: a `DecodingSpec` (or its string) in place of policy, head, verifier and fast.
         copy: copy rounds where the context's suffix recurs, the draft model's rounds elsewhere
-            (`acchead.inference.copy_drafter`; either path).
+            (`acchead.inference.copy_drafter`; either path); or name them in `spec` ("copy+specdec:k=2").
     """
 
     def __init__(
@@ -119,6 +120,10 @@ class SpeculativeDecoder:
         spec: DecodingSpec | str | None = None,
         copy: CopySpec | None = None,
     ) -> None:
+        if spec is not None and isinstance((spec := as_decoding_spec(spec)).drafter, CopySpec):
+            if copy is not None:
+                raise AccheadError("pass copy rounds in spec= or in copy=, not both")
+            copy, spec = spec.drafter, replace(spec, drafter=None)  # the decoder wraps its drafter
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         self.target = target
         self.path = DevicePath.resolve(target.device, device_path)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from acchead.errors import AccheadError
 from acchead.inference.bandit_spec import BanditSpec, EXP3BanditSpec, UCBBanditSpec
-from acchead.inference.drafter_spec import DrafterSpec, parse_drafter_spec
+from acchead.inference.drafter_spec import CopySpec, DrafterSpec, parse_drafter_spec
 from acchead.inference.policy_spec import (
     AdaEDLSpec,
     AutoregressiveSpec,
@@ -138,6 +138,11 @@ class DecodingSpec:
         return None if self.path is None else self.path == "fast"
 
 
+def as_decoding_spec(spec: DecodingSpec | str) -> DecodingSpec:
+    """`spec` as a typed value (parsed when a string)."""
+    return DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
+
+
 def spec_arguments(
     spec: DecodingSpec | str | None, policy: Any, head: Any, verifier: str | None, fast: bool | None
 ) -> tuple[Any, Any, str, bool | None]:
@@ -151,7 +156,10 @@ def spec_arguments(
         return ("specdec:k=4" if policy is None else policy), head, verifier, fast
     if policy is not None or head is not None or verifier is not None or fast is not None:
         raise AccheadError("pass either spec= or policy= / head= / verifier= / fast=, not both")
-    spec = DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
+    spec = as_decoding_spec(spec)
+    if isinstance(spec.drafter, CopySpec):
+        raise AccheadError(f"spec {spec.to_spec()!r}: copy rounds decode one prompt at a time "
+                           "(SpeculativeDecoder), not a batch")  # fmt: skip
     if spec.uses_drafters:
         raise AccheadError(f"spec {spec.to_spec()!r} names a drafter: decode it with acchead-decode or "
                            "build_decoder(spec, target, draft)")  # fmt: skip

@@ -15,6 +15,7 @@ from acchead.distill.draft import init_from_target
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.cascade import make_drafter
+from acchead.inference.copy_drafter import CopyDrafter
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.decoder_factory import build_decoder
 from acchead.inference.drafter_spec import CopySpec, parse_drafter_spec
@@ -76,8 +77,13 @@ def test_copy_rounds_need_a_draft_model_and_no_bandit(pair):
         SpeculativeDecoder(target, None, policy="autoregressive", copy=CopySpec())
     with pytest.raises(AccheadError, match="bandit"):
         SpeculativeDecoder(target, draft, policy="ucb:arms=specdec:k=1|specdec:k=2", copy=CopySpec())
-    with pytest.raises(AccheadError, match="build_decoder"):
-        SpeculativeDecoder(target, draft, spec="copy+specdec:k=2")
+    with pytest.raises(AccheadError, match="not both"):
+        SpeculativeDecoder(target, draft, spec="copy+specdec:k=2", copy=CopySpec())
+    assert isinstance(SpeculativeDecoder(target, draft, spec="copy:min=2+specdec:k=2").drafter, CopyDrafter)
+    from acchead.inference.batched import BatchedDecoder
+
+    with pytest.raises(AccheadError, match="one prompt at a time"):
+        BatchedDecoder(target, draft, spec="copy+specdec:k=2")
 
 
 def _greedy(target, prompt: list[int], n: int) -> list[int]:
