@@ -295,8 +295,8 @@ class ModelDrafter(Drafter):
     def _catch_up(self, context: torch.Tensor, cached: int) -> int:
         """On the fast path, feed all but the last two tokens the cache lacks uncompiled (a copy round,
         `acchead.inference.copy_drafter`, leaves it behind by more than a round's units are compiled for:
-        1 or 2 tokens); returns the cache's length."""
-        if self.fast and context.numel() - cached > 2:
+        1 or 2 tokens; an empty cache's prompt runs uncompiled anyway); returns the cache's length."""
+        if self.fast and cached > 0 and context.numel() - cached > 2:
             self.runner.feed(context[cached : context.numel() - 2], eager=True)
             self.draft_calls += 1
             cached = context.numel() - 2
