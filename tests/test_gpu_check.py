@@ -47,9 +47,11 @@ def test_cpu_run_checks_exactness_and_times_every_method(check_argv, tmp_path, c
         "specdec:k=2",
         "specdecpp:h=0.4,max=4",
         "specdecpp:h=0.6,max=4",
+        "copy+specdec:k=2",  # copy rounds beside the middle K
     ):
         assert f"| `{spec}` | " in text
     assert "x the best fixed K" in text and "verdict: ok" in text and "tests not run" in text
+    assert "copy rounds `copy+specdec:k=2`: " in text
 
 
 def test_profile_times_one_decode_and_lists_its_operators(check_argv, tmp_path):
@@ -101,7 +103,7 @@ def test_checks_past_the_budget_are_named_not_run(check_argv, tmp_path):
     report = json.loads(out.read_text())
     pair = report["pairs"]["toy"]
     assert all(c == {"skipped": True} for d in pair["exactness"].values() for c in d.values())
-    assert pair["speed"]["rows"] == {} and len(pair["speed"]["skipped"]) == 1 + 2 + 2
+    assert pair["speed"]["rows"] == {} and len(pair["speed"]["skipped"]) == 1 + 2 + 2 + 1  # and a copy
     md = tmp_path / "gpu-check.md"
     assert main([*check_argv, "--budget-s", "0", "--out", str(md)]) == 0
     # the tests run last, with what is left of the budget: none here
@@ -168,7 +170,7 @@ def test_a_decoder_that_fails_to_compile_is_a_line_and_the_rest_run(check_argv, 
     pair = report["pairs"]["toy"]
     line = "RuntimeError: InductorError: AssertionError: "
     assert pair["speed"]["failed"] == {"specdecpp:h=0.4,max=4": line, "specdecpp:h=0.6,max=4": line}
-    assert set(pair["speed"]["rows"]) == {"autoregressive", "specdec:k=1", "specdec:k=2"}
+    assert set(pair["speed"]["rows"]) == {"autoregressive", "specdec:k=1", "specdec:k=2", "copy+specdec:k=2"}
     assert pair["exactness"]["float32"]["specdecpp:h=0.4,max=4"] == {"failed": line}
     assert pair["exactness"]["float32"]["specdec:k=2"]["equal"] and report["ok"] is False
     md = tmp_path / "gpu-check.md"

@@ -222,7 +222,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         if "float32" in exact_dtypes and not args.speed_first:
             exact["float32"] = check_exactness(run, "float32", checked, budget)
         warmed: dict = {}
-        speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive], budget, warmed)
+        copied = f"copy+{fixed[len(fixed) // 2]}"  # copy rounds beside the middle K (docs/how-it-works.md)
+        speed = measure_speed(run, speed_dtype, ["autoregressive", *fixed, *adaptive, copied], budget, warmed)
         profiled = profile_decode(run, speed_dtype, args.profile, budget, warmed) if args.profile else None
         warmed.clear()
         if "float32" in exact_dtypes and args.speed_first:

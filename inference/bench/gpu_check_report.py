@@ -98,6 +98,8 @@ def render(report: dict[str, Any]) -> str:
                 f"best fixed K `{sp['best_fixed']}`: {sp['best_k_over_ar']:.3f}x AR; best SpecDec++ "
                 f"`{sp['best_specdecpp']}`: {sp['specdecpp_over_ar']:.3f}x AR, "
                 f"{sp['specdecpp_over_best_k']:.3f}x the best fixed K"
+                + (f"; copy rounds `{sp['best_copy']}`: {sp['copy_over_ar']:.3f}x AR, "
+                   f"{sp['copy_over_best_k']:.3f}x the best fixed K" if "best_copy" in sp else "")
             )
         else:
             lines.append("no ratios: AR, a fixed K and a SpecDec++ setting were not all timed")

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acchead.errors import AccheadError
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec, SpecDecSpec
-from acchead.inference.spec import parse_policy_spec
+from acchead.inference.spec import DecodingSpec
 
 if TYPE_CHECKING:
     from acchead.inference.device_path import DevicePath
@@ -60,13 +61,16 @@ class PairRun:
         from acchead.inference.decoder import SpeculativeDecoder
 
         target, draft = self.models(dtype)
-        policy = parse_policy_spec(spec)
+        typed = DecodingSpec.from_spec(spec)  # [copy+]POLICY
+        policy = typed.policy
         head = self.head if policy.needs_head else None
         fast, device_path = _PATHS[path]
         if self.backend_path is not None and path != "eager":
             device_path = self.backend_path
         drafter = None if isinstance(policy, AutoregressiveSpec) else draft
-        return SpeculativeDecoder(target, drafter, policy, head=head, fast=fast, device_path=device_path)
+        copy = typed.drafter if isinstance(typed.drafter, CopySpec) else None
+        return SpeculativeDecoder(target, drafter, policy, head=head, fast=fast, device_path=device_path,
+                                  copy=copy)  # fmt: skip
 
     def greedy(self, dec, prompt) -> tuple[list[int], float]:
         res = dec.generate(
@@ -201,15 +205,18 @@ def measure_speed(
     out: dict[str, Any] = {
         "rows": rows, "warm_up_s": round(sum(warm.values()), 1), "skipped": skipped, "failed": failed,
     }  # fmt: skip
-    kinds = {s: type(parse_policy_spec(s)) for s in rows}
+    typed = {s: DecodingSpec.from_spec(s) for s in rows}
+    kinds = {s: None if t.drafter is not None else type(t.policy) for s, t in typed.items()}
     fixed = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecSpec}
     adaptive = {s: r["tokens_per_s"] for s, r in rows.items() if kinds[s] is SpecDecPPSpec}
+    copies = {s: r["tokens_per_s"] for s, r in rows.items() if isinstance(typed[s].drafter, CopySpec)}
     if "autoregressive" not in rows or not fixed or not adaptive:
         return out
     ar = rows["autoregressive"]["tokens_per_s"]
     best_k = max(fixed, key=fixed.get)
     best_pp = max(adaptive, key=adaptive.get)
     pp = adaptive[best_pp]
+    best_copy = max(copies, key=copies.get) if copies else None  # copy rounds beside the draft's
     return {
         **out,
         "best_fixed": best_k,
@@ -217,7 +224,9 @@ def measure_speed(
         "specdecpp_over_ar": pp / ar,
         "specdecpp_over_best_k": pp / fixed[best_k],
         "best_k_over_ar": fixed[best_k] / ar,
-    }
+        **({"best_copy": best_copy, "copy_over_ar": copies[best_copy] / ar,
+            "copy_over_best_k": copies[best_copy] / fixed[best_k]} if best_copy else {}),
+    }  # fmt: skip
 
 
 def profile_decode(run: PairRun, dtype: str, spec: str, budget: Budget, warmed: dict) -> dict[str, Any]:
