@@ -172,17 +172,21 @@ def compiled_pair(tiny_pair_dirs):
 
 
 def _build_each_model_class(target) -> None:
-    """Build a model of each class the library defines once, before any of the session's compiled graphs.
+    """Build a model of each class the library and the tests define once, before any of the session's
+    compiled graphs.
 
     transformers registers a model class in a global on its first instantiation, and dynamo guards a traced
     forward on that registry's size: a class first built after `compiled_pair`'s graphs compiled (a feature
     draft in a later test of the same worker) makes them compile again, and a test that asserts its decode
     compiles nothing (`fail_on_recompile`) then fails or passes by the order xdist deals the tests."""
+    from test_lm_forward import _ScaledLogits  # the one model class a test defines
+
     from acchead.distill.draft import init_from_target
 
     rows = torch.arange(min(8, target.config.vocab_size))
     for feature in (False, True):  # ReducedVocabLlamaForCausalLM, FeatureDraftForCausalLM
         init_from_target(target, rows, (0,), feature=feature)
+    _ScaledLogits(target.config)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
