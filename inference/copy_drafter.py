@@ -23,7 +23,8 @@ On the fast path the target verifies a copy round at its ladder width, which `wa
 `block` + 1 too; a feature draft catches up in one forward at a ladder width (`FeatureDrafter`), a
 token-level draft (`ModelDrafter`) in its compiled one- or two-token units; what either lacks beyond those
 widths (copy rounds in a row) is fed uncompiled first, so no unit compiles inside a decode. The search
-runs on the host: one read of the sequence per round (on CUDA, a synchronisation).
+runs on the host over the committed tokens the decoder already holds there (no read of the device), and a
+copy round's candidates go up in one copy.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import torch
 
 from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.drafters import Drafter
-from acchead.inference.host_reads import read
 from acchead.inference.mag import longest_suffix_match
 from acchead.inference.units import DraftStep
 from acchead.sampling import SamplingConfig
@@ -78,6 +78,7 @@ class CopyDrafter(Drafter):
         self.round_unit = inner.round_unit
         self.device = inner.device
         self.reads_target_states = inner.reads_target_states
+        self.longest_round = spec.block
         self.copied_rounds = self.copied_tokens = 0
 
     @property
@@ -92,15 +93,13 @@ class CopyDrafter(Drafter):
         self.inner.begin(input_ids, sampling, seed)
         self.copied_rounds = self.copied_tokens = 0
 
-    def own_round(self, seq: torch.Tensor, n: int, room: int) -> list[DraftStep] | None:
-        """A copy round of at most `room` candidates after seq[:n], written into seq[n:]; None when the
-        suffix of seq[:n] does not recur (then the policy's round runs)."""
-        # Host-driven, as Max-Gram: the search reads the committed tokens on the host (one read a round).
-        context = np.asarray(read(seq[:n]), dtype=np.int64)
+    def own_round(self, prompt: list[int], generated: list[int], room: int) -> list[DraftStep] | None:
+        """A copy round of at most `room` candidates after prompt + generated (the committed tokens, on the
+        host); None when their suffix does not recur (then the policy's round runs)."""
+        context = np.asarray(prompt + generated, dtype=np.int64)
         tokens = copy_continuation(context, self.spec.min_match, min(self.spec.block, room))
         if not tokens:
             return None
-        seq[n : n + len(tokens)] = torch.tensor(tokens, device=seq.device)
         self.copied_rounds += 1
         self.copied_tokens += len(tokens)
         eye = torch.nn.functional.one_hot(torch.tensor(tokens), self.vocab_size).float()  # (L, V): q one-hot
@@ -126,4 +125,4 @@ class CopyDrafter(Drafter):
         self.inner.observe(states, start)
 
     def warm_up(self, max_length: int, sampling: SamplingConfig, policy: PolicyRun, longest: int = 0) -> None:
-        self.inner.warm_up(max_length, sampling, policy, max(longest, self.spec.block))
+        self.inner.warm_up(max_length, sampling, policy, max(longest, self.longest_round))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +60,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.results import GenerationResult
 from acchead.inference.round_verifier import RoundVerifier
-from acchead.inference.spec import DecodingSpec, as_decoding_spec, needs_head, spec_arguments
+from acchead.inference.spec import DecodingSpec, needs_head, spec_arguments, split_copy_rounds
 from acchead.inference.verification import VERIFIERS
 from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig
@@ -120,10 +119,11 @@ class SpeculativeDecoder:
         spec: DecodingSpec | str | None = None,
         copy: CopySpec | None = None,
     ) -> None:
-        if spec is not None and isinstance((spec := as_decoding_spec(spec)).drafter, CopySpec):
-            if copy is not None:
+        if spec is not None:
+            spec, copy_in_spec = split_copy_rounds(spec)
+            if copy_in_spec is not None and copy is not None:
                 raise AccheadError("pass copy rounds in spec= or in copy=, not both")
-            copy, spec = spec.drafter, replace(spec, drafter=None)  # the decoder wraps its drafter
+            copy = copy if copy is not None else copy_in_spec
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         self.target = target
         self.path = DevicePath.resolve(target.device, device_path)
@@ -156,7 +156,6 @@ class SpeculativeDecoder:
             )
         # The draft model, when there is one: the head is checked against it and the oracle runs it.
         self.draft_model = draft.model if isinstance(draft, ModelDrafter | FeatureDrafter) else None
-        self._copy_block = 0 if copy is None else copy.block  # a copy round's most candidates
         if copy is not None:
             if not isinstance(draft, FeatureDrafter | ModelDrafter):
                 raise AccheadError("copy rounds wrap a draft model's rounds: pass a draft model")
@@ -230,7 +229,7 @@ class SpeculativeDecoder:
         with torch.inference_mode():
             # No cache holds more than prompt + new tokens (a round's cap leaves room for the target's).
             drafter, states = self._round_drafter, self._round_drafter is not None and self.reads_states
-            cap = max(self.policy.max_cap, self._copy_block)  # the widest round: the policy's or a copy
+            cap = max(self.policy.max_cap, drafter.longest_round if drafter is not None else 0)  # or a copy
             self._verifier.warm_up(max_length, cap, sampling, states=states)
             self.policy.price_widths(self._verifier.fed_ms())  # a priced SpecDec++'s thresholds
             if drafter is not None:
@@ -294,6 +293,7 @@ class SpeculativeDecoder:
         seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long, device=t_dev)
         seq[: prompt.numel()] = upload(prompt, t_dev)  # pinned on CUDA: a pageable copy would sync
         out: list[int] = []
+        prompt_ids: list[int] = prompt.tolist()  # the host's copy, for a drafter's own rounds
         n = prompt.numel()  # committed length
         runner = self._runner  # the target's KV cache: holds runner.length tokens
         runner.reset(n + max_new_tokens + self._verifier.slack)  # room for a padded round
@@ -303,14 +303,17 @@ class SpeculativeDecoder:
         reads_states = drafter is not None and self.reads_states
         while not done and n - prompt.numel() < max_new_tokens:
             generated = n - prompt.numel()
-            cap = min(policy.start_round(generated), max_new_tokens - generated - 1)
+            room = max_new_tokens - generated - 1  # candidates that fit: the round's bonus token comes after
+            cap = min(policy.start_round(generated), room)
             if drafter is not None and not drafter.ready:
                 cap = 0  # a feature drafter before the target's first states: this round verifies alone
             if clock is not None:
                 clock.mark()
                 calls0 = self._draft_calls()
             # A drafter's own round (a copy of the context) runs without the policy, up to the tokens left.
-            own = drafter.own_round(seq, n, max_new_tokens - generated - 1) if drafter is not None else None
+            own = drafter.own_round(prompt_ids, out, room) if drafter is not None else None
+            if own is not None:
+                seq[n : n + len(own)] = upload(torch.tensor([s.token for s in own]), t_dev)
             steps = own if own is not None else draft_round(drafter, policy, seq, n, cap) if cap > 0 else []
             num = len(steps)
             if clock is not None:

@@ -43,11 +43,8 @@ def build_decoder(
         head = spec.head if spec.needs_head else None
         return bandit_decoder(target, draft, spec.policy, bigram=bigram, head=head, verifier=spec.verifier,
                               fast=spec.fast, device_path=device_path)  # fmt: skip
-    if isinstance(spec.drafter, CopySpec):  # the decoder wraps the draft model's drafter
-        return SpeculativeDecoder(target, draft, spec=replace(spec, drafter=None), copy=spec.drafter,
-                                  compile=compile, device_path=device_path)  # fmt: skip
     drafter: Any = draft
-    if spec.drafter is not None:
+    if spec.drafter is not None and not isinstance(spec.drafter, CopySpec):  # copy rounds: the decoder's
         drafter = make_drafter(spec.drafter, draft=draft, bigram=bigram, vocab_size=target.config.vocab_size)
-    return SpeculativeDecoder(target, drafter, spec=replace(spec, drafter=None), compile=compile,
-                              device_path=device_path)  # fmt: skip
+        spec = replace(spec, drafter=None)
+    return SpeculativeDecoder(target, drafter, spec=spec, compile=compile, device_path=device_path)

@@ -54,6 +54,7 @@ class Drafter(ABC):
             `acchead.inference.feature_drafter`): the decoder hands it the accepted positions' states
             after each verification (`observe`) and drafts nothing until it is `ready`.
         ready: it can draft now (a feature drafter: once the target has handed over states).
+        longest_round: the most candidates a round of its own (`own_round`) may hold; 0: it has none.
     """
 
     draft_calls: int
@@ -61,6 +62,7 @@ class Drafter(ABC):
     device: torch.device = torch.device("cpu")
     reads_target_states: bool = False
     ready: bool = True
+    longest_round: int = 0
 
     @abstractmethod
     def begin(self, input_ids: torch.Tensor, sampling: SamplingConfig, seed: int) -> None:
@@ -89,9 +91,10 @@ class Drafter(ABC):
     def rollback(self, length: int) -> None:
         """Forget everything past the first `length` tokens (the committed prefix after verification)."""
 
-    def own_round(self, seq: torch.Tensor, n: int, room: int) -> list[DraftStep] | None:
-        """A round of at most `room` candidates the drafter proposes without the stop policy, written into
-        seq[n:] (copy rounds: `acchead.inference.copy_drafter`); None: the policy's round. Default: None."""
+    def own_round(self, prompt: list[int], generated: list[int], room: int) -> list[DraftStep] | None:
+        """A round of at most `room` candidates after the committed tokens (host ints: the prompt, then the
+        tokens generated so far) that the drafter proposes without the stop policy (copy rounds:
+        `acchead.inference.copy_drafter`); None: the policy's round. Default: None."""
         return None
 
     def observe(self, states: torch.Tensor, start: int) -> None:  # noqa: B027 (only feature drafters read it)

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ from acchead.inference.hf_decoders import decoder_for, pair_head_default
 from acchead.inference.policies import StopPolicy
 from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec
 from acchead.inference.results import GenerationResult
-from acchead.inference.spec import DecodingSpec, as_policy_spec, spec_arguments
+from acchead.inference.spec import DecodingSpec, as_policy_spec, spec_arguments, split_copy_rounds
 from acchead.sampling import SamplingConfig
 
 # The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
@@ -337,12 +337,10 @@ def _from_spec(
     """(policy, verifier, fast, head, copy rounds) of a `DecodingSpec` (`spec_arguments`: one line if the
     four are passed too, or the spec names a model-free drafter); one line if its S is not the generation
     config's."""
-    spec = DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
+    spec, rounds = split_copy_rounds(spec)
     if spec.sampling is not None and spec.sampling != sampling:
         raise AccheadError(f"spec's sampling {spec.sampling} differs from the generation config's {sampling}")
-    rounds = spec.drafter if isinstance(spec.drafter, CopySpec) else None
-    policy, head, verifier, fast = spec_arguments(replace(spec, drafter=None) if rounds else spec, policy,
-                                                  head, verifier, fast)  # fmt: skip
+    policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
     return policy, verifier, fast, head, rounds
 
 

@@ -13,7 +13,7 @@ from one. Pure data: this module imports no torch and no decoding module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from acchead.errors import AccheadError
@@ -141,6 +141,15 @@ class DecodingSpec:
 def as_decoding_spec(spec: DecodingSpec | str) -> DecodingSpec:
     """`spec` as a typed value (parsed when a string)."""
     return DecodingSpec.from_spec(spec) if isinstance(spec, str) else spec
+
+
+def split_copy_rounds(spec: DecodingSpec | str) -> tuple[DecodingSpec, CopySpec | None]:
+    """(the spec without its copy rounds, the copy rounds or None): a single-prompt decoder wraps its
+    drafter for them (`acchead.inference.copy_drafter`) and takes the rest as any spec."""
+    spec = as_decoding_spec(spec)
+    if isinstance(spec.drafter, CopySpec):
+        return replace(spec, drafter=None), spec.drafter
+    return spec, None
 
 
 def spec_arguments(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from acchead.errors import AccheadError
 from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec, SpecDecSpec
-from acchead.inference.spec import DecodingSpec
+from acchead.inference.spec import DecodingSpec, split_copy_rounds
 
 if TYPE_CHECKING:
     from acchead.inference.device_path import DevicePath
@@ -61,14 +61,13 @@ class PairRun:
         from acchead.inference.decoder import SpeculativeDecoder
 
         target, draft = self.models(dtype)
-        typed = DecodingSpec.from_spec(spec)  # [copy+]POLICY
+        typed, copy = split_copy_rounds(spec)  # [copy+]POLICY
         policy = typed.policy
         head = self.head if policy.needs_head else None
         fast, device_path = _PATHS[path]
         if self.backend_path is not None and path != "eager":
             device_path = self.backend_path
         drafter = None if isinstance(policy, AutoregressiveSpec) else draft
-        copy = typed.drafter if isinstance(typed.drafter, CopySpec) else None
         return SpeculativeDecoder(target, drafter, policy, head=head, fast=fast, device_path=device_path,
                                   copy=copy)  # fmt: skip
 
