@@ -293,7 +293,8 @@ class SpeculativeDecoder:
         seq = torch.empty(prompt.numel() + max_new_tokens + 1, dtype=torch.long, device=t_dev)
         seq[: prompt.numel()] = upload(prompt, t_dev)  # pinned on CUDA: a pageable copy would sync
         out: list[int] = []
-        prompt_ids: list[int] = prompt.tolist()  # the host's copy, for a drafter's own rounds
+        # A drafter with rounds of its own reads the committed tokens as host ints (the prompt is on the CPU).
+        prompt_ids: list[int] = read(prompt) if drafter is not None and drafter.longest_round else []
         n = prompt.numel()  # committed length
         runner = self._runner  # the target's KV cache: holds runner.length tokens
         runner.reset(n + max_new_tokens + self._verifier.slack)  # room for a padded round
