@@ -24,6 +24,8 @@ same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-leve
   A batch of one runs on the single-prompt decoder instead (`acchead.inference.batched_single`).
 - A feature draft (EAGLE) drafts from the target's states, which the verification hands each row
   for the positions it accepted (`acchead.inference.batched_feed`).
+- With copy rounds, a row whose context's suffix recurs copies what followed it instead of drafting, while
+  the other rows draft (`acchead.inference.batched_copy`).
 
 Randomness: row b draws with the keys the single-prompt decoder uses with seed `seeds[b]` (seed + b by
 default): draft sample k of a round starting at n is keyed (seed_b, DRAFT, n, k), τ and the next token
@@ -49,18 +51,20 @@ from acchead.head_io import load_head
 from acchead.inference.adaedl import AdaEDL
 from acchead.inference.batch_cost import BatchCosts, calibration_sizes, measure_batch_costs, measured_costs
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
+from acchead.inference.batched_copy import merge_copies, plan_copies
 from acchead.inference.batched_feed import FeatureFeed, TokenFeed
-from acchead.inference.batched_rows import Row, make_rows, verify_sampled
+from acchead.inference.batched_rows import Row, make_rows, round_verdicts
 from acchead.inference.batched_single import SingleRow
-from acchead.inference.batched_step import StepIndex, StepRule, step_posts
+from acchead.inference.batched_step import StepIndex, StepRule, run_draft_steps, step_posts
 from acchead.inference.device_path import DevicePath
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.policies import Autoregressive, Confidence, Entropy, FixedK, StopPolicy
 from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
 from acchead.inference.round_gate import GateMemory
-from acchead.inference.spec import DecodingSpec, spec_arguments
+from acchead.inference.spec import DecodingSpec, spec_arguments, take_copy_rounds
 from acchead.inference.specdecpp_policy import SpecDecPP
 from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
 from acchead.inference.units import FEED, SAMPLE
@@ -91,6 +95,8 @@ class BatchedDecoder:
             CUDA only.
         single: a batch of one prompt runs on the single-prompt decoder (`acchead.inference.batched_single`:
             the same tokens, faster); False: on the batched rounds (their tests; the batch rule's timers).
+        copy: copy rounds per row where its context's suffix recurs, the policy's rounds elsewhere
+            (`acchead.inference.batched_copy`); or name them in `spec` ("copy+specdec:k=2").
     """
 
     def __init__(
@@ -106,7 +112,9 @@ class BatchedDecoder:
         compile: bool = True,
         device_path: bool | DevicePath | None = None,
         single: bool = True,
+        copy: CopySpec | None = None,
     ) -> None:
+        spec, copy = take_copy_rounds(spec, copy)
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         if head is not None and not isinstance(head, AcceptanceHead):
             head, _ = load_head(head, draft=draft)
@@ -117,6 +125,8 @@ class BatchedDecoder:
                                f"entropy and adaedl, not {self.policy.spec!r}")  # fmt: skip
         if draft is None and not isinstance(self.policy, Autoregressive):
             raise AccheadError(f"policy {self.policy.spec!r} needs a draft model")
+        if copy is not None and (draft is None or isinstance(self.policy, Autoregressive)):
+            raise AccheadError("copy rounds wrap a draft model's rounds: pass a draft model and its policy")
         if head is not None and "depth" in head.inputs:  # not built yet
             raise AccheadError("batched decoding takes no head reading 'depth'")
         if isinstance(self.policy, SpecDecPP) and self.policy.priced:  # the batch rule prices batches
@@ -135,12 +145,18 @@ class BatchedDecoder:
         feed = FeatureFeed if is_feature_draft(draft) else TokenFeed
         drafts = draft is not None and not isinstance(self.policy, Autoregressive)  # AR: no draft cache
         self._feed = feed(cache(draft)) if drafts else None
+        # the widest round start the fast path compiles (1-2 ids; a feature draft's cap + 1 pairs): a row
+        # lacking more after copy rounds is fed the rest first, uncompiled (`TokenFeed.start`)
+        self._catch_up = None if not self.fast else self.policy.max_cap + 1 if feed is FeatureFeed else 2
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
         if not isinstance(batch_stop, BatchStop):
             batch_stop = parse_batch_stop(batch_stop, pp.h if pp else None)
         elif pp is None:
             raise AccheadError("the batch stop rule reads the heads' P̂: it needs a specdecpp policy")
         self.batch_stop: BatchStop | None = batch_stop
+        if copy is not None and batch_stop is not None and batch_stop.gate:  # its gains read drafted rounds
+            raise AccheadError("copy rounds take no gated batch rule: use batch_stop='measured'")
+        self.copy = copy
         self._rule = StepRule()  # what a draft step decides with (`acchead.inference.batched_step`)
         if pp is not None and draft is not None:
             pp.head.to(draft.device)
@@ -150,7 +166,7 @@ class BatchedDecoder:
             self._rule = StepRule(row_policy=self.policy)
         self._ks = StepIndex()  # k as graph inputs
         self._gates = GateMemory()  # a gated batch rule's round gates, decode after decode
-        self._single = SingleRow(target, draft, self.policy, verifier, self.fast, compile, device_path)
+        self._single = SingleRow(target, draft, self.policy, verifier, self.fast, compile, device_path, copy)
         self.single = single  # a batch of one runs on `_single`
 
     @property
@@ -158,10 +174,15 @@ class BatchedDecoder:
         """The policy's candidate cap per round."""
         return self.policy.max_cap
 
+    @property
+    def widest(self) -> int:
+        """The most candidates a round verifies: the policy's cap, or a copy round's block."""
+        return max(self.cap, self.copy.block if self.copy is not None else 0)
+
     def _span(self, lengths: Sequence[int]) -> int:
         """Slots a static cache needs for rows of at most these total lengths plus one round's feed (on the
         fast path padded to its graph's width)."""
-        room = self.cap + 2
+        room = self.widest + 2
         if self.fast:  # the draft's feeds are never wider than the target's
             room = self.t_cache.graph_width(room)
         return max(lengths) + room
@@ -185,7 +206,7 @@ class BatchedDecoder:
             self._single.warm_up(self.batch_stop, length, temperature, top_k, top_p)
             return time.perf_counter() - start
         span = self._span([length])
-        widths = self.t_cache.graph_widths(self.cap + 1)  # a round feeds 1..cap + 1 tokens
+        widths = self.t_cache.graph_widths(self.widest + 1)  # a round feeds 1..widest + 1 tokens
         states = self._feed is not None and self._feed.wants_target_states
         shapes = [(w, w, states, w, False, None) for w in widths]
         if states and self.batch_stop is not None and self.batch_stop.gate:  # a closed gate's: no states
@@ -247,13 +268,16 @@ class BatchedDecoder:
             if self._feed is not None and not self._feed.ready:  # a feature draft before the target's states
                 caps = [0] * len(active)
             calls0, round_start = out.draft_calls, time.perf_counter()
+            copies = plan_copies(active, self.copy)
+            caps = [0 if c else k for c, k in zip(copies, caps, strict=True)]  # a copying row waits
             if max(caps) > 0:
                 cands, qs = self._draft(active, caps, sampling, out)
             else:
                 cands, qs = [[] for _ in active], [None] * len(active)
+            cands, qs = merge_copies(copies, cands, qs, self._vocab, sampling, self.t_cache.device)
             closed = gate is not None and gate.closed  # the draft is left behind
             out.gate_rounds += int(closed)
-            self._verify_round(active, cands, qs, sampling, eos, out.draft_calls - calls0, closed)
+            self._verify_round(active, cands, qs, sampling, eos, out.draft_calls - calls0, closed, copies)
             if gate is not None:
                 gate.ran(out.draft_calls - calls0, active)
             out.target_calls += 1
@@ -314,10 +338,9 @@ class BatchedDecoder:
     def _draft(
         self, rows: list[Row], caps: list[int], sampling: SamplingConfig, out: BatchResult
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """One round's drafting for every row: ([candidates of row b], [(L_b, V) their q or None]).
-
-        Each draft forward runs the round's step (`acchead.inference.batched_step.draft_step`: draws, stop
-        rules, the batch rule) in its own unit; the host reads one flag per step and the candidates once."""
+        """One round's drafting for every row: ([candidates of row b], [(L_b, V) their q or None]), each
+        draft forward running the round's step (`acchead.inference.batched_step.draft_step`: draws, stop
+        rules, the batch rule) in its own unit."""
         feed = self._feed
         assert feed is not None
         dev, want = feed.cache.device, self._rule.head is not None  # want: a head reads each step's state
@@ -327,21 +350,7 @@ class BatchedDecoder:
             bound = self.batch_stop.bound(len(rows))
         seeds, starts = [r.seed for r in rows], [len(r.ids) for r in rows]
         post = self._posts(caps, seeds, starts, lams, bound, sampling, dev)
-        steps = [feed.start([r.ids for r in rows], want, post(1))]
-        while True:
-            y, _, _, drafting, log_p, _, state, _ = steps[-1]
-            if not bool(drafting.any()):  # the step's one host read
-                break
-            steps.append(feed.step(y, drafting, state, want, post(len(steps) + 1, drafting, log_p)))
-        out.draft_calls += len(steps)
-        ys, qs, takes, _, _, stops, _, judged = zip(*steps, strict=True)
-        counts = torch.stack(takes).sum(0)  # (R,) a row's candidates: its steps' takes are a prefix
-        tally = torch.stack([torch.stack(stops).sum(), torch.stack(judged).sum()]).tolist()
-        out.batch_stops += int(tally[0])
-        out.head_calls += int(tally[1])
-        q_all = torch.stack(qs)  # (S, R, V)
-        cands = [c[:n] for c, n in zip(torch.stack(ys).T.tolist(), counts.tolist(), strict=True)]
-        return cands, [q_all[: len(c), b] if c else None for b, c in enumerate(cands)]
+        return run_draft_steps(feed, [r.ids for r in rows], want, post, self._catch_up, out)
 
     def _posts(
         self, caps: list[int], seeds: list[int], starts: list[int], lams: list[float] | None, bound: float,
@@ -357,9 +366,11 @@ class BatchedDecoder:
     def _verify_round(
         self, rows: list[Row], cands: list[list[int]], qs: list[torch.Tensor | None],
         sampling: SamplingConfig, eos: set[int], draft_calls: int, closed: bool = False,
+        copies: list[list[int]] | None = None,
     ) -> None:  # fmt: skip
         """One batched target forward over every row's [committed tail, candidates]; per-row verification,
-        commit and rollback of both caches (the target's alone once the round gate `closed`)."""
+        commit and rollback of both caches (the target's alone once the round gate `closed`). `copies`: the
+        rows whose candidates were copied (non-empty), not drafted."""
         cache = self.t_cache
         dev = cache.device
         held = cache.length.tolist()
@@ -370,20 +381,11 @@ class BatchedDecoder:
         width = tokens.shape[1]  # the states of every fed position: a feature draft reads the accepted ones
         logits, hidden = cache.feed(tokens, counts, keep=keep, want_hidden=states, hidden_rows=width,
                                     state_layers=self._fused if states else ())  # fmt: skip
-        if sampling.greedy:  # one-hot p and q: τ = the longest agreeing prefix, then the target's argmax
-            argmax = logits.argmax(-1).tolist()
-        else:  # every row's (τ, next token) at once, read back in one transfer
-            sampled = verify_sampled(self._verify, self._vocab, rows, cands, qs, logits, sampling).tolist()
         kept = []
-        for b, (r, c) in enumerate(zip(rows, cands, strict=True)):
-            n, num = len(r.ids), len(c)
-            if sampling.greedy:
-                a = argmax[b][keep - num - 1 :]
-                tau = next((i for i in range(num) if c[i] != a[i]), num)
-                nxt = a[tau]
-            else:
-                tau, nxt = sampled[b]
-            r.commit(c, tau, nxt, eos, draft_calls)
+        verdicts = round_verdicts(self._verify, self._vocab, rows, cands, qs, logits, sampling)
+        for b, (r, c, (tau, nxt)) in enumerate(zip(rows, cands, verdicts, strict=True)):
+            n = len(r.ids)
+            r.commit(c, tau, nxt, eos, draft_calls, copied=bool(copies and copies[b]))
             kept.append(n + tau)
             if states:  # the target's states of the positions it accepted: held .. n + tau - 1
                 first = width - len(feeds[b])

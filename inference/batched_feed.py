@@ -57,12 +57,19 @@ class TokenFeed:
         """Keep the rows `rows` ((R,) int64 indices): the others finished."""
         self.cache.select(rows.to(self.cache.device))
 
-    def start(self, ids: list[list[int]], want_hidden: bool, post: Post | None = None) -> tuple:
+    def start(
+        self, ids: list[list[int]], want_hidden: bool, post: Post | None = None, widest: int | None = None
+    ) -> tuple:
         """The round's first forward: each row's committed `ids` past what the cache holds, of which it
-        must miss at least the last (whose forward draws candidate 1). (R, V) logits, (R, H) hidden."""
+        must miss at least the last (whose forward draws candidate 1). (R, V) logits, (R, H) hidden.
+        `widest`: a row missing more than this many (after copy rounds) is fed the rest first, uncompiled."""
         cache = self.cache
         cache.rollback(torch.tensor([len(r) - 1 for r in ids], device=cache.device))
         pending = [r[h:] for r, h in zip(ids, cache.length.tolist(), strict=True)]
+        if widest is not None and max(map(len, pending)) > widest:
+            tokens, counts = right_aligned([p[:-widest] for p in pending], cache.device)
+            cache.feed(tokens, counts, keep=1, eager=True)
+            pending = [p[-widest:] for p in pending]
         tokens, counts = right_aligned(pending, cache.device)
         return _last(cache.feed(tokens, counts, keep=1, want_hidden=want_hidden, post=post), post)
 
@@ -107,9 +114,12 @@ class FeatureFeed(TokenFeed):
         self.states = [self.states[i] for i in keep]
         self.true_pairs = [self.true_pairs[i] for i in keep]
 
-    def start(self, ids: list[list[int]], want_hidden: bool, post: Post | None = None) -> tuple:
+    def start(
+        self, ids: list[list[int]], want_hidden: bool, post: Post | None = None, widest: int | None = None
+    ) -> tuple:
         """Feed the pairs (t_{j+1}, f_j) the cache lacks up to j = n_b - 2 (at least that last one, whose h
-        draws candidate 1) for each row of n_b committed ids."""
+        draws candidate 1) for each row of n_b committed ids; a row lacking more than `widest` pairs (after
+        copy rounds) is fed the rest first, uncompiled."""
         cache, dev = self.cache, self.cache.device
         n = [len(r) for r in ids]
         for b, s in enumerate(self.states):
@@ -117,13 +127,26 @@ class FeatureFeed(TokenFeed):
                 raise RuntimeError(f"row {b}: the target's states cover {s.shape[0]} of {n[b] - 1} positions")
         keep = [min(t, m - 2) for t, m in zip(self.true_pairs, n, strict=True)]
         cache.rollback(torch.tensor(keep, device=dev))
-        tokens, counts = right_aligned([r[k + 1 : m] for r, k, m in zip(ids, keep, n, strict=True)], dev)
-        feats = torch.zeros(len(ids), tokens.shape[1], self.state_width, device=dev)  # (R, T, W), like ids
-        for b, (k, m) in enumerate(zip(keep, n, strict=True)):
-            feats[b, tokens.shape[1] - (m - 1 - k) :] = self.states[b][k : m - 1]
-        out = cache.feed(tokens, counts, keep=1, want_hidden=True, features=feats, post=post)
+        if widest is not None and max(m - 1 - k for k, m in zip(keep, n, strict=True)) > widest:
+            early = [max(k, m - 1 - widest) for k, m in zip(keep, n, strict=True)]  # pairs k+1.. early
+            self._feed_pairs(ids, keep, early, None, eager=True)
+            keep = early
+        out = self._feed_pairs(ids, keep, [m - 1 for m in n], post)
         self.true_pairs = [m - 1 for m in n]
         return _last(out, post)
+
+    def _feed_pairs(
+        self, ids: list[list[int]], lo: list[int], hi: list[int], post: Post | None, eager: bool = False
+    ) -> tuple:
+        """Feed row b's pairs (t_{j+1}, f_j) for j in lo[b]..hi[b] - 1, right-aligned."""
+        dev = self.cache.device
+        tokens, counts = right_aligned([r[k + 1 : m + 1] for r, k, m in zip(ids, lo, hi, strict=True)], dev)
+        feats = torch.zeros(len(ids), tokens.shape[1], self.state_width, device=dev)  # (R, T, W), like ids
+        for b, (k, m) in enumerate(zip(lo, hi, strict=True)):
+            if m > k:
+                feats[b, tokens.shape[1] - (m - k) :] = self.states[b][k:m]
+        return self.cache.feed(tokens, counts, keep=1, want_hidden=True, features=feats, post=post,
+                               eager=eager)  # fmt: skip
 
     def step(
         self, y: torch.Tensor, drafting: torch.Tensor, state: torch.Tensor | None, want_hidden: bool,

@@ -48,10 +48,13 @@ class Row:
     def generated(self) -> int:
         return len(self.ids) - self.prompt_len
 
-    def commit(self, cands: list[int], tau: int, nxt: int, eos: set[int], draft_calls: int) -> None:
+    def commit(
+        self, cands: list[int], tau: int, nxt: int, eos: set[int], draft_calls: int, copied: bool = False
+    ) -> None:
         """Commit a verified round: the first `tau` candidates and the token `nxt`, cut at an EOS or by the
         stop check; the round's counts (its `draft_calls` batched draft forwards, every row's); the policy
-        run's update from (drafted, accepted)."""
+        run's update from (drafted, accepted), unless the round was a copy of the context (`copied`: the
+        policy did not run it, `acchead.inference.batched_copy`)."""
         new = [*cands[:tau], nxt]
         cut = next((i for i, t in enumerate(new) if t in eos), None)
         if cut is not None:
@@ -66,7 +69,8 @@ class Row:
         res.discarded += num - tau
         res.accepted_per_round.append(tau)
         res.drafted_per_round.append(num)
-        if self.run is not None:
+        res.copied_rounds += int(copied)
+        if self.run is not None and not copied:
             self.run.end_round(num, tau)
         self.done = self.done or self.generated >= self.max_new
 
@@ -99,6 +103,24 @@ def make_rows(
         run = start_run() if start_run is not None else None
         rows.append(Row(ids.tolist(), ids.numel(), max_new[b], seeds[b], checks[b], run=run))
     return rows
+
+
+def round_verdicts(
+    verify: Callable, vocab: int, rows: list[Row], cands: list[list[int]], qs: list[torch.Tensor | None],
+    logits: torch.Tensor, sampling: SamplingConfig,
+) -> list[tuple[int, int]]:  # fmt: skip
+    """Each row's (τ, next token) from the round's logits ((R, L+1, V), row b's last len(cands[b]) + 1
+    positions its own): under greedy decoding (one-hot p and q) the longest agreeing prefix, then the target's
+    argmax; else `verify_sampled`'s, every row at once, read back in one transfer."""
+    if not sampling.greedy:
+        sampled = verify_sampled(verify, vocab, rows, cands, qs, logits, sampling).tolist()
+        return [(tau, nxt) for tau, nxt in sampled]
+    argmax, out = logits.argmax(-1).tolist(), []
+    for a, c in zip(argmax, cands, strict=True):
+        a = a[len(a) - len(c) - 1 :]
+        tau = next((i for i in range(len(c)) if c[i] != a[i]), len(c))
+        out.append((tau, a[tau]))
+    return out
 
 
 def verify_sampled(

@@ -28,6 +28,7 @@ from acchead.inference.batch_stop import BatchStop
 from acchead.inference.batched_rows import Row
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.device_path import DevicePath
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.policies import StopPolicy
 from acchead.inference.results import BatchResult
 from acchead.inference.specdecpp_policy import SpecDecPP
@@ -49,8 +50,9 @@ class SingleRow:
     (~3 s for the toy pair from Inductor's cache): `BatchedDecoder.warm_up` builds the one at h' first.
 
     Args: the `BatchedDecoder`'s models, its parsed policy, verifier and path (`fast`, `compile`,
-    `device_path`, as `SpeculativeDecoder` takes them); `profile`: time each round (`round_times`: the
-    batch rule's timers, `BatchedDecoder.calibrate`, price c(1) on the rounds a batch of one runs).
+    `device_path`, as `SpeculativeDecoder` takes them); `copy`: its copy rounds; `profile`: time each round
+    (`round_times`: the batch rule's timers, `BatchedDecoder.calibrate`, price c(1) on the rounds a batch of
+    one runs).
     """
 
     def __init__(
@@ -62,15 +64,18 @@ class SingleRow:
         fast: bool,
         compile: bool,
         device_path: bool | DevicePath | None,
+        copy: CopySpec | None = None,
         profile: bool = False,
     ) -> None:
         self.target, self.draft, self.policy, self.verifier = target, draft, policy, verifier
+        self.copy = copy
         self.fast, self.compile, self.device_path, self.profile = fast, compile, device_path, profile
         self._decoders: dict[float | None, SpeculativeDecoder] = {}
 
     def timer(self, draft: PreTrainedModel | None, policy: StopPolicy) -> SingleRow:
         """A profiling twin on this target and path for `draft` and `policy` (a batch rule's timer)."""
-        return SingleRow(self.target, draft, policy, "token", self.fast, self.compile, self.device_path, True)
+        return SingleRow(self.target, draft, policy, "token", self.fast, self.compile, self.device_path,
+                         profile=True)  # fmt: skip
 
     def decoder(self, rule: BatchStop | None) -> SpeculativeDecoder:
         """The single-prompt decoder of this policy under the batch rule `rule` at B = 1."""
@@ -82,7 +87,7 @@ class SingleRow:
                 policy = SpecDecPP(pp.head, h, pp.max_draft, pp.free_token)
             self._decoders[h] = SpeculativeDecoder(
                 self.target, self.draft, policy, verifier=self.verifier, fast=self.fast,
-                compile=self.compile, device_path=self.device_path,
+                compile=self.compile, device_path=self.device_path, copy=self.copy,
             )  # fmt: skip
         return self._decoders[h]
 

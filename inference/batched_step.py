@@ -35,9 +35,11 @@ import torch.nn.functional as F
 
 from acchead.head import AcceptanceHead
 from acchead.inference.batch_stop import expected_gain, row_rule_flags
+from acchead.inference.batched_feed import TokenFeed
 from acchead.inference.device_random import DRAFT, key_hash, sample_token
 from acchead.inference.policies import StopPolicy
 from acchead.inference.ragged_cache import Post
+from acchead.inference.results import BatchResult
 from acchead.inference.units import FEED, SAMPLE
 from acchead.lookahead import lookahead_inputs
 from acchead.sampling import SamplingConfig, probs_from_logits
@@ -177,3 +179,28 @@ def step_posts(
         return draft_step, (*now, *rest), (index(k, dev), *constants)
 
     return post
+
+
+def run_draft_steps(
+    feed: TokenFeed, ids: list[list[int]], want: bool, post: Callable[..., Post], catch_up: int | None,
+    out: BatchResult,
+) -> tuple[list[list[int]], list[torch.Tensor | None]]:  # fmt: skip
+    """A round's draft forwards for rows of committed `ids`, each running `post`'s step in its own unit (the
+    host reads one flag per step, whether any row drafts on, and the candidates once): ([candidates of row
+    b], [(L_b, V) their q or None]); `out` counts the forwards, batch stops and head calls. `want`: a head
+    reads each step's state; `catch_up`: `TokenFeed.start`'s widest compiled start."""
+    steps = [feed.start(ids, want, post(1), catch_up)]
+    while True:
+        y, _, _, drafting, log_p, _, state, _ = steps[-1]
+        if not bool(drafting.any()):  # the step's one host read
+            break
+        steps.append(feed.step(y, drafting, state, want, post(len(steps) + 1, drafting, log_p)))
+    out.draft_calls += len(steps)
+    ys, qs, takes, _, _, stops, _, judged = zip(*steps, strict=True)
+    counts = torch.stack(takes).sum(0)  # (R,) a row's candidates: its steps' takes are a prefix
+    tally = torch.stack([torch.stack(stops).sum(), torch.stack(judged).sum()]).tolist()
+    out.batch_stops += int(tally[0])
+    out.head_calls += int(tally[1])
+    q_all = torch.stack(qs)  # (S, R, V)
+    cands = [c[:n] for c, n in zip(torch.stack(ys).T.tolist(), counts.tolist(), strict=True)]
+    return cands, [q_all[: len(c), b] if c else None for b, c in enumerate(cands)]

@@ -60,7 +60,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.results import GenerationResult
 from acchead.inference.round_verifier import RoundVerifier
-from acchead.inference.spec import DecodingSpec, needs_head, spec_arguments, split_copy_rounds
+from acchead.inference.spec import DecodingSpec, needs_head, spec_arguments, take_copy_rounds
 from acchead.inference.verification import VERIFIERS
 from acchead.models import check_prompt
 from acchead.sampling import SamplingConfig
@@ -119,11 +119,7 @@ class SpeculativeDecoder:
         spec: DecodingSpec | str | None = None,
         copy: CopySpec | None = None,
     ) -> None:
-        if spec is not None:
-            spec, copy_in_spec = split_copy_rounds(spec)
-            if copy_in_spec is not None and copy is not None:
-                raise AccheadError("pass copy rounds in spec= or in copy=, not both")
-            copy = copy if copy is not None else copy_in_spec
+        spec, copy = take_copy_rounds(spec, copy)
         policy, head, verifier, fast = spec_arguments(spec, policy, head, verifier, fast)
         self.target = target
         self.path = DevicePath.resolve(target.device, device_path)

@@ -76,9 +76,10 @@ class RaggedCache:
     def feed(
         self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False,
         hidden_rows: int | None = None, features: torch.Tensor | None = None, post: Post | None = None,
-        state_layers: tuple[int, ...] = (),
+        state_layers: tuple[int, ...] = (), eager: bool = True,
     ) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
-        """Append each row's next tokens and run the model on them.
+        """Append each row's next tokens and run the model on them (`eager`: always, here; the fast path's
+        twin compiles its feeds unless told otherwise).
 
         Args:
             tokens: (B, W) int64, right-aligned: row b's real tokens are tokens[b, W - counts[b]:]; the

@@ -102,6 +102,11 @@ class BatchResult:
         return sum(r.tokens for r in self.rows)
 
     @property
+    def copied_rounds(self) -> int:
+        """Rows' rounds whose candidates were copied from the context (`acchead.inference.batched_copy`)."""
+        return sum(r.copied_rounds for r in self.rows)
+
+    @property
     def round_rows(self) -> list[int]:
         """Per round, the rows it decoded: a row takes part in every round until it finishes (on the eager
         path it then leaves the batch), so round i had the rows of more than i rounds."""
@@ -115,6 +120,7 @@ class BatchResult:
         return {
             "rows": [r.to_dict() for r in self.rows], "target_calls": self.target_calls,
             "draft_calls": self.draft_calls, "head_calls": self.head_calls, "batch_stops": self.batch_stops,
-            "gate_rounds": self.gate_rounds, "wall_time": self.wall_time, "tokens": self.tokens,
+            "gate_rounds": self.gate_rounds, "copied_rounds": self.copied_rounds, "wall_time": self.wall_time,
+            "tokens": self.tokens,
             "wall_tokens_per_s": self.wall_tokens_per_s,
         }  # fmt: skip

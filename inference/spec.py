@@ -152,6 +152,19 @@ def split_copy_rounds(spec: DecodingSpec | str) -> tuple[DecodingSpec, CopySpec 
     return spec, None
 
 
+def take_copy_rounds(
+    spec: DecodingSpec | str | None, copy: CopySpec | None
+) -> tuple[DecodingSpec | None, CopySpec | None]:
+    """(spec without its copy rounds, the copy rounds from `spec` or `copy`) for a decoder that takes both
+    arguments; one line if both name them."""
+    if spec is None:
+        return None, copy
+    spec, in_spec = split_copy_rounds(spec)
+    if in_spec is not None and copy is not None:
+        raise AccheadError("pass copy rounds in spec= or in copy=, not both")
+    return spec, copy if copy is not None else in_spec
+
+
 def spec_arguments(
     spec: DecodingSpec | str | None, policy: Any, head: Any, verifier: str | None, fast: bool | None
 ) -> tuple[Any, Any, str, bool | None]:
@@ -167,8 +180,8 @@ def spec_arguments(
         raise AccheadError("pass either spec= or policy= / head= / verifier= / fast=, not both")
     spec = as_decoding_spec(spec)
     if isinstance(spec.drafter, CopySpec):
-        raise AccheadError(f"spec {spec.to_spec()!r}: copy rounds decode one prompt at a time "
-                           "(SpeculativeDecoder), not a batch")  # fmt: skip
+        raise AccheadError(f"spec {spec.to_spec()!r}: copy rounds wrap a decoder's drafter: pass them as "
+                           "copy= (split_copy_rounds)")  # fmt: skip
     if spec.uses_drafters:
         raise AccheadError(f"spec {spec.to_spec()!r} names a drafter: decode it with acchead-decode or "
                            "build_decoder(spec, target, draft)")  # fmt: skip

@@ -232,13 +232,14 @@ class StaticRaggedCache:
     def feed(
         self, tokens: torch.Tensor, counts: torch.Tensor, keep: int, want_hidden: bool = False,
         hidden_rows: int | None = None, features: torch.Tensor | None = None, post: Post | None = None,
-        state_layers: tuple[int, ...] = (),
+        state_layers: tuple[int, ...] = (), eager: bool = False,
     ) -> tuple[torch.Tensor | None, ...]:  # fmt: skip
         """`RaggedCache.feed` for the active rows: tokens (R, W) right-aligned, counts (R,); returns logits
         (R, keep, V) and hidden (R, hidden_rows, H or W) or None, or `post`'s outputs (traced into the
-        forward's graph; its per-row inputs and outputs span the physical batch inside it)."""
+        forward's graph; its per-row inputs and outputs span the physical batch inside it). `eager`: run
+        uncompiled at the block's own width, as a prompt does (a catch-up wider than any warmed graph)."""
         rows = hidden_rows if hidden_rows is not None else keep
-        prefill = self.used == 0 and tokens.shape[1] > 1
+        prefill = (self.used == 0 and tokens.shape[1] > 1) or eager
         pad = 0 if prefill else self.graph_width(tokens.shape[1]) - tokens.shape[1]
         if pad:  # holes on the left; every position's outputs (one graph for every keep), sliced below
             tokens = F.pad(tokens, (pad, 0))

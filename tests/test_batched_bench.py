@@ -70,8 +70,8 @@ def test_batched_rows_serialise_and_tabulate():
                           greedy_matches_ar=matches)  # fmt: skip
 
     ar, k = row("autoregressive", 10.0, True, True), row("specdec:k=3", 25.0, True, True)
-    assert list(ar.to_dict())[-4:] == ["wall_tokens_per_s", "greedy_matches_ar", "single_wall_tokens_per_s",
-                                       "gate_rounds"]  # fmt: skip
+    assert list(ar.to_dict())[-4:] == ["greedy_matches_ar", "single_wall_tokens_per_s", "gate_rounds",
+                                       "copied_rounds"]  # fmt: skip
     assert "greedy_matches_ar" not in row("specdec:k=3", 25.0, False, None).to_dict()  # sampling: not judged
     table = batched_table([ar, k]).splitlines()
     assert table[3] == "| 4 | specdec | `specdec:k=3` | - | 25.0 | 2.50 | - | 16 | 0 | 0 | 0 | 64 |"
@@ -144,3 +144,16 @@ def test_decode_batch_size_fast_compiles_first(tiny_pair_dirs, capsys, monkeypat
     fast = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert eager["warm_up_s"] == 0.0 and fast["warm_up_s"] > 0.0
     assert fast["texts"] == eager["texts"] and fast["target_calls"] == eager["target_calls"]
+
+
+def test_bench_batches_copy_rounds_beside_the_draft(bench_inputs, tmp_path):  # noqa: F811
+    """An extra spec with copy rounds beside the draft model is batchable: a batched row per B, its outputs
+    equal batched AR's, its copied rounds counted."""
+    out = tmp_path / "bench"
+    argv = _argv(bench_inputs, out, "--methods", "autoregressive,extra", "--temperature", "0",
+                 "--batch-size", "2", "--extra-specs", "copy:min=1,block=4+specdec:k=2")  # fmt: skip
+    assert main(argv) == 0
+    rows = {r["spec"]: r for r in json.loads((out / "results.json").read_text())["batched"]}
+    copy = rows["copy:min=1,block=4+specdec:k=2"]
+    assert copy["greedy_matches_ar"] and copy["copied_rounds"] > 0 and copy["draft_calls"] > 0
+    assert rows["autoregressive"]["copied_rounds"] == 0

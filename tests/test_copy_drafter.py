@@ -19,7 +19,7 @@ from acchead.inference.copy_drafter import CopyDrafter
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.decoder_factory import build_decoder
 from acchead.inference.drafter_spec import CopySpec, parse_drafter_spec
-from acchead.inference.spec import DecodingSpec
+from acchead.inference.spec import DecodingSpec, spec_arguments
 from acchead.sampling import SamplingConfig
 
 VOCAB = 12
@@ -80,10 +80,8 @@ def test_copy_rounds_need_a_draft_model_and_no_bandit(pair):
     with pytest.raises(AccheadError, match="not both"):
         SpeculativeDecoder(target, draft, spec="copy+specdec:k=2", copy=CopySpec())
     assert isinstance(SpeculativeDecoder(target, draft, spec="copy:min=2+specdec:k=2").drafter, CopyDrafter)
-    from acchead.inference.batched import BatchedDecoder
-
-    with pytest.raises(AccheadError, match="one prompt at a time"):
-        BatchedDecoder(target, draft, spec="copy+specdec:k=2")
+    with pytest.raises(AccheadError, match="split_copy_rounds"):  # a caller that does not take them
+        spec_arguments("copy+specdec:k=2", None, None, None, None)
 
 
 def _greedy(target, prompt: list[int], n: int) -> list[int]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from acchead.errors import AccheadError
+from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.policy_spec import (
     AdaEDLSpec,
     AutoregressiveSpec,
@@ -46,7 +47,8 @@ class BatchedRow:
 
     batch_size: B, prompts per forward; rows: prompts decoded (the prompts cycled to at least B);
     passes: times every batch ran. Counts (tokens, target_calls, draft_calls, head_calls, batch_stops,
-    gate_rounds: the rounds the round gate decoded autoregressively, `acchead.inference.round_gate`) are
+    gate_rounds: the rounds the round gate decoded autoregressively, `acchead.inference.round_gate`;
+    copied_rounds: the rows' rounds that copied their context, `acchead.inference.batched_copy`) are
     one pass's sums over the batches; wall_time is a pass's summed wall time in seconds (mean over passes),
     wall_tokens_per_s = tokens / wall_time. batch_stop: the batch stop rule (`batch-stop:c=0.5`) or None.
     greedy_matches_ar: under greedy decoding, whether every output equals batched autoregressive
@@ -73,6 +75,7 @@ class BatchedRow:
     greedy_matches_ar: bool | None = None
     single_wall_tokens_per_s: float | None = None
     gate_rounds: int = 0
+    copied_rounds: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The row as results.json stores it (`greedy_matches_ar` only under greedy decoding)."""
@@ -84,12 +87,12 @@ class BatchedRow:
 
 
 def batchable(setting: Setting) -> bool:
-    """Whether the batched decoder runs `setting`: a batchable policy drafted by the draft model (either path:
-    a fast-path setting runs `BatchedDecoder(fast=True)`)."""
+    """Whether the batched decoder runs `setting`: a batchable policy drafted by the draft model, with or
+    without copy rounds (either path: a fast-path setting runs `BatchedDecoder(fast=True)`)."""
     spec = setting.decoding
     if spec is None:
         return False
-    return isinstance(spec.policy, BATCHABLE) and spec.drafter is None
+    return isinstance(spec.policy, BATCHABLE) and (spec.drafter is None or isinstance(spec.drafter, CopySpec))
 
 
 def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list[BatchedRow]:
@@ -136,7 +139,9 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
     return rows
 
 
-COUNTS = ("tokens", "target_calls", "draft_calls", "head_calls", "batch_stops", "gate_rounds")
+COUNTS = (
+    "tokens", "target_calls", "draft_calls", "head_calls", "batch_stops", "gate_rounds", "copied_rounds"
+)  # fmt: skip
 
 
 @dataclass
@@ -169,9 +174,10 @@ def _decoders(
     for s, rule in runs:
         key = _key(s, rule)
         if key not in made:
+            copy = s.decoding.drafter if isinstance(s.decoding.drafter, CopySpec) else None
             made[key] = BatchedDecoder(
                 bench.target, None if _is_ar(s) else bench.draft, s.decoding.policy, head=s.head,
-                verifier=s.verifier, batch_stop=rule or False, fast=s.fast,
+                verifier=s.verifier, batch_stop=rule or False, fast=s.fast, copy=copy,
             )  # fmt: skip
         decs[key] = dec = made[key]
         dec.warm_up(size, longest, **sampling)
