@@ -202,9 +202,11 @@ def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, t
     for b, text in enumerate(stats["texts"]):
         print(f"--- row {b} (seed {args.seed + b})\n{text}")
     rule = stats["batch_stop"] or "no batch rule"
-    print(f"--- {dec.policy.spec}, {args.verifier} verification, {s}, B = {args.batch_size}, {rule}")
+    copying = f"{dec.copy.to_spec()}+" if dec.copy is not None else ""
+    print(f"--- {copying}{dec.policy.spec}, {args.verifier} verification, {s}, B = {args.batch_size}, {rule}")
     print(f"tokens {res.tokens} | target calls {res.target_calls} | draft calls {res.draft_calls} | "
-          f"batch stops {res.batch_stops} | {res.wall_time:.2f} s, {res.wall_tokens_per_s:.1f} tokens/s")
+          + (f"copied rounds {res.copied_rounds} | " if dec.copy is not None else "")
+          + f"batch stops {res.batch_stops} | {res.wall_time:.2f} s, {res.wall_tokens_per_s:.1f} tokens/s")
     return 0
 
 

@@ -199,3 +199,7 @@ def test_decode_cli_batches_copy_rounds(tiny_pair_dirs, capsys):
     assert decode_main(argv) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["copied_rounds"] >= 2 and len(stats["texts"]) == 2
+    assert decode_main(argv[:-1]) == 0
+    out = capsys.readouterr().out
+    assert "--- copy:min=2+specdec:k=2, token verification" in out
+    assert f"copied rounds {stats['copied_rounds']} |" in out  # greedy: the same rounds again
