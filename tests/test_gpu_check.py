@@ -178,3 +178,67 @@ def test_a_decoder_that_fails_to_compile_is_a_line_and_the_rest_run(check_argv, 
     text = md.read_text()
     assert f"| `specdecpp:h=0.6,max=4` | FAILED: {line} |" in text and "verdict: FAILED" in text
     assert f"exactness float32, `specdecpp:h=0.4,max=4`: FAILED to run: {line}" in text
+
+
+def test_batch_sizes_time_the_batched_decoders_and_compare_rows(check_argv, tmp_path):
+    """`--batch-sizes 1,3`: batched AR, the speed check's best K and SpecDec++ (the measured batch rule) and
+    copy rounds beside the best K at each B, every greedy row equal to batched AR's (float32 on the CPU: a
+    difference would fail the run), their ratios in the JSON and the markdown."""
+    out = tmp_path / "gpu-check.json"
+    assert main([*check_argv, "--exact-dtypes", "float32", "--repeats", "1", "--batch-sizes", "1,3",
+                 "--out", str(out)]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    pair = report["pairs"]["toy"]
+    best_k, best_pp = pair["speed"]["best_fixed"], pair["speed"]["best_specdecpp"]
+    for size in ("1", "3"):
+        at = pair["batched"]["sizes"][size]
+        assert set(at["rows"]) == {"autoregressive", best_k, best_pp, f"copy+{best_k}"}  # keys sorted in JSON
+        assert all(r["equal_to_ar"] and r["tokens_per_s"] > 0 for r in at["rows"].values())
+        assert at["specdecpp_over_better"] > 0 and at["copy_over_best_k"] > 0
+    text = main_markdown(check_argv, tmp_path)
+    assert f"| 3 | `copy+{best_k}` | " in text and "- B = 3: SpecDec++ " in text
+    assert main([*check_argv, "--batch-sizes", "0"]) == 2  # a bad size: one line
+
+
+def main_markdown(check_argv: list[str], tmp_path) -> str:
+    out = tmp_path / "gpu-check.md"
+    assert main([*check_argv, "--exact-dtypes", "float32", "--repeats", "1", "--batch-sizes", "3",
+                 "--out", str(out)]) == 0  # fmt: skip
+    return out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("path", "device", "fast", "device_path"),
+    [("default", "cpu", False, False), ("eager", "cuda", False, False), ("default", "cuda", True, None),
+     ("fast", "cpu", True, False), ("device", "cpu", True, True)],
+)  # fmt: skip
+def test_batched_decoders_take_the_runs_path(tiny_pair_dirs, path, device, fast, device_path):
+    """The batched check decodes on the batched fast path where `--path` means the fast path (CUDA's
+    default, fast, device), compiled as the device path where asked; SpecDec++ under the measured rule."""
+    from types import SimpleNamespace
+
+    from acchead.inference.bench.gpu_check_batched import batched_decoder
+
+    models = (load_causal_lm(tiny_pair_dirs[0]), load_causal_lm(tiny_pair_dirs[1]))
+    draft = models[1]
+    run = SimpleNamespace(models=lambda dtype: models, backend_path=None,
+                          args=SimpleNamespace(path=path, device=device),
+                          head=AcceptanceHead(draft.config.hidden_size, 1))  # fmt: skip
+    dec = batched_decoder(run, "float32", "copy+specdecpp:h=0.5,max=4")
+    assert dec.fast is fast and dec.copy is not None and dec.batch_stop.measure
+    if fast:  # on the CPU the device path is what --path device forces; CUDA's own resolves it (None)
+        assert dec.t_cache.path.on is (device_path is True)
+    assert batched_decoder(run, "float32", "autoregressive").draft is None
+
+
+@pytest.mark.slow
+def test_batched_check_compiles_on_the_device_path(check_argv, tmp_path):
+    """`--path device --backend cudagraphs --batch-sizes 2` (~20 s more): the batched decoders compiled as on
+    CUDA (uncaptured on the CPU), every row equal to batched AR's."""
+    out = tmp_path / "gpu-check.json"
+    argv = [*check_argv, "--path", "device", "--backend", "cudagraphs", "--exact-dtypes", "float32",
+            "--k-grid", "1", "--h-grid", "0.5", "--repeats", "1", "--batch-sizes", "2",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    batched = json.loads(out.read_text())["pairs"]["toy"]["batched"]["sizes"]["2"]["rows"].values()
+    assert all(r["warm_up_s"] > 0 and r["equal_to_ar"] for r in batched)

@@ -12,6 +12,7 @@
    SpecDec++ with the pair's default head at each h of `--h-grid`, after `warm_up` (its seconds are
    reported: the compilation a bench pays), for the toy pair and the real pair when its assets, shipped
    draft and head are present (else one line says why not), in `--speed-dtype`.
+   With `--batch-sizes`, the batched decoders at those B (`acchead.inference.bench.gpu_check_batched`).
 3. Tests, last: on CUDA the GPU-marked tests (`pytest -m gpu tests/test_gpu.py`); on the CPU their twins,
    the CUDA default's branches forced onto the CPU (tests/test_device_path.py), stopped at what is left of
    the budget. Needs a checkout (tests/ beside the package); else one line says they were skipped.
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.inference.bench.gpu_check_batched import measure_batched
 from acchead.inference.bench.gpu_check_report import environment, render
 from acchead.inference.bench.gpu_check_steps import (
     Budget,
@@ -108,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time the methods before the float32 exactness check (default: exactness first)",
     )
+    p.add_argument(
+        "--batch-sizes",
+        default="",
+        help="after the speed check, batched decoding at these B, comma-separated (e.g. 4,16): batched AR, "
+        "the best K, the best SpecDec++ under the measured batch rule and copy rounds beside the best K "
+        "(default: none)",
+    )
     p.add_argument("--no-tests", action="store_true", help="skip step 3 (the test run)")
     p.add_argument(
         "--budget-s",
@@ -177,6 +186,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     ks = [int(k) for k in _floats(args.k_grid, "--k-grid")]
     hs = _floats(args.h_grid, "--h-grid")
+    sizes = [int(b) for b in _floats(args.batch_sizes, "--batch-sizes")]
+    if any(b < 1 for b in sizes):
+        raise AccheadError(f"--batch-sizes must be >= 1, got {args.batch_sizes}")
     if not ks or not hs:
         raise AccheadError("--k-grid and --h-grid need at least one value each")
     from acchead.inference.device_path import DevicePath
@@ -235,6 +247,14 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         # a decoder that failed to compile or replay, in any check, fails the run
         ok = ok and not speed["failed"] and not any("failed" in c for d in exact.values() for c in d.values())
         report["pairs"][name] = {"exactness": exact, "speed_dtype": speed_dtype, "speed": speed}
+        if sizes:  # the speed check's best K and SpecDec++ (its first settings when it timed none)
+            best_k = speed.get("best_fixed", fixed[len(fixed) // 2])
+            specs = ["autoregressive", best_k, speed.get("best_specdecpp", adaptive[0]), f"copy+{best_k}"]
+            batched = measure_batched(run, speed_dtype, specs, sizes, budget)
+            report["pairs"][name]["batched"] = batched
+            differs = speed_dtype == "float32" and any(
+                r["equal_to_ar"] is False for at in batched["sizes"].values() for r in at["rows"].values())
+            ok = ok and not differs and not batched["failed"]
         if profiled is not None:
             report["pairs"][name]["profile"] = profiled
             ok = ok and "failed" not in profiled

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from acchead.inference.bench.gpu_check_batched import batched_lines
+
 
 def environment(device: str, repo: Path) -> dict[str, Any]:
     import torch
@@ -103,6 +105,8 @@ def render(report: dict[str, Any]) -> str:
             )
         else:
             lines.append("no ratios: AR, a fixed K and a SpecDec++ setting were not all timed")
+        if "batched" in pair:
+            lines += batched_lines(pair["batched"], report["repeats"], report["budget_s"])
         if "profile" in pair:
             lines += _profile_lines(pair["profile"], report["budget_s"])
     lines += ["", f"verdict: {'ok' if report['ok'] else 'FAILED'}"]
