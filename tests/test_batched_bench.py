@@ -148,12 +148,16 @@ def test_decode_batch_size_fast_compiles_first(tiny_pair_dirs, capsys, monkeypat
 
 def test_bench_batches_copy_rounds_beside_the_draft(bench_inputs, tmp_path):  # noqa: F811
     """An extra spec with copy rounds beside the draft model is batchable: a batched row per B, its outputs
-    equal batched AR's, its copied rounds counted."""
+    equal batched AR's, its copied rounds counted; copy + SpecDec++ runs under --batch-stop's rules but the
+    gated one (refused with copy rounds), here none left: without a batch rule."""
     out = tmp_path / "bench"
     argv = _argv(bench_inputs, out, "--methods", "autoregressive,extra", "--temperature", "0",
-                 "--batch-size", "2", "--extra-specs", "copy:min=1,block=4+specdec:k=2")  # fmt: skip
+                 "--batch-size", "2", "--batch-stop", "gated",
+                 "--extra-specs", "copy:min=1,block=4+specdec:k=2;copy:min=1+specdecpp:h=0.5")  # fmt: skip
     assert main(argv) == 0
     rows = {r["spec"]: r for r in json.loads((out / "results.json").read_text())["batched"]}
     copy = rows["copy:min=1,block=4+specdec:k=2"]
     assert copy["greedy_matches_ar"] and copy["copied_rounds"] > 0 and copy["draft_calls"] > 0
     assert rows["autoregressive"]["copied_rounds"] == 0
+    pp = [r for spec, r in rows.items() if spec.startswith("copy:min=1+specdecpp")]
+    assert len(pp) == 1 and pp[0]["batch_stop"] is None and pp[0]["greedy_matches_ar"]

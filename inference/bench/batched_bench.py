@@ -109,11 +109,9 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
     if not sizes or min(sizes) < 1:
         raise AccheadError(f"--batch-size needs batch sizes >= 1, got {sizes}")
     chosen = [s for s in settings if batchable(s)]
-    # a run per (setting, batch rule): the specdecpp settings once per rule of --batch-stop, the others once
-    runs = [
-        (s, rule) for s in chosen
-        for rule in (args.batch_stop if isinstance(s.decoding.policy, SpecDecPPSpec) else [None])
-    ]  # fmt: skip
+    # a run per (setting, batch rule): the specdecpp settings once per rule of --batch-stop (with copy
+    # rounds, its rules but the gated one: BatchedDecoder refuses it there), the others once
+    runs = [(s, rule) for s in chosen for rule in _rules(s, args.batch_stop)]
     rows: list[BatchedRow] = []
     made: dict = {}  # one batched decoder per run for every B, as a server keeps one (its gate's memory)
     for size in sizes:
@@ -137,6 +135,15 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
                 single_wall_tokens_per_s=one.tokens_per_s if one else None,
             ))  # fmt: skip
     return rows
+
+
+def _rules(setting: Setting, rules: list[str]) -> list[str | None]:
+    """The batch rules a setting runs under (see `run_batched`)."""
+    if not isinstance(setting.decoding.policy, SpecDecPPSpec):
+        return [None]
+    if isinstance(setting.decoding.drafter, CopySpec):
+        rules = [r for r in rules if r.lower() != "gated"]
+    return list(rules) or [None]
 
 
 COUNTS = (
