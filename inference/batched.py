@@ -176,8 +176,8 @@ class BatchedDecoder:
 
     @property
     def widest(self) -> int:
-        """The most candidates a round verifies: the policy's cap, or a copy round's block."""
-        return max(self.cap, self.copy.block if self.copy is not None else 0)
+        """The most candidates a round verifies: the policy's cap, or a row's copy (`CopySpec.row_block`)."""
+        return max(self.cap, self.copy.row_block if self.copy is not None else 0)
 
     def _span(self, lengths: Sequence[int]) -> int:
         """Slots a static cache needs for rows of at most these total lengths plus one round's feed (on the

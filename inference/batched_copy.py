@@ -2,7 +2,7 @@
 
 The single-prompt decoder's copy rounds (`acchead.inference.copy_drafter`) decide per round; in a batch they
 decide per row and per round. Before a round, every row whose committed tokens end in a suffix of at least
-`min_match` tokens that occurred earlier in them takes the `block` tokens that followed it (at most the
+`min_match` tokens that occurred earlier in them takes the tokens that followed it (at most the
 tokens it has left, less the round's bonus) as its candidates; the other rows draft under the policy as
 they would without copying. The round's one draft pass serves the drafting rows (a copying row waits
 masked, its cap 0: the draft's round start still feeds it the tokens its cache lacks), and the round's one
@@ -16,7 +16,9 @@ a sampled row equals `SpeculativeDecoder(copy=...)`'s decode of its prompt alone
 
 The round's verification is as wide as its widest row: a batch with one row copying 16 tokens verifies 17
 positions on every row. On a GPU that width is nearly free; on a CPU the target's cost grows with the
-tokens fed, which the bench's batched rows measure (docs/batched.md).
+tokens fed, so a row of a batch copies at most `CopySpec.row_block` = min(block, batch) tokens a round
+(4 by default: at B = 4 blocks of 4 ran 1.03-1.17x the best fixed K on the CPU where blocks of 16 ran
+0.94-1.07x, docs/batched.md); a batch of one prompt runs on the single-prompt decoder, with `block`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def plan_copies(rows: list[Row], spec: CopySpec | None) -> list[list[int]]:
         return [[] for _ in rows]
     plans = []
     for r in rows:
-        room = min(spec.block, r.max_new - r.generated - 1)  # the round's bonus token comes after
+        room = min(spec.row_block, r.max_new - r.generated - 1)  # the round's bonus token comes after
         plans.append(copy_continuation(np.asarray(r.ids, dtype=np.int64), spec.min_match, room) if room > 0
                      else [])  # fmt: skip
     return plans

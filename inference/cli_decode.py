@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop policy (acchead.inference.policy_spec): autoregressive | specdec:k=K | "
         "specdecpp[:h=H,max=M,free=0/1] (no h: the head's recorded threshold) | confidence:tau=T[,max=M] | "
         "entropy:tau=T[,max=M] | adaedl:lam=L[,gamma=G,adapt=0/1,max=M] | oracle (greedy only) | "
-        "ucb:arms=SPEC|SPEC|... | exp3:arms=...; copy[:min=M,block=N]+POLICY adds copy rounds where the "
-        "context's suffix recurs",
+        "ucb:arms=SPEC|SPEC|... | exp3:arms=...; copy[:min=M,block=N,batch=N]+POLICY adds copy rounds where "
+        "the context's suffix recurs (up to N tokens a round; batch=: a row's most in a --batch-size batch)",
     )
     p.add_argument(
         "--verifier",
