@@ -174,15 +174,14 @@ class BatchedDecoder:
         """The policy's candidate cap per round."""
         return self.policy.max_cap
 
-    @property
-    def widest(self) -> int:
-        """The most candidates a round verifies: the policy's cap, or a row's copy (`CopySpec.row_block`)."""
-        return max(self.cap, self.copy.row_block if self.copy is not None else 0)
+    def widest(self, batch: int) -> int:
+        """The most candidates a round of `batch` rows verifies: the cap, or a copy (`CopySpec.row_block`)."""
+        return max(self.cap, self.copy.row_block(batch) if self.copy is not None else 0)
 
     def _span(self, lengths: Sequence[int]) -> int:
         """Slots a static cache needs for rows of at most these total lengths plus one round's feed (on the
         fast path padded to its graph's width)."""
-        room = self.widest + 2
+        room = self.widest(len(lengths)) + 2
         if self.fast:  # the draft's feeds are never wider than the target's
             room = self.t_cache.graph_width(room)
         return max(lengths) + room
@@ -205,8 +204,8 @@ class BatchedDecoder:
             self._calibrated(1)
             self._single.warm_up(self.batch_stop, length, temperature, top_k, top_p)
             return time.perf_counter() - start
-        span = self._span([length])
-        widths = self.t_cache.graph_widths(self.widest + 1)  # a round feeds 1..widest + 1 tokens
+        span = self._span([length] * batch)
+        widths = self.t_cache.graph_widths(self.widest(batch) + 1)  # a round feeds 1..widest + 1 tokens
         states = self._feed is not None and self._feed.wants_target_states
         shapes = [(w, w, states, w, False, None) for w in widths]
         if states and self.batch_stop is not None and self.batch_stop.gate:  # a closed gate's: no states
@@ -268,7 +267,7 @@ class BatchedDecoder:
             if self._feed is not None and not self._feed.ready:  # a feature draft before the target's states
                 caps = [0] * len(active)
             calls0, round_start = out.draft_calls, time.perf_counter()
-            copies = plan_copies(active, self.copy)
+            copies = plan_copies(active, self.copy, batch if self.fast else len(active))
             caps = [0 if c else k for c, k in zip(copies, caps, strict=True)]  # a copying row waits
             if max(caps) > 0:
                 cands, qs = self._draft(active, caps, sampling, out)

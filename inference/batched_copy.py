@@ -16,9 +16,11 @@ a sampled row equals `SpeculativeDecoder(copy=...)`'s decode of its prompt alone
 
 The round's verification is as wide as its widest row: a batch with one row copying 16 tokens verifies 17
 positions on every row. On a GPU that width is nearly free; on a CPU the target's cost grows with the
-tokens fed, so a row of a batch copies at most `CopySpec.row_block` = min(block, batch) tokens a round
-(4 by default: at B = 4 blocks of 4 ran 1.03-1.17x the best fixed K on the CPU where blocks of 16 ran
-0.94-1.07x, docs/batched.md); a batch of one prompt runs on the single-prompt decoder, with `block`.
+positions fed, R rows x W, so a round over R rows copies at most `CopySpec.row_block(R)` = min(block,
+max(1, batch // R)) tokens per row (batch = 16 by default: the single prompt's best block, its R·W kept;
+on the CPU at B = 4 a cap of 4 beat 16, at B = 16 one of 2 beat 4 and 16, docs/batched.md). R is the rows
+still decoding, or on the fast path the batch's physical rows (finished rows stay as holes there, computed
+all the same). A batch of one prompt runs on the single-prompt decoder, with `block`.
 """
 
 from __future__ import annotations
@@ -32,14 +34,15 @@ from acchead.inference.drafter_spec import CopySpec
 from acchead.sampling import SamplingConfig
 
 
-def plan_copies(rows: list[Row], spec: CopySpec | None) -> list[list[int]]:
+def plan_copies(rows: list[Row], spec: CopySpec | None, paid: int) -> list[list[int]]:
     """Each row's copy round: the tokens it copies ([] where its suffix does not recur, no candidate fits
-    before its last token, or the decoder copies nothing: `spec` None), read on the host from its ids."""
+    before its last token, or the decoder copies nothing: `spec` None), read on the host from its ids, at
+    most `spec.row_block(paid)` where the round's forward runs over `paid` rows."""
     if spec is None:
         return [[] for _ in rows]
-    plans = []
+    plans, most = [], spec.row_block(paid)
     for r in rows:
-        room = min(spec.row_block, r.max_new - r.generated - 1)  # the round's bonus token comes after
+        room = min(most, r.max_new - r.generated - 1)  # the round's bonus token comes after
         plans.append(copy_continuation(np.asarray(r.ids, dtype=np.int64), spec.min_match, room) if room > 0
                      else [])  # fmt: skip
     return plans

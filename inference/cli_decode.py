@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         "specdecpp[:h=H,max=M,free=0/1] (no h: the head's recorded threshold) | confidence:tau=T[,max=M] | "
         "entropy:tau=T[,max=M] | adaedl:lam=L[,gamma=G,adapt=0/1,max=M] | oracle (greedy only) | "
         "ucb:arms=SPEC|SPEC|... | exp3:arms=...; copy[:min=M,block=N,batch=N]+POLICY adds copy rounds where "
-        "the context's suffix recurs (up to N tokens a round; batch=: a row's most in a --batch-size batch)",
+        "the context's suffix recurs (up to block tokens a round; in a --batch-size batch of R rows up to "
+        "batch // R per row)",
     )
     p.add_argument(
         "--verifier",

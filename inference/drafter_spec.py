@@ -61,26 +61,26 @@ class CascadeSpec:
 @dataclass(frozen=True)
 class CopySpec:
     """Copy rounds (`acchead.inference.copy_drafter.CopyDrafter`): a suffix match of at least `min_match`
-    tokens copies up to `block` candidates, and in a batch of prompts (`acchead.inference.batched_copy`) up
-    to min(block, `batch_block`) per row: there a copying row widens every row's verification, and on a CPU
-    blocks of 4 beat 8 and 16 at B = 4 on both pairs (docs/batched.md, "Copy rounds in a batch"). Spec
-    string `copy[:min=3,block=16,batch=4]`, before a policy: `copy+specdecpp:h=0.9`."""
+    tokens copies up to `block` candidates; in a batch (`acchead.inference.batched_copy`) a round over R rows
+    copies up to `row_block(R)` = min(block, max(1, `batch_budget` // R)) per row, since a copying row widens
+    all R rows' verification (docs/batched.md, "Copy rounds in a batch"). Spec string
+    `copy[:min=3,block=16,batch=16]`, before a policy: `copy+specdecpp:h=0.9`."""
 
     min_match: int = 3
     block: int = 16
-    batch_block: int = 4
+    batch_budget: int = 16
     name: ClassVar[str] = "copy"
     needs_bigram: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if min(self.min_match, self.block, self.batch_block) < 1:
+        if min(self.min_match, self.block, self.batch_budget) < 1:
             raise AccheadError(f"copy needs min, block and batch >= 1, got min={self.min_match}, "
-                               f"block={self.block}, batch={self.batch_block}")  # fmt: skip
+                               f"block={self.block}, batch={self.batch_budget}")  # fmt: skip
 
-    @property
-    def row_block(self) -> int:
-        """The most candidates a row of a batch copies in a round."""
-        return min(self.block, self.batch_block)
+    def row_block(self, rows: int) -> int:
+        """The most candidates a row copies in a round verifying `rows` rows: the round's positions R·W stay
+        within `batch_budget` (at least one candidate), and within `block`."""
+        return min(self.block, max(1, self.batch_budget // max(rows, 1)))
 
     def to_spec(self) -> str:
         params = []
@@ -88,8 +88,8 @@ class CopySpec:
             params.append(f"min={self.min_match}")
         if self.block != 16:
             params.append(f"block={self.block}")
-        if self.batch_block != 4:
-            params.append(f"batch={self.batch_block}")
+        if self.batch_budget != 16:
+            params.append(f"batch={self.batch_budget}")
         return "copy" + (":" + ",".join(params) if params else "")
 
 
@@ -126,7 +126,7 @@ def parse_drafter_spec(text: str) -> DrafterSpec:
         if name.strip() == "mag":
             return MaGSpec(int(params.get("block", 10)))
         if name.strip() == "copy":
-            values = (params.get("min", 3), params.get("block", 16), params.get("batch", 4))
+            values = (params.get("min", 3), params.get("block", 16), params.get("batch", 16))
             return CopySpec(*map(int, values))
         if "k" not in params:
             raise AccheadError(f"drafter {text!r} needs k=ROWS, e.g. cascade:k=4.2/10")

@@ -51,7 +51,7 @@ def _head(draft) -> AcceptanceHead:
         return AcceptanceHead(draft.config.hidden_size, depth=1)
 
 
-COPY = CopySpec(2, 6, batch_block=6)  # rows copy what one prompt would: their rounds are the single decoder's
+COPY = CopySpec(2, 6, batch_budget=24)  # 4 rows copy 6 each, as one prompt would: the single decoder's rounds
 
 
 def _decoder(target, draft, policy: str, copy: CopySpec = COPY, **kw) -> BatchedDecoder:
@@ -114,7 +114,7 @@ def test_chi_square_copying_row_under_the_batch_rule(pair):
     """Row 1 of a ragged batch, its first round a copy, the batch rule (c = 0.3) deciding the drafting rows'
     round lengths: its 3-token continuations follow the target's exact distribution."""
     target, draft = pair
-    dec = _decoder(target, draft, "specdecpp:h=0.5,max=3", CopySpec(2, 4, 4), batch_stop=0.3)
+    dec = _decoder(target, draft, "specdecpp:h=0.5,max=3", CopySpec(2, 4, 12), batch_stop=0.3)
     prompts, n = [[3, 5, 7, 9], [1, 4, 2, 1, 4], [2]], 250
     counts: Counter = Counter()
     copied = stops = 0
@@ -133,7 +133,7 @@ def test_fast_path_rows_are_the_eager_batchs(pair, feature, kind):
     the eager batch's tokens and counts. Copy rounds leave the draft's cache behind by more than its
     compiled round start feeds (blocks of 8 accepted), which it catches up on first."""
     target, draft = pair[0], feature if kind == "feature-draft" else pair[1]
-    eager, fast = (_decoder(target, draft, "specdec:k=2", CopySpec(2, 8, 8), fast=f, compile=False)
+    eager, fast = (_decoder(target, draft, "specdec:k=2", CopySpec(2, 8, 32), fast=f, compile=False)
                    for f in (False, True))  # fmt: skip
     cache, catch_ups = fast._feed.cache, []
     feed = cache.feed
@@ -166,22 +166,24 @@ def test_compiled_copy_rounds_compile_nothing_after_warm_up(pair, feature, caplo
     assert res.copied_rounds > 0
 
 
-def test_a_row_of_a_batch_copies_up_to_batch_and_a_batch_of_one_up_to_block(pair):
-    """`copy:block=6` with the default `batch=4`: a row of a batch copies at most 4 tokens a round (a copying
-    row widens every row's verification), a batch of one (the single-prompt decoder) up to 6."""
+def test_a_round_over_r_rows_copies_up_to_budget_over_r_and_one_prompt_up_to_block(pair):
+    """`copy:block=6` with the default `batch=16`: a round over 4 rows copies at most 16 // 4 = 4 tokens per
+    row (a copying row widens every row's verification); on the eager path rows that finish leave the
+    batch and the others may copy more, on the fast path they stay (as holes) and the cap with them; a batch
+    of one (the single-prompt decoder) copies up to the block, 6."""
     target, draft = pair
-    dec = _decoder(target, draft, "specdec:k=2", CopySpec(2, 6))
-    res = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0)
-    copied = [n for r in res.rows for n, c in zip(r.drafted_per_round, _copied(r), strict=True) if c]
-    assert max(copied) == 4 and dec.widest == 4
-    one = dec.generate(PROMPTS[:1], max_new_tokens=30, temperature=0)
+    assert [CopySpec(2, 6).row_block(r) for r in (1, 3, 4, 16, 64)] == [6, 5, 4, 1, 1]
+    eager = _decoder(target, draft, "specdec:k=2", CopySpec(2, 6))
+    res = eager.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0)
+    assert res.rows[0].drafted_per_round[0] == 4  # its first round, all 4 rows decoding
+    fast = _decoder(target, draft, "specdec:k=2", CopySpec(2, 6), fast=True, compile=False)
+    res = fast.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0)
+    assert _tokens(res) == [_greedy(target, p, m) for p, m in zip(PROMPTS, MAX_NEW, strict=True)]
+    assert max(n for r in res.rows for n in r.drafted_per_round) == 4 == fast.widest(4)
+    one = eager.generate(PROMPTS[:1], max_new_tokens=30, temperature=0)
     assert one.rows[0].new_ids.tolist() == _greedy(target, PROMPTS[0], 30) and one.copied_rounds > 0
     assert one.rows[0].drafted_per_round[0] == 6  # its first round copies the whole block
 
-
-def _copied(row) -> list[bool]:
-    """Which of a greedy row's rounds copied: those longer than the policy's cap of 2."""
-    return [n > 2 for n in row.drafted_per_round]
 
 
 def test_refusals(pair):

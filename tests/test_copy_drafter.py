@@ -63,8 +63,8 @@ def test_spec_round_trips_and_bad_specs_are_one_line_errors():
     assert parse_drafter_spec("copy") == CopySpec()
     spec = DecodingSpec.from_spec("copy:min=2,block=8+specdec:k=3")
     assert spec.drafter == CopySpec(2, 8) and spec.to_spec() == "copy:min=2,block=8+specdec:k=3"
-    assert DecodingSpec.from_spec("copy:batch=2+specdec:k=3").drafter == CopySpec(batch_block=2)
-    assert CopySpec(batch_block=8).to_spec() == "copy:batch=8" and CopySpec(2, 3).row_block == 3
+    assert DecodingSpec.from_spec("copy:batch=32+specdec:k=3").drafter == CopySpec(batch_budget=32)
+    assert CopySpec(batch_budget=8).to_spec() == "copy:batch=8" and CopySpec(2, 3).row_block(4) == 3
     assert not spec.needs_bigram and DecodingSpec.from_spec("mag+specdec:k=3").needs_bigram
     for bad in ("copy:min=0", "copy:len=3", "copy:block=x", "copy:batch=0"):
         with pytest.raises(AccheadError):

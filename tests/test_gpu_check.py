@@ -192,12 +192,12 @@ def test_batch_sizes_time_the_batched_decoders_and_compare_rows(check_argv, tmp_
     best_k, best_pp = pair["speed"]["best_fixed"], pair["speed"]["best_specdecpp"]
     for size in ("1", "3"):
         at = pair["batched"]["sizes"][size]
-        copies = {f"copy+{best_k}", f"copy:batch=16+{best_k}"}
+        copies = {f"copy+{best_k}", f"copy:batch=64+{best_k}"}
         assert set(at["rows"]) == {"autoregressive", best_k, best_pp, *copies}  # keys sorted in JSON
         assert all(r["equal_to_ar"] and r["tokens_per_s"] > 0 for r in at["rows"].values())
         assert at["specdecpp_over_better"] > 0 and at["copy_over_best_k"] > 0 and at["best_copy"] in copies
     text = main_markdown(check_argv, tmp_path)
-    assert f"| 3 | `copy:batch=16+{best_k}` | " in text and "- B = 3: SpecDec++ " in text
+    assert f"| 3 | `copy:batch=64+{best_k}` | " in text and "- B = 3: SpecDec++ " in text
     assert main([*check_argv, "--batch-sizes", "0"]) == 2  # a bad size: one line
 
 

@@ -250,7 +250,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         if sizes:  # the speed check's best K and SpecDec++ (its first settings when it timed none)
             best_k = speed.get("best_fixed", fixed[len(fixed) // 2])
             specs = ["autoregressive", best_k, speed.get("best_specdecpp", adaptive[0]), f"copy+{best_k}",
-                     f"copy:batch=16+{best_k}"]  # a row's copies capped at 4 (the default) and at 16
+                     f"copy:batch=64+{best_k}"]  # a round's copy budget: 16 positions (the default), 64
             batched = measure_batched(run, speed_dtype, specs, sizes, budget)
             report["pairs"][name]["batched"] = batched
             differs = speed_dtype == "float32" and any(

@@ -2,9 +2,10 @@
 
 For each B: batched autoregressive decoding, the speed check's best fixed K, its best SpecDec++ under the
 measured batch stop rule (`acchead.inference.batch_stop`: its c(B) timed on this device first) and copy
-rounds beside the best K (`acchead.inference.batched_copy`; a row's copies capped at the default 4 and at
-16: whether a GPU's nearly free verification width pays for longer ones in a batch), on the run's `--path`
-(the batched fast path on CUDA's default: static caches, compiled forwards; `BatchedDecoder(fast=True)`).
+rounds beside the best K (`acchead.inference.batched_copy`; a round's copy budget of the default 16
+positions and of 64: whether a GPU's nearly free verification width pays for longer copies in a batch),
+on the run's `--path` (the batched fast path on CUDA's default: static caches, compiled forwards;
+`BatchedDecoder(fast=True)`).
 The prompts are cycled to B rows. Each decoder is warmed up for B rows (its compilation is reported), its
 greedy rows are compared with batched AR's (in float32 they must be equal, each row being the target's
 greedy decoding alone; in bfloat16 a near-tie may round another way: reported, not failed), then all are
