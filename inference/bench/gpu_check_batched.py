@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from acchead.inference.bench.gpu_check_steps import Budget, PairRun, _failure, _progress
+from acchead.inference.bench.gpu_check_steps import Budget, PairRun, _failure, _progress, timed_rounds
 from acchead.inference.policy_spec import AutoregressiveSpec, SpecDecPPSpec
 from acchead.inference.spec import split_copy_rounds
 
@@ -67,13 +67,11 @@ def measure_batched(
                 continue
             decoders[spec] = dec
             _progress(f"{run.name} batched B={size} {spec}: warm-up {warm[spec]:.1f} s, {res.tokens} tokens")
-        rates: dict[str, list[float]] = {spec: [] for spec in decoders}
-        tokens: dict[str, int] = {}
-        for _ in range(run.args.repeats):
-            for spec, dec in decoders.items():
-                res = _decode(run, dec, rows)
-                tokens[spec] = res.tokens
-                rates[spec].append(res.wall_tokens_per_s)
+        def decode(dec) -> tuple[int, float]:
+            res = _decode(run, dec, rows)  # noqa: B023  (called within this iteration)
+            return res.tokens, res.wall_time
+
+        tokens, rates = timed_rounds(decoders, run.args.repeats, decode)
         ref = outputs.get("autoregressive")
         table = {
             spec: {"tokens": tokens[spec], "warm_up_s": round(warm[spec], 1),

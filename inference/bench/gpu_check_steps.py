@@ -8,6 +8,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,16 +183,12 @@ def measure_speed(
         if keep is not None:  # warmed decoders, for a profile after the timing (`profile_decode`)
             keep[spec] = dec
         _progress(f"{run.name} speed {dtype} {spec}: warm-up {warm[spec]:.1f} s")
-    rates: dict[str, list[float]] = {spec: [] for spec in decoders}
-    tokens: dict[str, int] = {}
-    for _ in range(run.args.repeats):
-        for spec, dec in decoders.items():
-            n, seconds = 0, 0.0
-            for p in run.prompts:
-                ids, wall = run.greedy(dec, p)
-                n, seconds = n + len(ids), seconds + wall
-            tokens[spec] = n
-            rates[spec].append(n / max(seconds, 1e-9))
+
+    def decode(dec) -> tuple[int, float]:  # every prompt's tokens and summed wall seconds
+        walls = [run.greedy(dec, p) for p in run.prompts]
+        return sum(len(ids) for ids, _ in walls), sum(wall for _, wall in walls)
+
+    tokens, rates = timed_rounds(decoders, run.args.repeats, decode)
     rows = {}
     for spec, r in rates.items():
         rows[spec] = {
@@ -226,6 +223,21 @@ def measure_speed(
         **({"best_copy": best_copy, "copy_over_ar": copies[best_copy] / ar,
             "copy_over_best_k": copies[best_copy] / fixed[best_k]} if best_copy else {}),
     }  # fmt: skip
+
+
+def timed_rounds(
+    decoders: dict[str, Any], repeats: int, decode: Callable[[Any], tuple[int, float]]
+) -> tuple[dict[str, int], dict[str, list[float]]]:
+    """`repeats` interleaved rounds over the decoders (`decode(dec)`: tokens and wall seconds): each spec's
+    tokens a round and its tokens/s per round."""
+    rates: dict[str, list[float]] = {spec: [] for spec in decoders}
+    tokens: dict[str, int] = {}
+    for _ in range(repeats):
+        for spec, dec in decoders.items():
+            n, seconds = decode(dec)
+            tokens[spec] = n
+            rates[spec].append(n / max(seconds, 1e-9))
+    return tokens, rates
 
 
 def profile_decode(run: PairRun, dtype: str, spec: str, budget: Budget, warmed: dict) -> dict[str, Any]:
