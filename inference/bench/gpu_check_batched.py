@@ -67,8 +67,9 @@ def measure_batched(
                 continue
             decoders[spec] = dec
             _progress(f"{run.name} batched B={size} {spec}: warm-up {warm[spec]:.1f} s, {res.tokens} tokens")
-        def decode(dec) -> tuple[int, float]:
-            res = _decode(run, dec, rows)  # noqa: B023  (called within this iteration)
+
+        def decode(dec, rows: list = rows) -> tuple[int, float]:  # this B's rows
+            res = _decode(run, dec, rows)
             return res.tokens, res.wall_time
 
         tokens, rates = timed_rounds(decoders, run.args.repeats, decode)
