@@ -17,10 +17,10 @@ a sampled row equals `SpeculativeDecoder(copy=...)`'s decode of its prompt alone
 The round's verification is as wide as its widest row: a batch with one row copying 16 tokens verifies 17
 positions on every row. On a GPU that width is nearly free; on a CPU the target's cost grows with the
 positions fed, R rows x W, so a round over R rows copies at most `CopySpec.row_block(R)` = min(block,
-max(1, batch // R)) tokens per row (batch = 16 by default: the single prompt's best block, its R·W kept;
-on the CPU at B = 4 a cap of 4 beat 16, at B = 16 one of 2 beat 4 and 16, docs/batched.md). R is the rows
-still decoding, or on the fast path the batch's physical rows (finished rows stay as holes there, computed
-all the same). A batch of one prompt runs on the single-prompt decoder, with `block`.
+max(2, batch // R)) tokens per row (batch = 16 by default: the single prompt's best block, its R·W kept;
+on the CPU at B = 4 a cap of 4 beat 8 and 16, at B = 16 one of 2 beat 1, 4 and 16, docs/batched.md). R is
+the rows still decoding, or on the fast path the batch's physical rows (finished rows stay as holes there,
+computed all the same). A batch of one prompt runs on the single-prompt decoder, with `block`.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class CascadeSpec:
 class CopySpec:
     """Copy rounds (`acchead.inference.copy_drafter.CopyDrafter`): a suffix match of at least `min_match`
     tokens copies up to `block` candidates; in a batch (`acchead.inference.batched_copy`) a round over R rows
-    copies up to `row_block(R)` = min(block, max(1, `batch_budget` // R)) per row, since a copying row widens
+    copies up to `row_block(R)` = min(block, max(2, `batch_budget` // R)) per row, since a copying row widens
     all R rows' verification (docs/batched.md, "Copy rounds in a batch"). Spec string
     `copy[:min=3,block=16,batch=16]`, before a policy: `copy+specdecpp:h=0.9`."""
 
@@ -79,8 +79,9 @@ class CopySpec:
 
     def row_block(self, rows: int) -> int:
         """The most candidates a row copies in a round verifying `rows` rows: the round's positions R·W stay
-        within `batch_budget` (at least one candidate), and within `block`."""
-        return min(self.block, max(1, self.batch_budget // max(rows, 1)))
+        within `batch_budget`, but at least 2 (a copy of one token displaced a draft round of more: at B = 16
+        it took more target forwards than K = 2 without copying), and at most `block`."""
+        return min(self.block, max(2, self.batch_budget // max(rows, 1)))
 
     def to_spec(self) -> str:
         params = []

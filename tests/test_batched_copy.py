@@ -172,7 +172,8 @@ def test_a_round_over_r_rows_copies_up_to_budget_over_r_and_one_prompt_up_to_blo
     batch and the others may copy more, on the fast path they stay (as holes) and the cap with them; a batch
     of one (the single-prompt decoder) copies up to the block, 6."""
     target, draft = pair
-    assert [CopySpec(2, 6).row_block(r) for r in (1, 3, 4, 16, 64)] == [6, 5, 4, 1, 1]
+    assert [CopySpec(2, 6).row_block(r) for r in (1, 3, 4, 16, 64)] == [6, 5, 4, 2, 2]
+    assert CopySpec(2, 1).row_block(16) == 1  # never past the block
     eager = _decoder(target, draft, "specdec:k=2", CopySpec(2, 6))
     res = eager.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0)
     assert res.rows[0].drafted_per_round[0] == 4  # its first round, all 4 rows decoding
