@@ -54,6 +54,8 @@ def merge_copies(
 ) -> tuple[list[list[int]], list[torch.Tensor | None]]:  # fmt: skip
     """The round's candidates and draft laws per row: a copying row's copy with its one-hot q ((L, vocab);
     None under greedy decoding, which reads no q), the others' drafted candidates and q unchanged."""
+    if not any(copies):  # no row copies this round (or the decoder never does): nothing to merge
+        return cands, qs
     out_c, out_q = [], []
     for copy, c, q in zip(copies, cands, qs, strict=True):
         if copy:
