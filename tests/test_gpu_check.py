@@ -5,6 +5,7 @@ skipped with a line."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -196,8 +197,9 @@ def test_batch_sizes_time_the_batched_decoders_and_compare_rows(check_argv, tmp_
         assert set(at["rows"]) == {"autoregressive", best_k, best_pp, *copies}  # keys sorted in JSON
         assert all(r["equal_to_ar"] and r["tokens_per_s"] > 0 for r in at["rows"].values())
         assert at["specdecpp_over_better"] > 0 and at["copy_over_best_k"] > 0 and at["best_copy"] in copies
+    # A second run times again, so its best K may differ from the first run's: any fixed K may stand there.
     text = main_markdown(check_argv, tmp_path)
-    assert f"| 3 | `copy:batch=64+{best_k}` | " in text and "- B = 3: SpecDec++ " in text
+    assert re.search(r"\| 3 \| `copy:batch=64\+specdec:k=\d+` \| ", text) and "- B = 3: SpecDec++ " in text
     assert main([*check_argv, "--batch-sizes", "0"]) == 2  # a bad size: one line
 
 
