@@ -168,6 +168,9 @@ def test_head_call_logit_is_the_head_on_the_training_inputs(
     width and narrower."""
     if not fold:
         monkeypatch.setattr(head_call, "TOKEN_TABLE_MAX", 0)
+    # the tiny vocabulary's top-k in two passes too (320 entries: 20 blocks of 16)
+    monkeypatch.setattr(head_call, "TOP_TWO_PASS_MIN", 0)
+    monkeypatch.setattr(head_call, "TOP_BLOCK", 16)
     _, draft = tiny_llama_pair
     drafter = ModelDrafter(draft)
     drafter.begin(torch.tensor([3, 5, 7]), cfg, 0)
@@ -185,6 +188,21 @@ def test_head_call_logit_is_the_head_on_the_training_inputs(
             want = float(head(x)[0])
         assert float(call.logit(step)) == pytest.approx(want, abs=1e-4)
         assert float(call.logit_of(x[0])) == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("n", [512, 4096, 5000, 12224])
+def test_top_values_equal_one_topk(n, monkeypatch):
+    """`head_call.top_values` (two passes on a long CPU vector) gives `topk`'s values exactly: ties, -inf
+    entries and a length that is no multiple of the block included, and one pass below its minimum."""
+    monkeypatch.setattr(head_call, "TOP_TWO_PASS_MIN", 1024)
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, generator=g) * 4).round()  # many ties among the largest
+    x[torch.randperm(n, generator=g)[: n // 3]] = float("-inf")
+    for k in (1, 8):
+        assert torch.equal(head_call.top_values(x, k), x.topk(k).values)
+    spread = torch.full((n,), -30.0)
+    spread[[0, n // 2, n - 1]] = torch.tensor([1.0, 2.0, 3.0])  # the top values in three far blocks
+    assert torch.equal(head_call.top_values(spread, 8), spread.topk(8).values)
 
 
 def test_a_depth_head_runs_on_the_eager_path_only(tiny_llama_pair):
