@@ -55,9 +55,9 @@ def top_values(x: torch.Tensor, k: int) -> torch.Tensor:
     pad = -n % TOP_BLOCK
     if pad:  # -inf never outranks a real entry
         x = torch.cat([x, x.new_full((pad,), float("-inf"))])
-    blocks = x.view(-1, TOP_BLOCK)  # (n / 64, 64)
+    blocks = x.reshape(-1, TOP_BLOCK)  # (n / 64, 64)
     best = blocks.index_select(0, blocks.amax(1).topk(k).indices)  # (k, 64): every top-k value is here
-    return best.view(-1).topk(k).values
+    return best.reshape(-1).topk(k).values
 
 
 class HeadCall:
