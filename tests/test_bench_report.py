@@ -107,6 +107,21 @@ def test_greedy_goals_are_judged_from_the_rows():
     assert details[8].startswith("5.00% (50 µs head vs 1000 µs draft step")
 
 
+def test_a_run_of_the_fast_path_alone_is_judged_on_its_fast_rows():
+    """`--paths fast` names every decoder's row NAME@fast: the counted goals read them (they are judged,
+    not "not measured"), and where both paths ran each family's eager rows are read, never both."""
+    eager = _goal_rows()
+    fast = [r if r.method.startswith("hf-") else replace(r, method=r.method + "@fast") for r in eager]
+    want = evaluate_goals(eager, None, True, GOALS)
+    got = evaluate_goals(fast, None, True, GOALS)
+    assert [m for _, m, _ in got[:5]] == [m for _, m, _ in want[:5]] == [True] * 5
+    assert got[0][2] == want[0][2].replace("specdecpp-lookahead h", "specdecpp-lookahead@fast h").replace(
+        "(specdec k", "(specdec@fast k")
+    better = [replace(r, ratio_speedups={k: v * 2 for k, v in r.ratio_speedups.items()}) for r in fast]
+    both = evaluate_goals(eager + [r for r in better if r.method.endswith("@fast")], None, True, GOALS)
+    assert [d for _, _, d in both[:5]] == [d for _, _, d in want[:5]]  # the eager rows, not the doubled fast
+
+
 @pytest.mark.parametrize(
     ("kw", "expected"),
     [

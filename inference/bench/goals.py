@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from acchead.inference.bench.head_timing import HeadOverhead
 from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
 from acchead.inference.bench.rows import BenchRow, who
-from acchead.inference.bench.settings import is_specdecpp
+from acchead.inference.bench.settings import FAST_SUFFIX, is_fast, is_specdecpp
 from acchead.inference.bench.thresholds import GoalThresholds
 
 Goal = tuple[str, bool | None, str]
@@ -146,12 +146,17 @@ def evaluate_goals(rows: Sequence[BenchRow], overhead: dict[str, HeadOverhead] |
     fixed K vs HF assisted generation (wall clock), our decoder through `generate` (hf-custom) vs the same
     setting called directly, and the head overhead of each head in `overhead` (by family).
     """
+    every = rows
+    rows = counted_rows(rows)
     key = t.ratio_key
     at = at_ratio(key) if rows and all(key in r.ratio_speedups for r in rows) else None
     c = f"c = {key}"
 
     def family(*names: str) -> Callable[[str], bool]:
-        return lambda m: m in names
+        return lambda m: m.removesuffix(FAST_SUFFIX) in names
+
+    def is_pp(m: str) -> bool:
+        return is_specdecpp(m.removesuffix(FAST_SUFFIX))
 
     def pick(keep: Callable[[str], bool], score: Score | None) -> BenchRow | None:
         return best_row(rows, keep, score) if score is not None else None
@@ -160,7 +165,7 @@ def evaluate_goals(rows: Sequence[BenchRow], overhead: dict[str, HeadOverhead] |
                 factor: float | None, needs: str, unit: str = "×") -> Goal:  # fmt: skip
         return _compare(goal, pp, other, score, factor, needs, unit, t.ratio)
 
-    pp_at, pp_fit = pick(is_specdecpp, at), best_row(rows, is_specdecpp, fitted)
+    pp_at, pp_fit = pick(is_pp, at), best_row(rows, is_pp, fitted)
     sd_at, sd_fit = pick(family("specdec"), at), best_row(rows, family("specdec"), fitted)
     cf_at, ada_at = pick(family("confidence"), at), pick(family(*ADAEDL_FAMILIES), at)
     ada_needs = "specdecpp and adaedl or adaedl-adapt"
@@ -189,4 +194,12 @@ def evaluate_goals(rows: Sequence[BenchRow], overhead: dict[str, HeadOverhead] |
             compare(f"sampling: best SpecDec++ above the best AdaEDL setting at {c}", pp_at, ada_at, at, None,
                     ada_needs),
         ]  # fmt: skip
-    return [*goals, _hf_goal(rows), overhead_goal(rows, t), *_head_overhead_goals(overhead, t)]
+    return [*goals, _hf_goal(every), overhead_goal(every, t), *_head_overhead_goals(overhead, t)]
+
+
+def counted_rows(rows: Sequence[BenchRow]) -> list[BenchRow]:
+    """The rows the counted goals read: each family's eager rows, or its fast-path rows (NAME@fast) where the
+    run has no eager ones (`--paths fast`). A fast row decodes as its eager twin, so both have the same
+    counts; keeping one path's rows per family keeps a setting from being judged twice."""
+    eager = {r.method for r in rows if not is_fast(r.method)}
+    return [r for r in rows if not is_fast(r.method) or r.method.removesuffix(FAST_SUFFIX) not in eager]
