@@ -176,7 +176,7 @@ def test_gen_data_and_training_take_a_reduced_draft(tiny_pair_dirs, tiny_tokeniz
 def test_head_statistics_over_the_head_rows_equal_the_full_vocabulary_ones(reduced_pair, greedy):
     """A head reading log q, the entropy and the top log-probs computes them over the draft's V_d head rows
     (`HeadCall`), not the full vocabulary where every other entry is -inf (q = 0): the same input vector,
-    ~6x cheaper on the real pair's 8,192 of 49,152."""
+    ~6x cheaper on the real pair's 8,192 of 49,152, for a token held as a host int or as a tensor."""
     from acchead.head import AcceptanceHead
     from acchead.inference.drafters import DraftStep
     from acchead.inference.head_call import HeadCall
@@ -194,4 +194,8 @@ def test_head_statistics_over_the_head_rows_equal_the_full_vocabulary_ones(reduc
         token = KEPT[int(torch.randint(0, DRAFT_VOCAB, (1,), generator=g))]
         kept = logits if greedy else None  # greedy decoders keep the logits (q is one-hot), sampling q
         step = DraftStep(token=token, q=q, hidden=None, index=1, logits=kept, state=state)
-        torch.testing.assert_close(reduced.input(step), full.input(step), rtol=1e-5, atol=1e-5)
+        want = full.input(step)
+        torch.testing.assert_close(reduced.input(step), want, rtol=1e-5, atol=1e-5)
+        # a token held on the device (compiled units, the device path) is gathered, not read to the host
+        on_device = DraftStep(token=torch.tensor(token), q=q, hidden=None, index=1, logits=kept, state=state)
+        torch.testing.assert_close(reduced.input(on_device), want, rtol=1e-5, atol=1e-5)
