@@ -73,10 +73,9 @@ class HeadCall:
         self.lookahead = head.kind == "lookahead"
         self._needs_stats = needs_stats(self.inputs)
         self._out_emb: torch.Tensor | None = None  # (V, H) the draft's LM-head weight (lookahead "token")
-        # A reduced-vocabulary draft's head rows: (V_d,) their token ids, (V,) each id's row or -1; the
-        # latter on the host too, for a token the decoder holds as an int (the eager path).
-        self._vocab: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._vocab_rows: list[int] | None = None
+        # A reduced-vocabulary draft's head rows: (V_d,) their token ids, (V,) each id's row or -1, and
+        # the latter on the host, for a token the decoder holds as an int (the eager path).
+        self._vocab: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
         self._cache_weights()
 
     def attach_draft(self, model: torch.nn.Module) -> None:
@@ -89,13 +88,13 @@ class HeadCall:
         if self._needs_stats and hasattr(out, "to_full") and hasattr(out, "to_draft"):
             # log q, its entropy and top-k over the V_d rows only: every other logit is -inf (q = 0), and
             # a log-softmax and top-k over 49,152 entries cost ~6x those over 8,192 (the real pair)
-            self._vocab = (out.to_full.detach(), out.to_draft.detach())
-            self._vocab_rows = out.to_draft.tolist()
+            self._vocab = (out.to_full.detach(), out.to_draft.detach(), out.to_draft.tolist())
 
     def to(self, device: torch.device | str) -> HeadCall:
         self.head.to(device)
         if self._vocab is not None:
-            self._vocab = (self._vocab[0].to(device), self._vocab[1].to(device))
+            to_full, to_draft, host_rows = self._vocab
+            self._vocab = (to_full.to(device), to_draft.to(device), host_rows)
         self._cache_weights()
         return self
 
@@ -144,8 +143,7 @@ class HeadCall:
             source, token = step.logits.float() if step.logits is not None else step.q, step.token
             if self._vocab is not None:  # (V_d,): the entries outside add exp(-inf) = 0 to every statistic
                 source = source.index_select(-1, self._vocab[0])  # on the draft's device (`to`)
-                host = isinstance(token, int) and self._vocab_rows is not None
-                token = self._vocab_rows[token] if host else rows(self._vocab[1], token)[0]
+                token = self._vocab[2][token] if isinstance(token, int) else rows(self._vocab[1], token)[0]
             logq = torch.log_softmax(source, -1) if step.logits is not None else source.log()
             logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,) or (V_d,)
             if "logq" in inputs:  # a host int's entry is a view (no kernel); a tensor's is gathered

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from acchead.inference.bench.head_timing import HeadOverhead
 from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
 from acchead.inference.bench.rows import BenchRow, who
-from acchead.inference.bench.settings import FAST_SUFFIX, is_fast, is_specdecpp
+from acchead.inference.bench.settings import eager_family, is_fast, is_specdecpp
 from acchead.inference.bench.thresholds import GoalThresholds
 
 Goal = tuple[str, bool | None, str]
@@ -153,10 +153,10 @@ def evaluate_goals(rows: Sequence[BenchRow], overhead: dict[str, HeadOverhead] |
     c = f"c = {key}"
 
     def family(*names: str) -> Callable[[str], bool]:
-        return lambda m: m.removesuffix(FAST_SUFFIX) in names
+        return lambda m: eager_family(m) in names
 
     def is_pp(m: str) -> bool:
-        return is_specdecpp(m.removesuffix(FAST_SUFFIX))
+        return is_specdecpp(eager_family(m))
 
     def pick(keep: Callable[[str], bool], score: Score | None) -> BenchRow | None:
         return best_row(rows, keep, score) if score is not None else None
@@ -202,4 +202,4 @@ def counted_rows(rows: Sequence[BenchRow]) -> list[BenchRow]:
     run has no eager ones (`--paths fast`). A fast row decodes as its eager twin, so both have the same
     counts; keeping one path's rows per family keeps a setting from being judged twice."""
     eager = {r.method for r in rows if not is_fast(r.method)}
-    return [r for r in rows if not is_fast(r.method) or r.method.removesuffix(FAST_SUFFIX) not in eager]
+    return [r for r in rows if not is_fast(r.method) or eager_family(r.method) not in eager]

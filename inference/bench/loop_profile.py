@@ -125,13 +125,13 @@ def profile_loop(
 def pick_settings(settings: list[Any]) -> list[Any]:
     """The bench settings to profile: per path, fixed K = 3 (else the first K) and the first SpecDec++ head's
     h = 0.8 (else its first h); settings with another drafter (MaG, cascades) are left out."""
-    from acchead.inference.bench.settings import FAST_SUFFIX, base_family
+    from acchead.inference.bench.settings import base_family, eager_family
 
     picked = []
     for fast in (False, True):
         pool = [s for s in settings if s.fast == fast and s.decoding and not s.decoding.uses_drafters]
         for family, key, value in (("specdec", "k", 3), ("specdecpp", "h", 0.8)):
-            group = [s for s in pool if base_family(s.family.removesuffix(FAST_SUFFIX)).startswith(family)]
+            group = [s for s in pool if base_family(eager_family(s.family)).startswith(family)]
             if group:
                 picked.append(next((s for s in group if s.params.get(key) == value), group[0]))
     return picked

@@ -12,7 +12,7 @@ from acchead.inference.bench.costmodel import ratio_speedup
 from acchead.inference.bench.hf_assisted import GENERATE_METHOD
 from acchead.inference.bench.hf_custom import METHOD as CUSTOM_METHOD
 from acchead.inference.bench.rows import BenchRow
-from acchead.inference.bench.settings import FAST_SUFFIX, head_kind_of, is_fast
+from acchead.inference.bench.settings import eager_family, head_kind_of, is_fast
 from acchead.rundir import commit
 
 TRAINING_FREE = ("confidence", "entropy", "adaedl", "adaedl-adapt")
@@ -66,7 +66,7 @@ def _plotted_families(rows: Sequence[BenchRow]) -> dict[str, list[BenchRow]]:
     eager = {r.method for r in rows if not is_fast(r.method)}
     fam: dict[str, list[BenchRow]] = defaultdict(list)
     for r in rows:
-        base = r.method.removesuffix(FAST_SUFFIX)
+        base = eager_family(r.method)
         if r.method not in (GENERATE_METHOD, CUSTOM_METHOD) and (r.method == base or base not in eager):
             fam[base].append(r)
     return fam

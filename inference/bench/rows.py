@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from acchead.inference.bench.costmodel import Metrics, ratio_speedup
-from acchead.inference.bench.settings import FAST_SUFFIX, head_name
+from acchead.inference.bench.settings import eager_family, head_name
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def price_rows(measured: Sequence[MeasuredRow], ratios: Sequence[float], greedy:
     speedups at the fitted costs and on the wall clock, at each declared ratio, and (greedy only) the share
     of prompts whose output equals autoregressive's. A bench of the fast path alone prices against its
     `autoregressive@fast` row."""
-    ar = next((m for m in measured if m.method.removesuffix(FAST_SUFFIX) == "autoregressive"), None)
+    ar = next((m for m in measured if eager_family(m.method) == "autoregressive"), None)
     reference = ar.outputs if ar is not None and greedy else None
     keys = ratio_keys(ratios)
     rows = []

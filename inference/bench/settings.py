@@ -109,7 +109,7 @@ class Setting:
 
     @property
     def _named(self) -> str:
-        base = self.family.removesuffix(FAST_SUFFIX)
+        base = eager_family(self.family)
         if self.decoding is not None and self.head is not None and self.decoding.name != base:
             name = f"{base} {self.spec}"
         else:
@@ -143,6 +143,11 @@ def is_fast(family: str) -> bool:
 def fast_family(family: str) -> str:
     """The family of a setting's fast-path copy: "specdec" -> "specdec@fast"."""
     return family + FAST_SUFFIX
+
+
+def eager_family(family: str) -> str:
+    """The family a fast-path row copies: "specdec@fast" -> "specdec" (other families unchanged)."""
+    return family.removesuffix(FAST_SUFFIX)
 
 
 def is_specdecpp(family: str) -> bool:
