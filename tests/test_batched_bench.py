@@ -33,8 +33,8 @@ def test_bench_batch_sizes_add_a_row_per_b(bench_inputs, tmp_path):  # noqa: F81
             assert r["draft_calls"] > 0
     pp = [r for r in rows if r["spec"].startswith("specdecpp")]
     assert pp and all(
-        r["batch_stop"].startswith("batch-stop:measured(B1:c=") and r["head_calls"] > 0 for r in pp
-    )
+        r["batch_stop"].startswith("batch-stop:gated(B1:c=") and r["head_calls"] > 0 for r in pp
+    )  # the bench's default rule: gated
     # B = 1 times each setting's single-prompt decoder beside its batched rows, once per setting
     ones = [r["single_wall_tokens_per_s"] for r in rows if r["batch_size"] == 1]
     assert len(ones) == len(specs) and all(one > 0 for one in ones)
@@ -148,11 +148,11 @@ def test_decode_batch_size_fast_compiles_first(tiny_pair_dirs, capsys, monkeypat
 
 def test_bench_batches_copy_rounds_beside_the_draft(bench_inputs, tmp_path):  # noqa: F811
     """An extra spec with copy rounds beside the draft model is batchable: a batched row per B, its outputs
-    equal batched AR's, its copied rounds counted; copy + SpecDec++ runs under --batch-stop's rules but the
-    gated one (refused with copy rounds), here none left: without a batch rule."""
+    equal batched AR's, its copied rounds counted; copy + SpecDec++ runs under --batch-stop's rules, the
+    gated one as measured (the round gate is refused with copy rounds), once where both are asked for."""
     out = tmp_path / "bench"
     argv = _argv(bench_inputs, out, "--methods", "autoregressive,extra", "--temperature", "0",
-                 "--batch-size", "2", "--batch-stop", "gated",
+                 "--batch-size", "2", "--batch-stop", "gated,measured",
                  "--extra-specs", "copy:min=1,block=4+specdec:k=2;copy:min=1+specdecpp:h=0.5")  # fmt: skip
     assert main(argv) == 0
     rows = {r["spec"]: r for r in json.loads((out / "results.json").read_text())["batched"]}
@@ -160,4 +160,4 @@ def test_bench_batches_copy_rounds_beside_the_draft(bench_inputs, tmp_path):  # 
     assert copy["greedy_matches_ar"] and copy["copied_rounds"] > 0 and copy["draft_calls"] > 0
     assert rows["autoregressive"]["copied_rounds"] == 0
     pp = [r for spec, r in rows.items() if spec.startswith("copy:min=1+specdecpp")]
-    assert len(pp) == 1 and pp[0]["batch_stop"] is None and pp[0]["greedy_matches_ar"]
+    assert len(pp) == 1 and pp[0]["batch_stop"].startswith("batch-stop:measured(") and pp[0]["greedy_matches_ar"]

@@ -110,7 +110,7 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
         raise AccheadError(f"--batch-size needs batch sizes >= 1, got {sizes}")
     chosen = [s for s in settings if batchable(s)]
     # a run per (setting, batch rule): the specdecpp settings once per rule of --batch-stop (with copy
-    # rounds, its rules but the gated one: BatchedDecoder refuses it there), the others once
+    # rounds, measured in place of gated: BatchedDecoder refuses the gate there), the others once
     runs = [(s, rule) for s in chosen for rule in _rules(s, args.batch_stop)]
     rows: list[BatchedRow] = []
     made: dict = {}  # one batched decoder per run for every B, as a server keeps one (its gate's memory)
@@ -138,12 +138,14 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
 
 
 def _rules(setting: Setting, rules: list[str]) -> list[str | None]:
-    """The batch rules a setting runs under (see `run_batched`)."""
+    """The batch rules a setting runs under (see `run_batched`): with copy rounds, whose gains the round
+    gate cannot read (BatchedDecoder refuses the two together), `gated` runs as `measured`, its rule
+    without the gate (once, where both are asked for)."""
     if not isinstance(setting.decoding.policy, SpecDecPPSpec):
         return [None]
     if isinstance(setting.decoding.drafter, CopySpec):
-        rules = [r for r in rules if r.lower() != "gated"]
-    return list(rules) or [None]
+        rules = ["measured" if r.lower() == "gated" else r for r in rules]
+    return list(dict.fromkeys(rules)) or [None]
 
 
 COUNTS = (

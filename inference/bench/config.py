@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--batch-stop", type=_str_list, help="with --batch-size: the batch stop rules of the batched specdecpp "
       "rows, comma-separated, a row each: on (c = 1 - h), measured (c(B) timed on this machine), gated "
       "(measured, and the round gate: draft a round only while drafting finishes the batch sooner), off, "
-      "or a ratio c (default measured: it beat on at every B >= 4 in docs/batched.md)")
+      "or a ratio c (default gated: never more than 2%% behind measured and up to half ahead of it in "
+      "docs/batched.md; rows with copy rounds run measured in its place)")
     a("--overhead-calls", type=int, help="timed calls for the head-overhead medians")
     a(
         "--loop-profile-prompts",
@@ -238,7 +239,7 @@ def _apply_demo_defaults(args: argparse.Namespace) -> None:
     args.overwrite = bool(args.overwrite)
     args.truncate_prompts = bool(args.truncate_prompts)
     defaults = {"extra_specs": [], "threads": 0, "verifier": "token", "num_prompts": 0,
-                "adaedl_gamma": ADAEDL_GAMMA, "cost_ratios": [], "batch_stop": ["measured"]}  # fmt: skip
+                "adaedl_gamma": ADAEDL_GAMMA, "cost_ratios": [], "batch_stop": ["gated"]}  # fmt: skip
     if args.paths is None:  # the fast path is the decoders' default on CUDA; on the CPU it is opt-in
         args.paths = ["eager", "fast"] if str(args.device or "cpu").startswith("cuda") else ["eager"]
     for k, default in defaults.items():
