@@ -162,3 +162,20 @@ def test_bench_batches_copy_rounds_beside_the_draft(bench_inputs, tmp_path):  # 
     pp = [r for spec, r in rows.items() if spec.startswith("copy:min=1+specdecpp")]
     assert len(pp) == 1 and pp[0]["greedy_matches_ar"]
     assert pp[0]["batch_stop"].startswith("batch-stop:measured(")
+
+
+def test_batch_rules_of_each_setting():
+    """Which `--batch-stop` rules a setting runs under: SpecDec++ every rule; with copy rounds `gated` as
+    `measured` (the gate is refused there), each rule once whatever its case; other policies none."""
+    from acchead.inference.bench.batched_bench import _rules
+    from acchead.inference.bench.settings import Setting
+    from acchead.inference.spec import DecodingSpec
+
+    def rules(spec: str, asked: list[str]) -> list[str | None]:
+        return _rules(Setting("m", DecodingSpec.from_spec(spec)), asked)
+
+    assert rules("specdecpp:h=0.5", ["gated", "measured"]) == ["gated", "measured"]
+    assert rules("copy+specdecpp:h=0.5", ["gated"]) == ["measured"]
+    assert rules("copy+specdecpp:h=0.5", ["Gated", "on", "Measured"]) == ["Measured", "on"]
+    assert rules("specdec:k=2", ["gated"]) == [None]
+    assert rules("specdecpp:h=0.5", []) == [None]

@@ -145,7 +145,7 @@ def _rules(setting: Setting, rules: list[str]) -> list[str | None]:
         return [None]
     if isinstance(setting.decoding.drafter, CopySpec):
         rules = ["measured" if r.lower() == "gated" else r for r in rules]
-    return list(dict.fromkeys(rules)) or [None]
+    return list({r.lower(): r for r in rules}.values()) or [None]  # each rule once, in its first place
 
 
 COUNTS = (
