@@ -260,7 +260,7 @@ class BatchedDecoder:
         self.t_cache.reset(batch, span)
         if self._feed is not None:
             self._feed.reset(batch, span)
-        active, gate = rows, self._gates.start(self.batch_stop, self._rule.head, self.cap)
+        active, gate = rows, self._gates.start(self.batch_stop, self._rule.head, self.cap, len(rows))
         while active:
             limit = self.cap if gate is None else gate.cap(active)  # the round gate: 0 (AR) .. the cap
             caps = [min(limit, r.max_new - r.generated - 1) for r in active]

@@ -27,8 +27,9 @@ since, and on the fast path compile a feed of that width) and the verifications 
 draft's states.
 
 The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
-(`GateMemory`: their tallies halved per drafting decode, so a gate may choose before its first round; every
-8th decode, the first included, starts from nothing and drafts open rounds until it has its own evidence).
+(`GateMemory`: their tallies halved per drafting decode, so a gate may choose before its first round; the
+first decode, and later ones up to an eighth of the rows decoded, start from nothing and draft open rounds
+until they have their own evidence).
 v_k and d_k are pooled; so is how much the rows' own mean gains differ beyond their rounds' noise (the
 between-row variance t_k: the variance of the row means less v_k over a row's mean rounds). μ_{b,k} is row
 b's own mean shrunk towards the pooled one, which weighs as v_k / t_k rounds (normal-normal; `prior_rounds`
@@ -229,21 +230,38 @@ class RoundGate:
 @dataclass
 class GateMemory:
     """A decoder's round gates across its decodes: each gate starts from the tallies of the decodes before
-    (halved per drafting decode, so the recent ones weigh most), and every `explore_every`-th decode (the
-    first included) starts from nothing, so a gate that closed on old evidence still sees the pair anew."""
+    (halved per drafting decode, so the recent ones weigh most), and now and then a decode starts from
+    nothing (explores), so a gate that closed on old evidence still sees the pair anew.
 
-    explore_every: int = 8
+    Which decodes explore: the first (there is no evidence yet), then one whenever the rows of the decodes
+    that explored by choice, this one's included, stay within `explore_share` of all rows decoded, this
+    one's included. At a constant batch size that is about every 1 / `explore_share`-th decode; counted in
+    rows, not decodes, because an exploring decode's cost (the draft's prefill over every prompt, a drafted
+    round) grows with its rows: a batch of 64 after batches of 4 explores only once the small batches' rows
+    have paid for it."""
+
+    explore_share: float = 0.125
     min_observations: float = 32.0  # each gate's (`RoundGate`)
     history: GateStats = field(default_factory=GateStats)
     decodes: int = 0
+    rows: int = 0  # rows decoded under a gate
+    explored: int = 0  # of them, rows of decodes that explored by choice (not the first's)
 
-    def start(self, rule: BatchStop | None, head: object, max_cap: int) -> RoundGate | None:
-        """The next decode's gate under `rule` for a policy with SpecDec++'s `head` (None: none) and cap
-        `max_cap`; None where the rule has no gate."""
+    def __post_init__(self) -> None:
+        if not 0.0 < self.explore_share <= 1.0:
+            raise AccheadError(f"the round gate's explore_share must be in (0, 1], got {self.explore_share}")
+
+    def start(self, rule: BatchStop | None, head: object, max_cap: int, rows: int = 1) -> RoundGate | None:
+        """The next decode's gate, of `rows` rows, under `rule` for a policy with SpecDec++'s `head` (None:
+        none) and cap `max_cap`; None where the rule has no gate."""
         if rule is None or not rule.gate or head is None or max_cap < 1:
             return None
-        explore = self.decodes % self.explore_every == 0
-        self.decodes += 1
+        chosen = self.history.gain is not None and (
+            self.explored + rows <= self.explore_share * (self.rows + rows)
+        )  # fmt: skip
+        explore = self.decodes == 0 or chosen
+        self.decodes, self.rows = self.decodes + 1, self.rows + rows
+        self.explored += rows if chosen else 0
         return RoundGate(rule, max_cap, GateStats() if explore else self.history, self.min_observations)
 
     def remember(self, gate: RoundGate) -> None:

@@ -122,24 +122,46 @@ def test_gate_stats_pool_and_weigh():
 
 
 def test_gate_memory_starts_from_earlier_decodes_and_explores():
-    """Decode 0 explores (no prior); decodes 1-3 start from the tallies so far, and a prior that says
-    autoregressive closes the gate before the first round; decode 4 explores again. A decode that drafted
-    nothing leaves the history as it was; one that drafted halves the older tallies."""
-    memory, rule = GateMemory(explore_every=4, min_observations=8), BatchStop(0.5, gate=True)
+    """Decode 0 explores (no prior); decodes 1-2 start from the tallies so far, and a prior that says
+    autoregressive closes the gate before the first round; decode 3 explores again (its rows, 2, are a quarter
+    of the 8 decoded). A decode that drafted nothing leaves the history as it was; one that drafted halves
+    the older tallies."""
+    memory, rule = GateMemory(explore_share=0.25, min_observations=8), BatchStop(0.5, gate=True)
     rows = [_row(0, 20) for _ in range(2)]
     gates = []
     for _ in range(5):
-        gate = memory.start(rule, object(), 3)
+        gate = memory.start(rule, object(), 3, len(rows))
         gates.append(gate)
         if gate.prior.n == 0:  # 8 rows' rounds, nothing accepted
             _play(gate, rows, [(1, [(1, 0), (1, 0)])] * 4)
         else:
             assert gate.cap(rows) == 0  # the prior alone: ρ > 1 = μ
         memory.remember(gate)
-    assert [g.prior.n for g in gates] == [0, 8, 8, 8, 0]
-    assert memory.history.n == 12 and memory.history.rounds == 6  # 8 halved + the 8 of decode 4
+    assert [g.prior.n for g in gates] == [0, 8, 8, 0, 12]
+    assert memory.history.n == 12 and memory.history.rounds == 6  # 8 halved + the 8 of decode 3
     assert memory.start(None, object(), 3) is None and memory.start(rule, None, 3) is None
-    assert memory.decodes == 5
+    assert (memory.decodes, memory.rows, memory.explored) == (5, 10, 2)
+    with pytest.raises(AccheadError, match="explore_share"):
+        GateMemory(explore_share=0.0)
+
+
+def test_gate_memory_explores_a_share_of_rows_not_of_decodes():
+    """At a constant batch size about every 8th decode explores (the 1st, 8th, 16th, 24th, 32nd); a batch of
+    64 after 32 batches of 4 (128 rows, 16 of them explored by choice) starts from the memory, since exploring
+    it would make 80 of 192 rows; the same memory explores a batch of 4 once the share allows."""
+    memory, rule = GateMemory(), BatchStop(0.5, gate=True)
+    rows, explored = [_row(0, 20) for _ in range(4)], []
+    for _ in range(32):
+        gate = memory.start(rule, object(), 3, len(rows))
+        explored.append(gate.prior.gain is None)
+        if gate.prior.gain is None:  # one round of 4 rows, each a candidate drafted and rejected
+            _play(gate, rows, [(1, [(1, 0)] * 4)])
+        memory.remember(gate)
+    assert [i for i, e in enumerate(explored) if e] == [0, 7, 15, 23, 31]
+    assert (memory.rows, memory.explored) == (128, 16)
+    assert memory.start(rule, object(), 3, 64).prior.gain is not None  # 80 > 192 / 8
+    assert memory.explored == 16 and memory.rows == 192
+    assert memory.start(rule, object(), 3, 4).prior.gain is None  # 20 <= 196 / 8
 
 
 def test_round_ratio_from_measured_costs():
@@ -246,7 +268,7 @@ def test_chi_square_gated_row(peaked_pair, monkeypatch):
     decode from its own), so whether the next round drafts depends on how the first went: its 3-token
     continuations follow the target's exact distribution."""
     target, _ = peaked_pair
-    fresh = functools.partial(GateMemory, explore_every=1, min_observations=2)  # each decode its own gate
+    fresh = functools.partial(GateMemory, explore_share=1.0, min_observations=2)  # each decode its own gate
     monkeypatch.setattr(batched, "GateMemory", fresh)
     dec = _decoder(peaked_pair, "specdecpp:h=0.4,max=2", "lookahead", batch_stop=GATED)
     counts, results = sample_row_one(dec)
