@@ -16,10 +16,12 @@ c(B) is the price of one more candidate for the whole batch in units of a row's 
   accepted token, t_round(B) / B.
 
 `measure_batch_costs` times the rounds of the batched decoder on random prompts (`BatchResult.round_times`):
-t_step is the slope of a round's seconds over its draft forwards, fitted through the rounds of fixed K = 1
-and K = 3 (a round drafting one candidate more costs a draft forward and a verified position more), t_round
-an autoregressive round, and t_first (what a round's first draft forward adds: `BatchCost.first_s`, the
-round gate's price) the fastest K = 1 round less the autoregressive one; the three decoders take turns,
+t_step is the slope of a round's seconds over its draft forwards, fitted through the rounds of fixed K = 1,
+2 and 3 (a round drafting one candidate more costs a draft forward and a verified position more), t_round
+an autoregressive round, and t_first (what a round's first draft forward adds: `BatchCost.first_s`) the
+fastest K = 1 round less the autoregressive one; the round gate prices a round by the timed rounds of its
+forwards themselves (`BatchCost.drafted_s`: a verification's graphs of 2, 3 and 4 positions need not cost
+a line, measured below); the four decoders take turns,
 each decode's first round (the prefill) is left out, and so is every round after a row finished (eager
 rows leave the batch, and a round of fewer rows is cheaper: until the twenty-fifth session the real pair's
 c(64) read 2.89 so, its autoregressive "round" 60 ms against 280 ms with all 64 rows), and per draft count
@@ -53,11 +55,15 @@ class BatchCost:
     rounds, `measure_batch_costs`)."""
 
     batch: int
-    step_s: float  # a round's seconds per draft forward more (fitted over rounds of K = 1 and 3), >= 0
+    step_s: float  # a round's seconds per draft forward more (fitted over rounds of K = 1, 2 and 3), >= 0
     round_s: float  # an autoregressive round (one target forward of one token per row)
     # what drafting at all adds to a round: its fastest round of one draft forward (K = 1) less the
     # autoregressive round, >= 0 (the round gate's price, `acchead.inference.round_gate`); None: step_s
     first_s: float | None = None
+    # the fastest rounds of 1, 2, ... draft forwards as timed (K = 1, 2, 3): a round's price need not be a
+    # line in its forwards (on the toy pair's CPU fast path at B = 64 a round of 2 cost 1.75 autoregressive
+    # rounds, the line through those of 1 and 3 said 1.62); () prices every round by the line
+    drafted_s: tuple[float, ...] = ()
 
     @property
     def c(self) -> float:
@@ -69,6 +75,19 @@ class BatchCost:
         """c₁(B) = t_first / t_round: a round's first draft forward, the dearer one where drafting has a
         fixed price of its own (the draft's catch-up feed, the verification's second position)."""
         return (self.step_s if self.first_s is None else self.first_s) / self.round_s
+
+    def round_ratio(self, forwards: float) -> float:
+        """A round of `forwards` (>= 1, a mean may be fractional) draft forwards over an autoregressive round:
+        the timed rounds' ratios, linear between them and by c past the last; without them
+        1 + c₁ + (forwards − 1)·c."""
+        if not self.drafted_s:
+            return 1.0 + self.c_first + (forwards - 1.0) * self.c
+        ratios = [t / self.round_s for t in self.drafted_s]  # forwards 1, 2, ...
+        last = len(ratios)
+        if forwards >= last:
+            return ratios[-1] + (forwards - last) * self.c
+        lo = max(math.floor(forwards), 1)
+        return ratios[lo - 1] + (ratios[lo] - ratios[lo - 1]) * (max(forwards, 1.0) - lo)
 
 
 @dataclass(frozen=True)
@@ -82,7 +101,8 @@ class BatchCosts:
         if not sizes or len(set(sizes)) != len(sizes) or min(sizes) < 1:
             raise AccheadError(f"batch costs need distinct batch sizes >= 1, got {sizes}")
         for cost in self.costs:
-            if not (cost.round_s > 0 and cost.step_s >= 0 and (cost.first_s or 0.0) >= 0):
+            if not (cost.round_s > 0 and cost.step_s >= 0 and (cost.first_s or 0.0) >= 0
+                    and all(t > 0 for t in cost.drafted_s)):  # fmt: skip
                 raise AccheadError(f"batch costs need round_s > 0 and step_s >= 0 seconds, got {cost}")
         object.__setattr__(self, "costs", tuple(sorted(self.costs, key=lambda c: c.batch)))
 
@@ -93,6 +113,14 @@ class BatchCosts:
     def c_first_at(self, batch: int) -> float:
         """c₁ (`BatchCost.c_first`) at `batch` rows, interpolated as `c_at`."""
         return self._at(batch, [c.c_first for c in self.costs])
+
+    def round_s_at(self, batch: int) -> float:
+        """An autoregressive round's seconds at `batch` rows, interpolated as `c_at`."""
+        return self._at(batch, [c.round_s for c in self.costs])
+
+    def round_ratio_at(self, batch: int, forwards: float) -> float:
+        """`BatchCost.round_ratio` at `batch` rows, interpolated as `c_at`."""
+        return self._at(batch, [c.round_ratio(forwards) for c in self.costs])
 
     def _at(self, batch: int, values: list[float]) -> float:
         """`values` (one per measured size) at `batch` rows: linear in log B, clamped at the ends."""
@@ -143,17 +171,17 @@ def measure_batch_costs(
     decoders: dict[str, RoundTimer], vocab_size: int, sizes: list[int], rounds: int = 12, repeats: int = 5,
     prompt_len: int = 4, seed: int = 0,
 ) -> BatchCosts:  # fmt: skip
-    """Time the rounds of `decoders` -- "ar", "k1" and "k3": batched decoders of one target and draft with
-    the policies autoregressive, specdec:k=1 and specdec:k=3, built with `single=False` (a batch of one
+    """Time the rounds of `decoders` -- "ar", "k1", "k2" and "k3": batched decoders of one target and draft
+    with the policies autoregressive and specdec:k=1, 2 and 3, built with `single=False` (a batch of one
     dispatched to the single-prompt decoder keeps no round times) -- at each batch size in `sizes`: greedy
     decodes of `rounds` tokens per row from random `prompt_len`-token prompts (ids below `vocab_size`), the
-    three taking turns, one warm-up turn and `repeats` timed ones (see the module docstring for the fit)."""
+    four taking turns, one warm-up turn and `repeats` timed ones (see the module docstring for the fit)."""
     if rounds < 2 or repeats < 1 or prompt_len < 1:
         raise AccheadError(
             f"need rounds >= 2, repeats and prompt_len >= 1, got {rounds}, {repeats}, {prompt_len}"
         )
-    if set(decoders) != {"ar", "k1", "k3"}:
-        raise AccheadError(f"measure_batch_costs times decoders ar, k1 and k3, got {sorted(decoders)}")
+    if set(decoders) != {"ar", "k1", "k2", "k3"}:
+        raise AccheadError(f"measure_batch_costs times decoders ar, k1, k2 and k3, got {sorted(decoders)}")
     g = torch.Generator().manual_seed(seed)
     costs = []
     for b in sizes:
@@ -176,5 +204,7 @@ def measure_batch_costs(
         mean_x, mean_y = sum(xs) / len(xs), sum(fastest[d] for d in xs) / len(xs)
         slope = sum((d - mean_x) * (fastest[d] - mean_y) for d in xs) / sum((d - mean_x) ** 2 for d in xs)
         first = max(fastest[1] - fastest[0], 0.0) if 1 in fastest else None
-        costs.append(BatchCost(batch=b, step_s=max(slope, 0.0), round_s=fastest[0], first_s=first))
+        drafted = tuple(itertools.takewhile(lambda t: t is not None, (fastest.get(d) for d in range(1, 4))))
+        costs.append(BatchCost(batch=b, step_s=max(slope, 0.0), round_s=fastest[0], first_s=first,
+                               drafted_s=drafted))  # fmt: skip
     return BatchCosts(tuple(costs))

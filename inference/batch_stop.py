@@ -85,13 +85,13 @@ class BatchStop:
 
     def round_ratio(self, batch: int, forwards: float) -> float:
         """A drafting round's seconds over an autoregressive round's at `batch` rows, with `forwards` (>= 1)
-        draft forwards: 1 + c₁(B) + (forwards − 1)·c(B) measured (`BatchCosts.c_first_at`: the first
-        forward's own price), 1 + forwards·c declared."""
+        draft forwards: measured, the timed rounds of that many forwards (`BatchCosts.round_ratio_at`;
+        1 + c₁(B) + (forwards − 1)·c(B) from a table without them); declared, 1 + forwards·c."""
         if self.c is not None:
             return 1.0 + forwards * self.c
         self.ratio(batch)  # the one-line error when not measured yet
         assert self.costs is not None
-        return 1.0 + self.costs.c_first_at(batch) + (forwards - 1.0) * self.costs.c_at(batch)
+        return self.costs.round_ratio_at(batch, forwards)
 
     def bound(self, batch: int) -> float:
         """c(B) · B: the expected accepted tokens a batch draft step of `batch` rows must be worth."""

@@ -63,7 +63,7 @@ from acchead.inference.policy_build import parse_policy
 from acchead.inference.policy_spec import PolicySpec
 from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
 from acchead.inference.results import BatchResult
-from acchead.inference.round_gate import GateMemory
+from acchead.inference.round_gate import GateMemory, draft_prefill_rounds
 from acchead.inference.spec import DecodingSpec, spec_arguments, take_copy_rounds
 from acchead.inference.specdecpp_policy import SpecDecPP
 from acchead.inference.static_ragged_cache import StaticRaggedCache, ragged_cache
@@ -260,7 +260,8 @@ class BatchedDecoder:
         self.t_cache.reset(batch, span)
         if self._feed is not None:
             self._feed.reset(batch, span)
-        active, gate = rows, self._gates.start(self.batch_stop, self._rule.head, self.cap, len(rows))
+        prefill = draft_prefill_rounds(self._feed, sum(r.prompt_len for r in rows), self.batch_stop, batch)
+        active, gate = rows, self._gates.start(self.batch_stop, self._rule.head, self.cap, batch, prefill)
         while active:
             limit = self.cap if gate is None else gate.cap(active)  # the round gate: 0 (AR) .. the cap
             caps = [min(limit, r.max_new - r.generated - 1) for r in active]
@@ -306,7 +307,7 @@ class BatchedDecoder:
 
     def calibrate(self, batch: int) -> BatchCosts:
         """Measure the batch rule's c(B) at 1, 4, 16, ... and `batch` rows by timing this target and draft's
-        autoregressive, K = 1 and K = 3 rounds (`acchead.inference.batch_cost`; B = 1 on the single-prompt
+        autoregressive, K = 1, 2 and 3 rounds (`acchead.inference.batch_cost`; B = 1 on the single-prompt
         decoder when it runs batches of one), keeping the sizes measured before by any decoder of this pair
         and path (`measured_costs`); `generate` calls it when a batch is larger than any measured."""
         rule = self.batch_stop
@@ -320,7 +321,7 @@ class BatchedDecoder:
         if sizes:
             timers = {name: BatchedDecoder(self.target, None if k is None else self.draft, spec)
                       for name, k, spec in (("ar", None, "autoregressive"), ("k1", 1, "specdec:k=1"),
-                                            ("k3", 3, "specdec:k=3"))}  # fmt: skip
+                                            ("k2", 2, "specdec:k=2"), ("k3", 3, "specdec:k=3"))}  # fmt: skip
             for timer in timers.values():  # the same caches (on the fast path: the same compiled graphs)
                 timer.t_cache, timer.fast, timer.single = self.t_cache, self.fast, self.single
                 timer._single = self._single.timer(timer.draft, timer.policy)

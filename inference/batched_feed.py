@@ -24,6 +24,8 @@ computed in the forward's own unit.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from acchead.inference.ragged_cache import Post, RaggedCache, right_aligned
@@ -44,10 +46,17 @@ class TokenFeed:
 
     def __init__(self, cache: RaggedCache) -> None:
         self.cache = cache
+        # the uncompiled catch-ups so far (a decode's first is the draft's prefill): seconds and tokens, the
+        # rate the round gate prices a prefill at (on a GPU, with no host read, only their launches')
+        self.catch_up_s, self.catch_up_tokens = 0.0, 0
 
     @property
     def ready(self) -> bool:
         return True
+
+    def _timed_catch_up(self, start: float, tokens: torch.Tensor) -> None:
+        self.catch_up_s += time.perf_counter() - start
+        self.catch_up_tokens += int(tokens.sum())
 
     def reset(self, batch: int, capacity: int = 0) -> None:
         """Empty caches for `batch` rows (`capacity`: the slots a static cache needs)."""
@@ -68,7 +77,9 @@ class TokenFeed:
         pending = [r[h:] for r, h in zip(ids, cache.length.tolist(), strict=True)]
         if widest is not None and max(map(len, pending)) > widest:
             tokens, counts = right_aligned([p[:-widest] for p in pending], cache.device)
+            start = time.perf_counter()
             cache.feed(tokens, counts, keep=1, eager=True)
+            self._timed_catch_up(start, counts)
             pending = [p[-widest:] for p in pending]
         tokens, counts = right_aligned(pending, cache.device)
         return _last(cache.feed(tokens, counts, keep=1, want_hidden=want_hidden, post=post), post)
@@ -129,7 +140,9 @@ class FeatureFeed(TokenFeed):
         cache.rollback(torch.tensor(keep, device=dev))
         if widest is not None and max(m - 1 - k for k, m in zip(keep, n, strict=True)) > widest:
             early = [max(k, m - 1 - widest) for k, m in zip(keep, n, strict=True)]  # pairs k+1.. early
+            start = time.perf_counter()
             self._feed_pairs(ids, keep, early, None, eager=True)
+            self._timed_catch_up(start, torch.tensor(early) - torch.tensor(keep))
             keep = early
         out = self._feed_pairs(ids, keep, [m - 1 for m in n], post)
         self.true_pairs = [m - 1 for m in n]

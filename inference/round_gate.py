@@ -55,6 +55,7 @@ import torch
 
 from acchead.errors import AccheadError
 from acchead.inference.batch_stop import BatchStop
+from acchead.inference.batched_feed import TokenFeed
 from acchead.inference.batched_rows import Row
 
 
@@ -148,6 +149,8 @@ class RoundGate:
         prior: tallies of earlier decodes (`GateMemory`), pooled with this decode's.
         min_observations: rows' rounds with candidates, prior and own, before the gate weighs (>= 1).
         prior_rounds: pseudo-rounds of the pooled mean gain in each row's own (>= 0).
+        prefill: the draft's prefill of this decode's prompts, in autoregressive rounds (>= 0): its first
+            drafting round pays it, so until then every cap above 0 costs it more (`draft_prefill_rounds`).
     """
 
     rule: BatchStop
@@ -155,12 +158,13 @@ class RoundGate:
     prior: GateStats = field(default_factory=GateStats)
     min_observations: float = 32.0
     prior_rounds: float = 2.0
+    prefill: float = 0.0
     choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
     own: GateStats = field(default_factory=GateStats)
     last: GateEstimate | None = None
 
     def __post_init__(self) -> None:
-        if self.min_observations < 1 or self.prior_rounds < 0 or self.max_cap < 1:
+        if self.min_observations < 1 or self.prior_rounds < 0 or self.max_cap < 1 or self.prefill < 0:
             raise AccheadError("the round gate needs min_observations >= 1, prior_rounds >= 0 and a cap >= 1,"
                                f" got {self.min_observations}, {self.prior_rounds}, {self.max_cap}")
         self._ks = torch.arange(1, self.max_cap + 1, dtype=torch.float64)  # (K,) the caps k
@@ -174,6 +178,8 @@ class RoundGate:
     def ran(self, forwards: int, rows: list[Row]) -> None:
         """After a round of `rows` that ran `forwards` batched draft forwards: an open round's verdicts join
         the tallies."""
+        if forwards > 0:  # the draft holds the prompts now
+            self.prefill = 0.0
         if self.choice is None and forwards > 0:
             verdicts = [(r, r.res.accepted_per_round[-1]) for r in rows if r.res.drafted_per_round[-1] > 0]
             if verdicts:
@@ -224,7 +230,7 @@ class RoundGate:
         rounds = (m / mu + expected_max_normal(len(active)) * spread).amax(0)  # (K,) N_k
         d = (pooled.forwards / pooled.rounds).tolist()
         ratio = torch.tensor([self.rule.round_ratio(len(active), dk) for dk in d], dtype=torch.float64)
-        return GateEstimate((float(m.max()), *(ratio * rounds).tolist()))
+        return GateEstimate((float(m.max()), *(ratio * rounds + self.prefill).tolist()))
 
 
 @dataclass
@@ -251,9 +257,12 @@ class GateMemory:
         if not 0.0 < self.explore_share <= 1.0:
             raise AccheadError(f"the round gate's explore_share must be in (0, 1], got {self.explore_share}")
 
-    def start(self, rule: BatchStop | None, head: object, max_cap: int, rows: int = 1) -> RoundGate | None:
-        """The next decode's gate, of `rows` rows, under `rule` for a policy with SpecDec++'s `head` (None:
-        none) and cap `max_cap`; None where the rule has no gate."""
+    def start(
+        self, rule: BatchStop | None, head: object, max_cap: int, rows: int = 1, prefill: float = 0.0
+    ) -> RoundGate | None:
+        """The next decode's gate, of `rows` rows whose draft prefill costs `prefill` autoregressive rounds,
+        under `rule` for a policy with SpecDec++'s `head` (None: none) and cap `max_cap`; None where the
+        rule has no gate."""
         if rule is None or not rule.gate or head is None or max_cap < 1:
             return None
         chosen = self.history.gain is not None and (
@@ -262,9 +271,21 @@ class GateMemory:
         explore = self.decodes == 0 or chosen
         self.decodes, self.rows = self.decodes + 1, self.rows + rows
         self.explored += rows if chosen else 0
-        return RoundGate(rule, max_cap, GateStats() if explore else self.history, self.min_observations)
+        prior = GateStats() if explore else self.history
+        return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill)
 
     def remember(self, gate: RoundGate) -> None:
         """After a decode: its own tallies, if it drafted open rounds, join the history (the older halved)."""
         if gate.own.gain is not None:
             self.history = self.history.scaled(0.5) + gate.tallies()
+
+
+def draft_prefill_rounds(
+    feed: TokenFeed | None, prompt_tokens: int, rule: BatchStop | None, batch: int
+) -> float:
+    """The draft's prefill of `prompt_tokens` prompt tokens over `batch` rows, in autoregressive rounds: at
+    the rate of the `feed`'s catch-ups so far (`TokenFeed.catch_up_s` / `catch_up_tokens`, a decode's first
+    being its prefill) over the measured round (`BatchCosts.round_s_at`); 0 before any or unmeasured."""
+    if feed is None or not feed.catch_up_tokens or rule is None or rule.costs is None:
+        return 0.0
+    return feed.catch_up_s / feed.catch_up_tokens * prompt_tokens / rule.costs.round_s_at(batch)

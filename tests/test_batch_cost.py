@@ -26,6 +26,22 @@ def test_c_is_one_more_candidate_over_an_autoregressive_round():
     assert math.isclose(_cost(4, 0.005, 0.010).c, 0.5)  # 5 ms / 10 ms
 
 
+def test_a_rounds_price_is_read_off_the_timed_rounds_of_its_forwards():
+    """Rounds of 1, 2, 3 forwards timed at 14, 19, 20 ms against an autoregressive 10 ms: a round of 2 costs
+    1.9 (the line through 1 and 3, 1.7, would underprice it), 2.5 halfway to 3, 4 past the last by c = 0.3
+    a forward; without timed rounds, 1 + c₁ + (d − 1)·c. Interpolated in log B as c is."""
+    timed = BatchCost(4, step_s=0.003, round_s=0.010, first_s=0.004, drafted_s=(0.014, 0.019, 0.020))
+    assert [round(timed.round_ratio(d), 6) for d in (1, 2, 2.5, 3, 4)] == [1.4, 1.9, 1.95, 2.0, 2.3]
+    assert timed.round_ratio(0.5) == pytest.approx(1.4)  # a mean below 1 forward: the first round's
+    line = BatchCost(4, step_s=0.003, round_s=0.010, first_s=0.004)
+    assert line.round_ratio(2) == pytest.approx(1.7) and line.round_ratio(3) == pytest.approx(2.0)
+    costs = BatchCosts((timed, BatchCost(16, step_s=0.003, round_s=0.010, first_s=0.004)))
+    assert costs.round_ratio_at(8, 2) == pytest.approx(1.8)  # halfway in log B between 1.9 and 1.7
+    assert BatchStop(costs=costs).round_ratio(4, 2) == pytest.approx(1.9)
+    with pytest.raises(AccheadError):
+        BatchCosts((BatchCost(4, 0.003, 0.010, drafted_s=(0.014, 0.0)),))
+
+
 def test_c_at_interpolates_in_log_batch_and_clamps():
     costs = BatchCosts((_cost(16, 0.8, 1.0), _cost(1, 0.2, 1.0)))  # any order: sorted by B
     assert [c.batch for c in costs.costs] == [1, 16]
@@ -94,17 +110,21 @@ def test_a_batch_result_times_each_round(pair):
 
 
 def test_measure_batch_costs_times_the_decoders_rounds(pair):
-    """c(B) from rounds of the batched decoder: (K = 3 minus K = 1) / 2 over an autoregressive round."""
+    """c(B) from rounds of the batched decoder: the slope over rounds of K = 1, 2 and 3 over an autoregressive
+    round; the rounds of each count of forwards kept for the round gate."""
     target, draft = pair
     timers = {
         "ar": BatchedDecoder(target, None, "autoregressive", single=False),
         "k1": BatchedDecoder(target, draft, "specdec:k=1", single=False),
+        "k2": BatchedDecoder(target, draft, "specdec:k=2", single=False),
         "k3": BatchedDecoder(target, draft, "specdec:k=3", single=False),
     }
     costs = measure_batch_costs(timers, 12, [1, 3], rounds=8, repeats=1)
     assert [c.batch for c in costs.costs] == [1, 3]
-    assert all(c.round_s > 0 and c.step_s >= 0 for c in costs.costs)
-    with pytest.raises(AccheadError, match="ar, k1 and k3"):
+    assert all(c.round_s > 0 and c.step_s >= 0 and len(c.drafted_s) == 3 for c in costs.costs)
+    for c in costs.costs:
+        assert c.round_ratio(2) == pytest.approx(c.drafted_s[1] / c.round_s)
+    with pytest.raises(AccheadError, match="ar, k1, k2 and k3"):
         measure_batch_costs({"ar": timers["ar"]}, 12, [1])
 
 
@@ -170,7 +190,9 @@ def test_rounds_after_a_row_finished_are_not_timed():
     timers = {
         "ar": Fake([1.0, 0.5, 0.5], [0, 0, 0], [4, 4, 4]),
         "k1": Fake([1.0, 0.6, 0.6, 0.01], [1, 1, 1, 0], [4, 4, 4, 1]),  # the last round: one row left
+        "k2": Fake([1.0, 0.75, 0.75], [2, 2, 2], [4, 4, 4]),
         "k3": Fake([1.0, 0.8, 0.2], [3, 3, 3], [4, 4, 2]),
     }
     (cost,) = measure_batch_costs(timers, 12, [4], repeats=1).costs
     assert math.isclose(cost.round_s, 0.5) and math.isclose(cost.c, 0.2)
+    assert cost.drafted_s == (0.6, 0.75, 0.8)  # the round gate's prices: 1.2, 1.5, 1.6 AR rounds

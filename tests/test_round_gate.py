@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 
 import pytest
 import torch
@@ -20,7 +21,13 @@ from acchead.inference.batch_cost import BatchCost, BatchCosts
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.batched_rows import Row
-from acchead.inference.round_gate import GateMemory, GateStats, RoundGate, expected_max_normal
+from acchead.inference.round_gate import (
+    GateMemory,
+    GateStats,
+    RoundGate,
+    draft_prefill_rounds,
+    expected_max_normal,
+)
 
 
 def _row(generated: int, max_new: int) -> Row:
@@ -71,6 +78,37 @@ def test_gate_estimate_hand_computed(c, costs, choice):
     # a finished row weighs in the means but not in N: only row a decodes on (one row: e_1 = 0)
     ar, cap1 = gate.estimate(rows[:1]).costs[:2]
     assert ar == 16.0 and math.isclose(cap1, (1 + c) * 16 / 1.5)
+
+
+def test_gate_prices_the_drafts_prefill_until_it_drafts():
+    """A decode whose draft has not read its prompts yet (a gate choosing from the memory before its first
+    round) pays the draft's prefill on its first drafting round: every cap above 0 costs it more (here 5
+    rounds: cap 1's 14.065 becomes 19.065 > 18, so autoregressive); once a round drafted it is paid."""
+    rows = [_row(4, 20), _row(2, 20)]
+    played = RoundGate(BatchStop(0.1, gate=True), max_cap=2, min_observations=4)
+    _play(played, rows, HAND)
+    free = RoundGate(BatchStop(0.1, gate=True), 2, played.tallies(), min_observations=4)
+    priced = RoundGate(BatchStop(0.1, gate=True), 2, played.tallies(), min_observations=4, prefill=5.0)
+    base, more = free.estimate(rows).costs, priced.estimate(rows).costs
+    assert more[0] == base[0]
+    assert all(math.isclose(m - b, 5.0) for m, b in zip(more[1:], base[1:], strict=True))
+    assert base[1] < 18.0 <= more[1] and priced.estimate(rows).choice == 0
+    _play(priced, rows, HAND[:1])  # a drafting round: the prefill is behind it
+    assert priced.prefill == 0.0
+    with pytest.raises(AccheadError):
+        RoundGate(BatchStop(0.1, gate=True), 2, prefill=-1.0)
+
+
+def test_draft_prefill_rounds_from_the_feeds_catch_ups():
+    """0.5 s for 100 catch-up tokens, 200 prompt tokens, an autoregressive round of 10 ms at B = 4: 100
+    rounds; nothing timed yet, no feed, or costs not measured: 0."""
+    costs = BatchCosts((BatchCost(4, step_s=0.002, round_s=0.010),))
+    rule = BatchStop(costs=costs, gate=True)
+    feed = types.SimpleNamespace(catch_up_s=0.5, catch_up_tokens=100)
+    assert math.isclose(draft_prefill_rounds(feed, 200, rule, 4), 100.0)
+    assert draft_prefill_rounds(types.SimpleNamespace(catch_up_s=0.0, catch_up_tokens=0), 200, rule, 4) == 0
+    assert draft_prefill_rounds(None, 200, rule, 4) == 0.0
+    assert draft_prefill_rounds(feed, 200, BatchStop(measure=True, gate=True), 4) == 0.0
 
 
 def test_gate_weighs_the_slowest_row():
@@ -208,6 +246,9 @@ def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast, e
     res = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0, eos_token_id=5)
     assert res.gate_rounds > 0 and res.draft_calls > 0  # it drafted, then it closed
     assert res.to_dict()["gate_rounds"] == res.gate_rounds
+    # the fast path's first round fed the draft the prompts uncompiled, timed: the rate the next decode's
+    # gate prices the draft's prefill at (the eager path feeds them in its round's own forward)
+    assert (dec._feed.catch_up_tokens > 0 and dec._feed.catch_up_s > 0) is fast
     # the next decode starts from this one's tallies: closed before its first round, nothing drafted
     again = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0, eos_token_id=5)
     assert again.draft_calls == 0 and again.gate_rounds == again.target_calls
