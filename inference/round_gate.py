@@ -15,16 +15,18 @@ the batch in N_AR = max_b m_b rounds. Rounds capped at k candidates advance row 
 
     N_k ≈ max_b (m_b / μ_{b,k} + e_R·σ_{b,k}),    e_R = E[max of R standard normals] ≈ Φ⁻¹((R − ⅜) / (R + ¼))
 
-over the R rows decoding. Such a round costs ρ_k autoregressive rounds (`BatchStop.round_ratio`: 1 + c₁(R) +
-(d_k − 1)·c(R), d_k its draft forwards, from the measured costs of `acchead.inference.batch_cost`). The gate
-picks the cap with the least ρ_k·N_k (N_AR for k = 0). One set of rounds gives every cap's gains: a row's
-open round (drafted under the policy's own cap K) with τ of its candidates accepted would have gained
-g_k = 1 + min(τ, k) under cap k, since its first k draws are the same (keyed by position) and so are their
-verdicts, and its d draft forwards would have been min(d, k). While K is the cheapest the rounds stay open
-(the policy's caps, weighed again next round); a smaller cap is kept for the rest of the decode, since capped
-rounds say nothing of larger caps. At 0 the draft's cache is left behind (resuming would feed it every token
-since, and on the fast path compile a feed of that width) and the verifications stop collecting a feature
-draft's states.
+over the R rows decoding. Such a round costs ρ_k autoregressive rounds (`BatchStop.round_ratio`: the
+calibration's timed rounds of d_k draft forwards, d_k the cap's mean, over its autoregressive round;
+`acchead.inference.batch_cost`), and a decode whose draft has not read its prompts yet pays their prefill P
+(in autoregressive rounds, at the rate of the draft's timed catch-ups) on its first drafting round. The gate
+picks the cap with the least ρ_k·N_k + P (N_AR for k = 0; P = 0 once a round drafted). One set of rounds gives
+every cap's gains: a row's open round (drafted under the policy's own cap K) with τ of its candidates accepted
+would have gained g_k = 1 + min(τ, k) under cap k, since its first k draws are the same (keyed by position)
+and so are their verdicts, and its d draft forwards would have been min(d, k). While K is the cheapest the
+rounds stay open (the policy's caps, weighed again next round); a smaller cap is kept for the rest of the
+decode, since capped rounds say nothing of larger caps. At 0 the draft's cache is left behind (resuming would
+feed it every token since, and on the fast path compile a feed of that width) and the verifications stop
+collecting a feature draft's states.
 
 The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
 (`GateMemory`: their tallies halved per drafting decode, so a gate may choose before its first round; the
