@@ -103,7 +103,8 @@ class BatchCosts:
         for cost in self.costs:
             if not (cost.round_s > 0 and cost.step_s >= 0 and (cost.first_s or 0.0) >= 0
                     and all(t > 0 for t in cost.drafted_s)):  # fmt: skip
-                raise AccheadError(f"batch costs need round_s > 0 and step_s >= 0 seconds, got {cost}")
+                raise AccheadError("batch costs need round_s > 0, step_s >= 0, first_s >= 0 and drafted_s > 0"
+                                   f" seconds, got {cost}")
         object.__setattr__(self, "costs", tuple(sorted(self.costs, key=lambda c: c.batch)))
 
     def c_at(self, batch: int) -> float:

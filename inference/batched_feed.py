@@ -54,9 +54,9 @@ class TokenFeed:
     def ready(self) -> bool:
         return True
 
-    def _timed_catch_up(self, start: float, tokens: torch.Tensor) -> None:
+    def _timed_catch_up(self, start: float, tokens: int) -> None:
         self.catch_up_s += time.perf_counter() - start
-        self.catch_up_tokens += int(tokens.sum())
+        self.catch_up_tokens += tokens  # counted on the host: no device read
 
     def reset(self, batch: int, capacity: int = 0) -> None:
         """Empty caches for `batch` rows (`capacity`: the slots a static cache needs)."""
@@ -79,7 +79,7 @@ class TokenFeed:
             tokens, counts = right_aligned([p[:-widest] for p in pending], cache.device)
             start = time.perf_counter()
             cache.feed(tokens, counts, keep=1, eager=True)
-            self._timed_catch_up(start, counts)
+            self._timed_catch_up(start, sum(len(p[:-widest]) for p in pending))
             pending = [p[-widest:] for p in pending]
         tokens, counts = right_aligned(pending, cache.device)
         return _last(cache.feed(tokens, counts, keep=1, want_hidden=want_hidden, post=post), post)
@@ -142,7 +142,7 @@ class FeatureFeed(TokenFeed):
             early = [max(k, m - 1 - widest) for k, m in zip(keep, n, strict=True)]  # pairs k+1.. early
             start = time.perf_counter()
             self._feed_pairs(ids, keep, early, None, eager=True)
-            self._timed_catch_up(start, torch.tensor(early) - torch.tensor(keep))
+            self._timed_catch_up(start, sum(e - k for e, k in zip(early, keep, strict=True)))
             keep = early
         out = self._feed_pairs(ids, keep, [m - 1 for m in n], post)
         self.true_pairs = [m - 1 for m in n]

@@ -167,8 +167,9 @@ class RoundGate:
 
     def __post_init__(self) -> None:
         if self.min_observations < 1 or self.prior_rounds < 0 or self.max_cap < 1 or self.prefill < 0:
-            raise AccheadError("the round gate needs min_observations >= 1, prior_rounds >= 0 and a cap >= 1,"
-                               f" got {self.min_observations}, {self.prior_rounds}, {self.max_cap}")
+            raise AccheadError("the round gate needs min_observations >= 1, prior_rounds >= 0, a cap >= 1 and"
+                               f" prefill >= 0, got {self.min_observations}, {self.prior_rounds},"
+                               f" {self.max_cap}, {self.prefill}")
         self._ks = torch.arange(1, self.max_cap + 1, dtype=torch.float64)  # (K,) the caps k
         self._rows: dict[int, tuple[float, torch.Tensor]] = {}  # id(row) -> its rounds, its (K,) gain sums
 
@@ -267,13 +268,13 @@ class GateMemory:
         rule has no gate."""
         if rule is None or not rule.gate or head is None or max_cap < 1:
             return None
+        # the first decode explores anyway: its history is empty
         chosen = self.history.gain is not None and (
             self.explored + rows <= self.explore_share * (self.rows + rows)
         )  # fmt: skip
-        explore = self.decodes == 0 or chosen
         self.decodes, self.rows = self.decodes + 1, self.rows + rows
         self.explored += rows if chosen else 0
-        prior = GateStats() if explore else self.history
+        prior = GateStats() if chosen else self.history
         return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill)
 
     def remember(self, gate: RoundGate) -> None:
