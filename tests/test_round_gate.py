@@ -21,13 +21,8 @@ from acchead.inference.batch_cost import BatchCost, BatchCosts
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.batched_rows import Row
-from acchead.inference.round_gate import (
-    GateMemory,
-    GateStats,
-    RoundGate,
-    draft_prefill_rounds,
-    expected_max_normal,
-)
+from acchead.inference.round_gate import GateMemory, GateStats, RoundGate, draft_prefill_rounds
+from acchead.inference.slowest_row import RowAtoms
 
 
 def _row(generated: int, max_new: int) -> Row:
@@ -41,13 +36,6 @@ def _play(gate: RoundGate, rows: list[Row], rounds: list[tuple[int, list[tuple[i
             r.res.drafted_per_round.append(n)
             r.res.accepted_per_round.append(tau)
         gate.ran(forwards, rows)
-
-
-def test_expected_max_normal():
-    assert expected_max_normal(1) == 0.0
-    assert [round(expected_max_normal(n), 2) for n in (2, 4, 16, 64)] == [0.59, 1.05, 1.77, 2.34]
-    with pytest.raises(AccheadError):
-        expected_max_normal(0)
 
 
 # Two open rounds of two rows, 20 new tokens each, 4 and 2 made: row a drafted 2 then 3 candidates (2 and 3
@@ -135,17 +123,38 @@ def test_gate_stays_open_while_the_policys_own_cap_is_cheapest():
     assert gate.cap(rows) == 2 and gate.choice is None
 
 
-def test_gate_drafts_until_min_observations_and_counts_only_open_rounds():
+def test_gate_drafts_until_min_observations_and_stops_counting_once_closed():
     rows = [_row(2, 20), _row(2, 20)]
     gate = RoundGate(BatchStop(0.5, gate=True), max_cap=3, min_observations=5)
     _play(gate, rows, [(3, [(1, 0), (1, 0)]), (0, [(0, 0), (0, 0)]), (1, [(1, 0), (0, 0)])])
-    assert gate.own.n == 3 and gate.own.rounds == 2 and gate.cap(rows) == 3  # 3 < 5 observations: open
+    assert gate.own.n.tolist() == [3.0] * 3 and gate.own.rounds.tolist() == [2.0] * 3
+    assert gate.cap(rows) == 3  # 3 < 5 observations: open
     _play(gate, rows, [(1, [(1, 0), (1, 0)])])
     assert gate.cap(rows) == 0 and gate.closed  # 5, nothing accepted: ρ > 1 = μ for every cap
-    _play(gate, rows, [(1, [(1, 0), (1, 0)])])  # a round after the choice is not tallied
-    assert gate.own.n == 5 and gate.own.forwards.tolist() == [3.0, 4.0, 5.0]  # min(d, k) over d = 3, 1, 1
+    _play(gate, rows, [(1, [(1, 0), (1, 0)])])  # a round after closing (played as drafted) is not tallied
+    assert gate.own.n.tolist() == [5.0] * 3
+    assert gate.own.forwards.tolist() == [3.0, 4.0, 5.0]  # min(d, k) over d = 3, 1, 1
     with pytest.raises(AccheadError):
         RoundGate(BatchStop(0.5, gate=True), max_cap=3, min_observations=0)
+
+
+def test_a_capped_round_prices_the_caps_up_to_its_own():
+    """Under a chosen cap of 2 a round's verdicts price caps 1 and 2 (the same draws, the same first
+    verdicts), not 3; a cap no round priced is never chosen, and the gate weighs by cap 1's count."""
+    rows = [_row(2, 20), _row(2, 20)]
+    gate = RoundGate(BatchStop(0.1, gate=True), max_cap=3, min_observations=4)
+    gate.choice = 2
+    _play(gate, rows, [(2, [(2, 2), (2, 1)]), (2, [(2, 0), (1, 1)])])
+    assert gate.own.n.tolist() == [4.0, 4.0, 0.0] and gate.own.rounds.tolist() == [2.0, 2.0, 0.0]
+    assert gate.own.gain.tolist() == [7.0, 8.0, 0.0]  # g_1: 2, 2, 1, 2; g_2: 3, 2, 1, 2
+    assert gate.own.forwards.tolist() == [2.0, 4.0, 0.0]
+    atoms = gate.row_atoms()
+    assert atoms.n.tolist() == [[2.0, 2.0, 0.0]] * 2
+    assert atoms.mean.tolist() == [[1.5, 2.0, 0.0], [2.0, 2.0, 0.0]]
+    fresh = RoundGate(BatchStop(0.1, gate=True), 3, gate.tallies(), min_observations=4)
+    est = fresh.estimate(rows)
+    assert est.costs[3] == math.inf and est.choice in (1, 2)
+    assert RoundGate(BatchStop(0.1, gate=True), 3, gate.tallies(), min_observations=5).estimate(rows) is None
 
 
 def test_gate_stats_pool_and_weigh():
@@ -153,8 +162,9 @@ def test_gate_stats_pool_and_weigh():
     a = GateStats(4, t([6.0, 6.0]), t([10.0, 10.0]), 2, t([2.0, 4.0]))  # gains 2, 2, 1, 1 under both caps
     b = GateStats(2, t([2.0, 3.0]), t([2.0, 5.0]), 1, t([1.0, 2.0]))
     both = a + b
-    assert both.n == 6 and both.gain.tolist() == [8.0, 9.0] and both.forwards.tolist() == [3.0, 6.0]
-    assert a.scaled(0.5).gain.tolist() == [3.0, 3.0] and a.scaled(0.5).rounds == 1
+    assert both.n.tolist() == [6.0] * 2 and both.gain.tolist() == [8.0, 9.0]
+    assert both.forwards.tolist() == [3.0, 6.0]
+    assert a.scaled(0.5).gain.tolist() == [3.0, 3.0] and a.scaled(0.5).rounds.tolist() == [1.0] * 2
     assert a.mean.tolist() == [1.5, 1.5] and torch.allclose(a.var, t([1 / 3, 1 / 3]))
     assert (GateStats() + a) is a and (a + GateStats()) is a and GateStats().scaled(0.5).gain is None
 
@@ -170,13 +180,16 @@ def test_gate_memory_starts_from_earlier_decodes_and_explores():
     for _ in range(5):
         gate = memory.start(rule, object(), 3, len(rows))
         gates.append(gate)
-        if gate.prior.n == 0:  # 8 rows' rounds, nothing accepted
+        if gate.prior.gain is None:  # 8 rows' rounds, nothing accepted
             _play(gate, rows, [(1, [(1, 0), (1, 0)])] * 4)
         else:
             assert gate.cap(rows) == 0  # the prior alone: ρ > 1 = μ
         memory.remember(gate)
-    assert [g.prior.n for g in gates] == [0, 8, 8, 0, 12]
-    assert memory.history.n == 12 and memory.history.rounds == 6  # 8 halved + the 8 of decode 3
+    assert [float(torch.as_tensor(g.prior.n).max()) for g in gates] == [0, 8, 8, 0, 12]
+    assert memory.history.n.tolist() == [12.0] * 3  # 8 halved + the 8 of decode 3
+    assert memory.history.rounds.tolist() == [6.0] * 3
+    # the exploring decodes start without the earlier rows too; the others with those of the drafting decodes
+    assert [None if g.atoms is None else len(g.atoms) for g in gates] == [None, 2, 2, None, 4]
     assert memory.start(None, object(), 3) is None and memory.start(rule, None, 3) is None
     assert (memory.decodes, memory.rows, memory.explored) == (5, 10, 2)
     with pytest.raises(AccheadError, match="explore_share"):
@@ -274,7 +287,7 @@ def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch, ea
     dec = _decoder(pair, spec, kind, batch_stop=BatchStop(0.05, gate=True))
     res = dec.generate(PROMPTS, max_new_tokens=20, temperature=0)
     assert gates[0].choice == cap and res.gate_rounds == 0
-    opened = int(gates[0].own.rounds)  # the open rounds (each drafted), then the choice
+    opened = int(gates[0].own.rounds[-1])  # the open rounds (the only ones pricing K), then the choice
     for b, prompt in enumerate(PROMPTS):
         ref = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
                               pad_token_id=0)[0, len(prompt) :]  # fmt: skip
@@ -316,3 +329,39 @@ def test_chi_square_gated_row(peaked_pair, monkeypatch):
     gated = sum(res.gate_rounds > 0 and res.rows[1].rounds > 1 for res in results)
     assert 0 < gated < CHI_SAMPLES  # the gate closed in some decodes and not in others while row 1 decoded
     assert row_one_p_value(target, counts) > 1e-3
+
+
+def test_gate_prices_the_slowest_row_from_earlier_rows():
+    """A decode of 16 rows, 18 tokens each, starts from a memory of rounds that gained 2 tokens but one (1):
+    under cap 1 at c = 0.5 the normal model sees rows that barely differ and drafts. Earlier rows (atoms) of
+    which 4 in 64 gained 1 a round say a batch of 16 holds such a row with probability 1 − (60/64)^16 =
+    0.64, then needing all 18 rounds: N_1 = 18 − 9·(60/64)^16 = 14.8, at 1.5 an AR round's price more than
+    AR's 18. Rows whose own rounds all gained 2 are not those: with them the gate drafts again."""
+    rows = [_row(2, 20) for _ in range(16)]
+    played = RoundGate(BatchStop(0.5, gate=True), max_cap=1, min_observations=32)
+    _play(played, rows, [(1, [(1, 0)] + [(1, 1)] * 15), (1, [(1, 1)] * 16)])
+    slow = RowAtoms(torch.full((64, 1), 20.0, dtype=torch.float64),
+                    torch.tensor([[2.0]] * 60 + [[1.0]] * 4, dtype=torch.float64))  # fmt: skip
+    fresh = [_row(0, 18) for _ in range(16)]
+    assert RoundGate(BatchStop(0.5, gate=True), 1, played.tallies()).estimate(fresh).choice == 1
+    est = RoundGate(BatchStop(0.5, gate=True), 1, played.tallies(), atoms=slow).estimate(fresh)
+    assert est.choice == 0 and abs(est.costs[1] - 1.5 * (18 - 9 * (60 / 64) ** 16)) < 0.1
+    played.atoms = slow
+    assert played.estimate(rows).choice == 1
+
+
+def test_an_open_gate_weighs_again_once_its_evidence_grew_by_a_quarter():
+    """A row that accepts every candidate keeps the gate open (the policy's cap 2 the cheapest). It weighs
+    first at 4 rounds (min_observations), then once the rounds it has seen are 1.25 times those it last
+    weighed at: after rounds 4, 5, 7, 9 and 12 of 12, not after each."""
+    rows = [_row(0, 80)]
+    gate = RoundGate(BatchStop(0.01, gate=True), max_cap=2, min_observations=4)
+    weighed = []
+    for i in range(1, 13):
+        _play(gate, rows, [(2, [(2, 2)])])
+        before = gate.last
+        assert gate.cap(rows) == 2 and gate.choice is None
+        weighed += [i] if gate.last is not before else []
+    assert weighed == [4, 5, 7, 9, 12]
+    with pytest.raises(AccheadError, match="reweigh"):
+        RoundGate(BatchStop(0.01, gate=True), max_cap=2, reweigh=0.0)
