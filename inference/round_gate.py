@@ -159,7 +159,6 @@ class RoundGate:
     atoms: RowAtoms | None = None
     reweigh: float = 0.25
     choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
-    own: GateStats = field(default_factory=GateStats)
     last: GateEstimate | None = None
 
     def __post_init__(self) -> None:
@@ -170,7 +169,12 @@ class RoundGate:
                                f" {self.prior_rounds}, {self.max_cap}, {self.prefill}, {self.reweigh}")
         self._weigh_at = self.min_observations  # rounds seen (under cap 1) at which the gate weighs next
         self._ks = torch.arange(1, self.max_cap + 1, dtype=torch.float64)  # (K,) the caps k
-        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(row) -> (K,) its rounds, gain sums
+        # the drafting rounds as plain numbers (a round costs a list append; tensors are built when the gate
+        # weighs): each round's rows (their ids), their τ, its draft forwards, the largest cap it prices
+        self._log: list[tuple[list[int], list[int], int, int]] = []
+        self._seen = 0  # rows' rounds logged
+        self._prior_seen = float(torch.as_tensor(self.prior.n).flatten()[0])
+        self._summary: tuple[int, GateStats, dict[int, int], torch.Tensor, torch.Tensor] | None = None
 
     @property
     def closed(self) -> bool:
@@ -184,25 +188,18 @@ class RoundGate:
             self.prefill = 0.0
         if self.choice == 0 or forwards == 0:
             return
-        verdicts = [(r, r.res.accepted_per_round[-1]) for r in rows if r.res.drafted_per_round[-1] > 0]
-        if verdicts:
-            priced = (self._ks <= (self.choice or self.max_cap)).double()  # (K,) the caps this round prices
-            tau = torch.tensor([t for _, t in verdicts], dtype=torch.float64)
-            gains = (1.0 + torch.minimum(tau[:, None], self._ks)) * priced  # (R, K) g_k of each row
-            for (r, _), g in zip(verdicts, gains, strict=True):
-                n, total = self._rows.get(id(r), (torch.zeros_like(self._ks), torch.zeros_like(self._ks)))
-                self._rows[id(r)] = (n + priced, total + g)
-            fwd = torch.minimum(torch.tensor(float(forwards), dtype=torch.float64), self._ks) * priced
-            self.own = self.own + GateStats(
-                len(verdicts) * priced, gains.sum(0), (gains**2).sum(0), priced, fwd
-            )  # fmt: skip
+        drafted = [r for r in rows if r.res.drafted_per_round[-1] > 0]
+        if drafted:
+            taus = [r.res.accepted_per_round[-1] for r in drafted]
+            self._log.append(([id(r) for r in drafted], taus, forwards, self.choice or self.max_cap))
+            self._seen += len(drafted)
 
     def cap(self, active: list[Row]) -> int:
         """The next round's candidate cap for the `active` rows: K while open (then the policy's own caps),
         0 for an autoregressive round, or the cap the gate chose (kept for the rest of the decode)."""
         if self.choice is not None:
             return self.choice
-        seen = sum(float(torch.as_tensor(t.n).flatten()[0]) for t in (self.prior, self.own))  # under cap 1
+        seen = self._seen + self._prior_seen  # rows' rounds under cap 1
         if seen < self._weigh_at:  # open until the evidence has grown enough to weigh (again)
             return self.max_cap
         self._weigh_at = max(seen * (1.0 + self.reweigh), self.min_observations)
@@ -212,18 +209,46 @@ class RoundGate:
             return self.choice
         return self.max_cap
 
+    def _tally(self) -> tuple[GateStats, dict[int, int], torch.Tensor, torch.Tensor]:
+        """The logged rounds as tensors: their tallies (without row means), each row's index, and per row
+        (rows, K) its rounds and gain sums under each cap; rebuilt only after new rounds."""
+        if not self._log:
+            empty = torch.zeros(0, self.max_cap, dtype=torch.float64)
+            return GateStats(), {}, empty, empty
+        if self._summary is None or self._summary[0] != len(self._log):
+            index: dict[int, int] = {}
+            keys = [index.setdefault(k, len(index)) for ids, *_ in self._log for k in ids]
+            caps = [c for ids, _, _, c in self._log for _ in ids]
+            tau = torch.tensor([t for _, taus, *_ in self._log for t in taus], dtype=torch.float64)
+            priced = (self._ks <= torch.tensor(caps, dtype=torch.float64)[:, None]).double()  # (N, K)
+            gains = (1.0 + torch.minimum(tau[:, None], self._ks)) * priced  # (N, K) g_k of each row's round
+            per_round = torch.tensor([[f, c] for _, _, f, c in self._log], dtype=torch.float64)  # (rounds, 2)
+            round_priced = (self._ks <= per_round[:, 1:]).double()  # (rounds, K)
+            fwd = (torch.minimum(per_round[:, :1], self._ks) * round_priced).sum(0)
+            own = GateStats(priced.sum(0), gains.sum(0), (gains**2).sum(0), round_priced.sum(0), fwd)
+            where = torch.tensor(keys, dtype=torch.long)
+            n = torch.zeros(len(index), self.max_cap, dtype=torch.float64).index_add_(0, where, priced)
+            total = torch.zeros_like(n).index_add_(0, where, gains)
+            self._summary = (len(self._log), own, index, n, total)
+        return self._summary[1:]
+
+    @property
+    def own(self) -> GateStats:
+        """This decode's tallies of its drafting rounds (without row means: `tallies`)."""
+        return self._tally()[0]
+
     def tallies(self) -> GateStats:
         """This decode's own tallies, its rows' mean gains included."""
-        if self.own.gain is None:
-            return self.own
+        own = self.own
+        if own.gain is None:
+            return own
         atoms = self.row_atoms()  # (rows, K) each
         rows, means = (atoms.n > 0).double().sum(0), atoms.mean
-        return replace(self.own, rows=rows, row_mean=means.sum(0), row_mean2=(means**2).sum(0))
+        return replace(own, rows=rows, row_mean=means.sum(0), row_mean2=(means**2).sum(0))
 
     def row_atoms(self) -> RowAtoms:
         """This decode's rows as atoms (`RowAtoms`) for the decodes after it."""
-        n = torch.stack([c for c, _ in self._rows.values()])  # (rows, K)
-        total = torch.stack([t for _, t in self._rows.values()])
+        _, _, n, total = self._tally()
         return RowAtoms(n, torch.where(n > 0, total / n.clamp_min(1.0), 0.0))
 
     def estimate(self, active: list[Row]) -> GateEstimate | None:
@@ -233,10 +258,11 @@ class RoundGate:
         if pooled.gain is None or float(pooled.n[0]) < self.min_observations:
             return None
         mean, var, between = pooled.mean, pooled.var, pooled.between  # (K,)
-        zero = torch.zeros_like(self._ks)
-        own = [self._rows.get(id(r), (zero, zero)) for r in active]
-        n = torch.stack([c for c, _ in own])  # (R, K) each row's own rounds under each cap
-        total = torch.stack([t for _, t in own])
+        _, index, row_n, row_total = self._tally()
+        # (R, K) each active row's own rounds and gain sums under each cap (zeros before its first)
+        pad = torch.zeros(1, self.max_cap, dtype=torch.float64)
+        at = torch.tensor([index.get(id(r), -1) for r in active], dtype=torch.long)  # -1: none yet
+        n, total = torch.cat([row_n, pad])[at], torch.cat([row_total, pad])[at]
         # each row's mean gain, its own rounds' mean shrunk towards the pooled one (normal-normal): the
         # pooled one weighs as var / between rounds (`prior_rounds` where the rows do not differ measurably)
         fixed = torch.full_like(var, self.prior_rounds)
