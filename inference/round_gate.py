@@ -17,13 +17,13 @@ calibration's timed rounds of d_k draft forwards, d_k the cap's mean, over its a
 `acchead.inference.batch_cost`), and a decode whose draft has not read its prompts yet pays their prefill P
 (in autoregressive rounds, at the rate of the draft's timed catch-ups) on its first drafting round. The gate
 picks the cap with the least ρ_k·N_k + P (N_AR for k = 0; P = 0 once a round drafted). One set of rounds gives
-several caps' gains: a row's round with τ of its candidates accepted would have gained g_k = 1 + min(τ, k)
-under cap k, since its first k draws are the same (keyed by position) and so are their verdicts, and its d
-draft forwards would have been min(d, k); an open round (the policy's own cap K) prices every cap, a round
-capped at c those up to c. While K is the cheapest the rounds stay open (the policy's caps, weighed again next
-round); a smaller cap is kept for the rest of the decode. At 0 the draft's cache is left behind (resuming
-would feed it every token since, and on the fast path compile a feed of that width) and the verifications
-stop collecting a feature draft's states.
+several caps' gains: the positions a row's rounds verified, a rejection ending a round under every cap, say
+how many rounds of cap k the same tokens take (`acchead.inference.cap_counterfactual`: its stretches of
+positions, a flag the round never saw read both ways), and a round's d draft forwards would have been min(d,
+k); an open round (the policy's own cap K) prices every cap, a round capped at c those up to c. While K is the
+cheapest the rounds stay open (the policy's caps, weighed again next round); a smaller cap is kept for the
+rest of the decode. At 0 the draft's cache is left behind (resuming would feed it every token since, and on
+the fast path compile a feed of that width) and the verifications stop collecting a feature draft's states.
 
 The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
 (`GateMemory`: their tallies halved per drafting decode, and their last rows kept as atoms, so a gate may
@@ -54,19 +54,19 @@ from acchead.errors import AccheadError
 from acchead.inference.batch_stop import BatchStop
 from acchead.inference.batched_feed import TokenFeed
 from acchead.inference.batched_rows import Row
+from acchead.inference.cap_counterfactual import row_tallies
 from acchead.inference.slowest_row import RowAtoms, empirical_rounds, normal_rounds
 
 
 @dataclass(frozen=True)
 class GateStats:
-    """Tallies of drafting rounds, counted under every cap k = 1..K they price: a row's round that drafted
-    n > 0 candidates and had τ accepted would have gained g_k = 1 + min(τ, k) tokens under cap k (the same
-    draws, keyed by position; the same verdicts on the first k), which an open round (the policy's own caps)
-    tells for every k and a round capped at c for k <= c. Per cap, (K,) each: `n` rows' rounds, `gain` and
-    `gain2` sums of g_k and g_k², `rounds` drafting rounds and `forwards` sums of min(d, k) for a round's d
-    batched draft forwards, `rows` rows, `row_mean` and `row_mean2` sums of each row's mean gain and its
-    square (how much rows differ). A number given for a count fills every cap. Additive (`+`); `scaled`
-    weighs an older decode's down."""
+    """Tallies of drafting rounds, counted under every cap k = 1..K they price: the rounds of cap k the
+    same tokens would have taken, each gaining g_k tokens (`acchead.inference.cap_counterfactual`), which
+    an open round (the policy's own caps) tells for every k and a round capped at c for k <= c. Per cap,
+    (K,) each: `n` such rounds, `gain` and `gain2` sums of g_k and g_k², `rounds` drafting rounds and
+    `forwards` sums of min(d, k) for a round's d batched draft forwards, `rows` rows, `row_mean` and
+    `row_mean2` sums of each row's mean gain and its square (how much rows differ). A number given for a
+    count fills every cap. Additive (`+`); `scaled` weighs an older decode's down."""
 
     n: torch.Tensor | float = 0.0
     gain: torch.Tensor | None = None  # (K,) float64; None: no rounds yet
@@ -170,9 +170,10 @@ class RoundGate:
         self._weigh_at = self.min_observations  # rounds seen (under cap 1) at which the gate weighs next
         self._ks = torch.arange(1, self.max_cap + 1, dtype=torch.float64)  # (K,) the caps k
         # the drafting rounds as plain numbers (a round costs a list append; tensors are built when the gate
-        # weighs): each round's rows (their ids), their τ, its draft forwards, the largest cap it prices
-        self._log: list[tuple[list[int], list[int], int, int]] = []
-        self._seen = 0  # rows' rounds logged
+        # weighs): each round's rows (their ids), their τ and d, its batched draft forwards, the largest cap
+        # it prices
+        self._log: list[tuple[list[int], list[int], list[int], int, int]] = []
+        self._seen = 0  # rounds under cap 1 the logged ones make (read as ending at each round's end)
         self._prior_seen = float(torch.as_tensor(self.prior.n).flatten()[0])
         self._summary: tuple[int, GateStats, dict[int, int], torch.Tensor, torch.Tensor] | None = None
 
@@ -191,8 +192,9 @@ class RoundGate:
         drafted = [r for r in rows if r.res.drafted_per_round[-1] > 0]
         if drafted:
             taus = [r.res.accepted_per_round[-1] for r in drafted]
-            self._log.append(([id(r) for r in drafted], taus, forwards, self.choice or self.max_cap))
-            self._seen += len(drafted)
+            drafts = [r.res.drafted_per_round[-1] for r in drafted]
+            self._log.append(([id(r) for r in drafted], taus, drafts, forwards, self.choice or self.max_cap))
+            self._seen += sum((t + 2) // 2 for t in taus)  # ⌈(τ + 1) / 2⌉
 
     def cap(self, active: list[Row]) -> int:
         """The next round's candidate cap for the `active` rows: K while open (then the policy's own caps),
@@ -217,18 +219,18 @@ class RoundGate:
             return GateStats(), {}, empty, empty
         if self._summary is None or self._summary[0] != len(self._log):
             index: dict[int, int] = {}
-            keys = [index.setdefault(k, len(index)) for ids, *_ in self._log for k in ids]
-            caps = [c for ids, _, _, c in self._log for _ in ids]
-            tau = torch.tensor([t for _, taus, *_ in self._log for t in taus], dtype=torch.float64)
-            priced = (self._ks <= torch.tensor(caps, dtype=torch.float64)[:, None]).double()  # (N, K)
-            gains = (1.0 + torch.minimum(tau[:, None], self._ks)) * priced  # (N, K) g_k of each row's round
-            per_round = torch.tensor([[f, c] for _, _, f, c in self._log], dtype=torch.float64)  # (rounds, 2)
+            rows: list[list[tuple[int, int, int]]] = []
+            for ids, taus, drafts, _, cap in self._log:
+                for key, tau, d in zip(ids, taus, drafts, strict=True):
+                    if key not in index:
+                        index[key] = len(rows)
+                        rows.append([])
+                    rows[index[key]].append((tau, d, cap))
+            n, total, squares = row_tallies(rows, self._ks)  # (rows, K) each
+            per_round = torch.tensor([[f, c] for *_, f, c in self._log], dtype=torch.float64)  # (rounds, 2)
             round_priced = (self._ks <= per_round[:, 1:]).double()  # (rounds, K)
             fwd = (torch.minimum(per_round[:, :1], self._ks) * round_priced).sum(0)
-            own = GateStats(priced.sum(0), gains.sum(0), (gains**2).sum(0), round_priced.sum(0), fwd)
-            where = torch.tensor(keys, dtype=torch.long)
-            n = torch.zeros(len(index), self.max_cap, dtype=torch.float64).index_add_(0, where, priced)
-            total = torch.zeros_like(n).index_add_(0, where, gains)
+            own = GateStats(n.sum(0), total.sum(0), squares.sum(0), round_priced.sum(0), fwd)
             self._summary = (len(self._log), own, index, n, total)
         return self._summary[1:]
 

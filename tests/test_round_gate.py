@@ -39,12 +39,13 @@ def _play(gate: RoundGate, rows: list[Row], rounds: list[tuple[int, list[tuple[i
 
 
 # Two open rounds of two rows, 20 new tokens each, 4 and 2 made: row a drafted 2 then 3 candidates (2 and 3
-# draft forwards), row b 1 then 2; each had 1 accepted, then none. Under cap 1 or 2 the gains are the same,
+# draft forwards), row b 2 then 2; each had 1 accepted, then none (each round ends in a rejection, so no flag
+# is unseen: `acchead.inference.cap_counterfactual`). Under cap 1 or 2 the gains are the same,
 # 2 then 1 for both rows: pooled mean 1.5, variance 1/3, and the rows do not differ (both means 1.5), so each
 # row's mean is 1.5 (its own shrunk by 2 pseudo-rounds); m = 16 and 18, e_2 = 0.589:
 # N = max(16/1.5 + e_2·√(16/3 / 1.5³), 18/1.5 + e_2·√(18/3 / 1.5³)) = 12.786; N_AR = 18. Draft forwards a
 # round: min(d, 1) = 1, min(d, 2) = 2, so ρ_1 = 1 + c, ρ_2 = 1 + 2c.
-HAND = [(2, [(2, 1), (1, 1)]), (3, [(3, 0), (2, 0)])]
+HAND = [(2, [(2, 1), (2, 1)]), (3, [(3, 0), (2, 0)])]
 
 
 @pytest.mark.parametrize(
@@ -113,13 +114,13 @@ def test_gate_weighs_the_slowest_row():
 
 
 def test_gate_stays_open_while_the_policys_own_cap_is_cheapest():
-    """Rows that accepted 2 candidates in some rounds gain more under cap 2 than cap 1; with c = 0.01 the cap
-    of 2 (the policy's own) is cheapest, so the gate stays open (the policy's caps) and weighs again next
-    round."""
+    """Rows that accepted 2 candidates in some rounds gain more under cap 2 than cap 1 (a stretch of 3
+    positions takes cap 1 two rounds); with c = 0.01 the cap of 2 (the policy's own) is cheapest, so the gate
+    stays open (the policy's caps) and weighs again later."""
     rows = [_row(4, 20), _row(2, 20)]
     gate = RoundGate(BatchStop(0.01, gate=True), max_cap=2, min_observations=4)
     _play(gate, rows, [(2, [(2, 2), (2, 1)]), (3, [(3, 1), (2, 2)])])
-    assert [round(x, 3) for x in gate.estimate(rows).costs] == [18.0, 9.09, 7.717]
+    assert [round(x, 3) for x in gate.estimate(rows).costs] == [18.0, 11.514, 7.717]
     assert gate.cap(rows) == 2 and gate.choice is None
 
 
@@ -139,18 +140,22 @@ def test_gate_drafts_until_min_observations_and_stops_counting_once_closed():
 
 
 def test_a_capped_round_prices_the_caps_up_to_its_own():
-    """Under a chosen cap of 2 a round's verdicts price caps 1 and 2 (the same draws, the same first
-    verdicts), not 3; a cap no round priced is never chosen, and the gate weighs by cap 1's count."""
+    """Under a chosen cap of 2 the rounds price caps 1 and 2 (the same flags: a 0 ends a round under every
+    cap), not 3; a cap no round priced is never chosen, and the gate weighs by cap 1's count. Row a accepted
+    2 of 2 (its bonus flag unseen), then 0 of 2; row b 1 of 2, then 1 of 1 (unseen). α = 4/6 accepted of
+    the known verdicts. Under cap 1 row a's positions read as stretches 3 + 1 (flag 0: 3 rounds) or 4 (flag
+    1: 2 rounds), 2.33 rounds; row b's 2 + 2, 2 rounds either way. Under cap 2 both take 2 rounds."""
     rows = [_row(2, 20), _row(2, 20)]
     gate = RoundGate(BatchStop(0.1, gate=True), max_cap=3, min_observations=4)
     gate.choice = 2
     _play(gate, rows, [(2, [(2, 2), (2, 1)]), (2, [(2, 0), (1, 1)])])
-    assert gate.own.n.tolist() == [4.0, 4.0, 0.0] and gate.own.rounds.tolist() == [2.0, 2.0, 0.0]
-    assert gate.own.gain.tolist() == [7.0, 8.0, 0.0]  # g_1: 2, 2, 1, 2; g_2: 3, 2, 1, 2
+    assert torch.allclose(gate.own.n, torch.tensor([13 / 3, 4.0, 0.0], dtype=torch.float64))
+    assert gate.own.rounds.tolist() == [2.0, 2.0, 0.0] and gate.own.gain.tolist() == [8.0, 8.0, 0.0]
     assert gate.own.forwards.tolist() == [2.0, 4.0, 0.0]
     atoms = gate.row_atoms()
-    assert atoms.n.tolist() == [[2.0, 2.0, 0.0]] * 2
-    assert atoms.mean.tolist() == [[1.5, 2.0, 0.0], [2.0, 2.0, 0.0]]
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)
+    assert torch.allclose(atoms.n, f64([[7 / 3, 2.0, 0.0], [2.0, 2.0, 0.0]]))
+    assert torch.allclose(atoms.mean, f64([[12 / 7, 2.0, 0.0], [2.0, 2.0, 0.0]]))
     fresh = RoundGate(BatchStop(0.1, gate=True), 3, gate.tallies(), min_observations=4)
     est = fresh.estimate(rows)
     assert est.costs[3] == math.inf and est.choice in (1, 2)
@@ -273,8 +278,8 @@ def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast, e
     assert ungated.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0).gate_rounds == 0
 
 
-@pytest.mark.parametrize(("spec", "kind", "cap"), [("specdecpp:h=0.5,max=4", "candidate", 2),
-                                                   ("specdecpp:h=0.4,max=4", "lookahead", 1)])  # fmt: skip
+@pytest.mark.parametrize(("spec", "kind", "cap"), [("specdecpp:h=0.5,max=4", "candidate", 3),
+                                                   ("specdecpp:h=0.4,max=4", "lookahead", 3)])  # fmt: skip
 def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch, early_gates):
     """A draft close to its target (perturbed by 0.05) and c = 0.05: the gate caps the rounds below the
     policy's 4 (a cap it chose from the open rounds' counterfactual gains), and the rows, drafted at most that
@@ -351,16 +356,16 @@ def test_gate_prices_the_slowest_row_from_earlier_rows():
 
 
 def test_an_open_gate_weighs_again_once_its_evidence_grew_by_a_quarter():
-    """A row that accepts every candidate keeps the gate open (the policy's cap 2 the cheapest). It weighs
+    """A row that accepts every candidate keeps the gate open (the policy's cap 1 the cheapest). It weighs
     first at 4 rounds (min_observations), then once the rounds it has seen are 1.25 times those it last
     weighed at: after rounds 4, 5, 7, 9 and 12 of 12, not after each."""
     rows = [_row(0, 80)]
-    gate = RoundGate(BatchStop(0.01, gate=True), max_cap=2, min_observations=4)
+    gate = RoundGate(BatchStop(0.01, gate=True), max_cap=1, min_observations=4)
     weighed = []
     for i in range(1, 13):
-        _play(gate, rows, [(2, [(2, 2)])])
+        _play(gate, rows, [(1, [(1, 1)])])
         before = gate.last
-        assert gate.cap(rows) == 2 and gate.choice is None
+        assert gate.cap(rows) == 1 and gate.choice is None
         weighed += [i] if gate.last is not before else []
     assert weighed == [4, 5, 7, 9, 12]
     with pytest.raises(AccheadError, match="reweigh"):
