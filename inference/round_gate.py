@@ -27,8 +27,9 @@ the fast path compile a feed of that width) and the verifications stop collectin
 
 The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
 (`GateMemory`: their tallies halved per drafting decode, and their last rows kept as atoms, so a gate may
-choose before its first round; the first decode, and later ones up to an eighth of the rows decoded, start
-from nothing and draft open rounds until they have their own evidence). v_k and d_k are pooled; so is how
+choose before its first round; the first decode, and later ones up to an eighth of the rows decoded, draft
+open rounds until they have evidence of their own, then weigh it with the memory's). v_k and d_k are
+pooled; so is how
 much the rows' own mean gains differ beyond their rounds' noise (the between-row variance t_k). Under the
 normal model μ_{b,k} is row b's own mean shrunk towards the pooled one, which weighs as v_k / t_k rounds
 (normal-normal; `prior_rounds` where the rows do not differ measurably), and the doubt left in it widens
@@ -145,6 +146,8 @@ class RoundGate:
             drafting round pays it, so until then every cap above 0 costs it more (`draft_prefill_rounds`).
         atoms: rows of earlier decodes (`GateMemory`): where enough of them priced a cap, the slowest row's
             rounds come from their spread (`empirical_rounds`), else from the normal model.
+        explore: draft open rounds until this decode's own rounds reach `min_observations`, whatever the
+            prior holds (`GateMemory`: fresh evidence of every cap for the decodes after it).
         reweigh: while open, the gate weighs again once the rounds it has seen grew by this share (> 0) since
             it last weighed: a few times a decode, not every round (a weighing costs ~0.5-7 ms on a CPU
             at K = 20, a toy round at B = 4 ~11 ms).
@@ -158,6 +161,7 @@ class RoundGate:
     prefill: float = 0.0
     atoms: RowAtoms | None = None
     reweigh: float = 0.25
+    explore: bool = False
     choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
     last: GateEstimate | None = None
 
@@ -175,6 +179,8 @@ class RoundGate:
         self._log: list[tuple[list[int], list[int], list[int], int, int]] = []
         self._seen = 0  # rounds under cap 1 the logged ones make (read as ending at each round's end)
         self._prior_seen = float(torch.as_tensor(self.prior.n).flatten()[0])
+        if self.explore:  # its own rounds first
+            self._weigh_at += self._prior_seen
         self._summary: tuple[int, GateStats, dict[int, int], torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -226,11 +232,18 @@ class RoundGate:
                         index[key] = len(rows)
                         rows.append([])
                     rows[index[key]].append((tau, d, cap))
-            n, total, squares = row_tallies(rows, self._ks)  # (rows, K) each
-            per_round = torch.tensor([[f, c] for *_, f, c in self._log], dtype=torch.float64)  # (rounds, 2)
-            round_priced = (self._ks <= per_round[:, 1:]).double()  # (rounds, K)
-            fwd = (torch.minimum(per_round[:, :1], self._ks) * round_priced).sum(0)
-            own = GateStats(n.sum(0), total.sum(0), squares.sum(0), round_priced.sum(0), fwd)
+            n, total, _ = row_tallies(rows, self._ks)  # (rows, K) each, every round
+            # the tallies read open rounds alone: every cap priced on the same rows (a cap chosen for some
+            # prompts, another for others, would compare the prompts)
+            opened = [[r for r in row if r[2] == self.max_cap] for row in rows]
+            o_n, o_total, o_squares = row_tallies(opened, self._ks)
+            open_rounds = [f for *_, f, c in self._log if c == self.max_cap]
+            fwd = torch.minimum(torch.tensor(open_rounds, dtype=torch.float64)[:, None], self._ks).sum(0)
+            own = GateStats() if not open_rounds else GateStats(
+                o_n.sum(0), o_total.sum(0), o_squares.sum(0), float(len(open_rounds)), fwd
+            )  # fmt: skip
+            keep = o_n[:, 0] > 0  # the rows with open rounds: their mean gains, for how rows differ
+            self._open_rows = (o_n[keep], o_total[keep])
             self._summary = (len(self._log), own, index, n, total)
         return self._summary[1:]
 
@@ -244,14 +257,15 @@ class RoundGate:
         own = self.own
         if own.gain is None:
             return own
-        atoms = self.row_atoms()  # (rows, K) each
-        rows, means = (atoms.n > 0).double().sum(0), atoms.mean
+        n, total = self._open_rows  # (rows, K) each
+        means = torch.where(n > 0, total / n.clamp_min(1e-12), 0.0)
+        rows = (n > 0).double().sum(0)
         return replace(own, rows=rows, row_mean=means.sum(0), row_mean2=(means**2).sum(0))
 
     def row_atoms(self) -> RowAtoms:
         """This decode's rows as atoms (`RowAtoms`) for the decodes after it."""
         _, _, n, total = self._tally()
-        return RowAtoms(n, torch.where(n > 0, total / n.clamp_min(1.0), 0.0))
+        return RowAtoms(n, torch.where(n > 0, total / n.clamp_min(1e-12), 0.0))
 
     def estimate(self, active: list[Row]) -> GateEstimate | None:
         """The cost of each cap from the rounds so far, the prior's and this decode's (module docstring); None
@@ -274,8 +288,8 @@ class RoundGate:
         m = torch.tensor([float(r.max_new - r.generated) for r in active], dtype=torch.float64)[:, None]
         rounds = normal_rounds(m, mu, var, unsure)  # (K,) N_k
         if self.atoms is not None:  # earlier rows' spread where enough of them priced a cap
-            own_mean = torch.where(n > 0, total / n.clamp_min(1.0), 0.0)
-            row_mean = torch.where(pooled.rows > 0, pooled.row_mean / pooled.rows.clamp_min(1.0), mean)
+            own_mean = torch.where(n > 0, total / n.clamp_min(1e-12), 0.0)
+            row_mean = torch.where(pooled.rows > 0, pooled.row_mean / pooled.rows.clamp_min(1e-12), mean)
             empirical = empirical_rounds(m, n, own_mean, var, self.atoms, row_mean, between)
             rounds = torch.where(empirical.isnan(), rounds, empirical)
         d = (pooled.forwards / pooled.rounds.clamp_min(1e-12)).tolist()
@@ -287,15 +301,19 @@ class RoundGate:
 @dataclass
 class GateMemory:
     """A decoder's round gates across its decodes: each gate starts from the tallies of the decodes before
-    (halved per drafting decode, so the recent ones weigh most), and now and then a decode starts from
-    nothing (explores), so a gate that closed on old evidence still sees the pair anew.
+    (halved per drafting decode, so the recent ones weigh most), and now and then a decode explores: it
+    drafts open rounds before it weighs, so a gate that closed on old evidence still sees the pair anew
+    (an autoregressive decode adds nothing to the memory) and every cap is priced afresh.
 
     Which decodes explore: the first (there is no evidence yet), then one whenever the rows of the decodes
     that explored by choice, this one's included, stay within `explore_share` of all rows decoded, this
     one's included. At a constant batch size that is about every 1 / `explore_share`-th decode; counted in
     rows, not decodes, because an exploring decode's cost (the draft's prefill over every prompt, a drafted
     round) grows with its rows: a batch of 64 after batches of 4 explores only once the small batches' rows
-    have paid for it. An exploring decode starts without the atoms (`RoundGate.atoms`) too."""
+    have paid for it. An exploring decode drafts open rounds until its own rounds reach `min_observations`,
+    then weighs them with the memory's (until the thirty-eighth session it weighed its own alone: at B = 4
+    its 4 rows' first rounds put the toy pair's batch of HumanEval prompts 60-63 at 52 rounds of cap 3,
+    and it decoded them autoregressively, 64 rounds, where cap 3 takes 23)."""
 
     explore_share: float = 0.125
     min_observations: float = 32.0  # each gate's (`RoundGate`)
@@ -324,8 +342,9 @@ class GateMemory:
         )  # fmt: skip
         self.decodes, self.rows = self.decodes + 1, self.rows + rows
         self.explored += rows if chosen else 0
-        prior, atoms = (GateStats(), None) if chosen else (self.history, self.atoms)
-        return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill, atoms=atoms)
+        fresh = chosen or self.history.gain is None
+        return RoundGate(rule, max_cap, self.history, self.min_observations, prefill=prefill,
+                         atoms=self.atoms, explore=fresh)  # fmt: skip
 
     def remember(self, gate: RoundGate) -> None:
         """After a decode: its own tallies, if it drafted, join the history (the older halved) and its rows
