@@ -17,19 +17,18 @@ calibration's timed rounds of d_k draft forwards, d_k the cap's mean, over its a
 `acchead.inference.batch_cost`), and a decode whose draft has not read its prompts yet pays their prefill P
 (in autoregressive rounds, at the rate of the draft's timed catch-ups) on its first drafting round. The gate
 picks the cap with the least ρ_k·N_k + P (N_AR for k = 0; P = 0 once a round drafted). One set of rounds gives
-several caps' gains: the positions a row's rounds verified, a rejection ending a round under every cap, say
-how many rounds of cap k the same tokens take (`acchead.inference.cap_counterfactual`: its stretches of
-positions, a flag the round never saw read both ways), and a round's d draft forwards would have been min(d,
-k); an open round (the policy's own cap K) prices every cap, a round capped at c those up to c. While K is the
-cheapest the rounds stay open (the policy's caps, weighed again next round); a smaller cap is kept for the
-rest of the decode. At 0 the draft's cache is left behind (resuming would feed it every token since, and on
-the fast path compile a feed of that width) and the verifications stop collecting a feature draft's states.
+several caps' gains: a row's round with τ of its candidates accepted would have gained g_k = 1 + min(τ, k)
+under cap k, since its first k draws are the same (keyed by position) and so are their verdicts, and its d
+draft forwards would have been min(d, k); an open round (the policy's own cap K) prices every cap, a round
+capped at c those up to c. While K is the cheapest the rounds stay open (the policy's caps, weighed again next
+round); a smaller cap is kept for the rest of the decode. At 0 the draft's cache is left behind (resuming
+would feed it every token since, and on the fast path compile a feed of that width) and the verifications
+stop collecting a feature draft's states.
 
 The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
 (`GateMemory`: their tallies halved per drafting decode, and their last rows kept as atoms, so a gate may
-choose before its first round; the first decode, and later ones up to an eighth of the rows decoded, draft
-open rounds until they have evidence of their own, then weigh it with the memory's). v_k and d_k are
-pooled; so is how
+choose before its first round; the first decode, and later ones up to an eighth of the rows decoded, start
+from nothing and draft open rounds until they have their own evidence). v_k and d_k are pooled; so is how
 much the rows' own mean gains differ beyond their rounds' noise (the between-row variance t_k). Under the
 normal model μ_{b,k} is row b's own mean shrunk towards the pooled one, which weighs as v_k / t_k rounds
 (normal-normal; `prior_rounds` where the rows do not differ measurably), and the doubt left in it widens
@@ -55,19 +54,19 @@ from acchead.errors import AccheadError
 from acchead.inference.batch_stop import BatchStop
 from acchead.inference.batched_feed import TokenFeed
 from acchead.inference.batched_rows import Row
-from acchead.inference.cap_counterfactual import row_tallies
 from acchead.inference.slowest_row import RowAtoms, empirical_rounds, normal_rounds
 
 
 @dataclass(frozen=True)
 class GateStats:
-    """Tallies of drafting rounds, counted under every cap k = 1..K they price: the rounds of cap k the
-    same tokens would have taken, each gaining g_k tokens (`acchead.inference.cap_counterfactual`), which
-    an open round (the policy's own caps) tells for every k and a round capped at c for k <= c. Per cap,
-    (K,) each: `n` such rounds, `gain` and `gain2` sums of g_k and g_k², `rounds` drafting rounds and
-    `forwards` sums of min(d, k) for a round's d batched draft forwards, `rows` rows, `row_mean` and
-    `row_mean2` sums of each row's mean gain and its square (how much rows differ). A number given for a
-    count fills every cap. Additive (`+`); `scaled` weighs an older decode's down."""
+    """Tallies of drafting rounds, counted under every cap k = 1..K they price: a row's round that drafted
+    n > 0 candidates and had τ accepted would have gained g_k = 1 + min(τ, k) tokens under cap k (the same
+    draws, keyed by position; the same verdicts on the first k), which an open round (the policy's own caps)
+    tells for every k and a round capped at c for k <= c. Per cap, (K,) each: `n` rows' rounds, `gain` and
+    `gain2` sums of g_k and g_k², `rounds` drafting rounds and `forwards` sums of min(d, k) for a round's d
+    batched draft forwards, `rows` rows, `row_mean` and `row_mean2` sums of each row's mean gain and its
+    square (how much rows differ). A number given for a count fills every cap. Additive (`+`); `scaled`
+    weighs an older decode's down."""
 
     n: torch.Tensor | float = 0.0
     gain: torch.Tensor | None = None  # (K,) float64; None: no rounds yet
@@ -146,8 +145,6 @@ class RoundGate:
             drafting round pays it, so until then every cap above 0 costs it more (`draft_prefill_rounds`).
         atoms: rows of earlier decodes (`GateMemory`): where enough of them priced a cap, the slowest row's
             rounds come from their spread (`empirical_rounds`), else from the normal model.
-        explore: draft open rounds until this decode's own rounds reach `min_observations`, whatever the
-            prior holds (`GateMemory`: fresh evidence of every cap for the decodes after it).
         reweigh: while open, the gate weighs again once the rounds it has seen grew by this share (> 0) since
             it last weighed: a few times a decode, not every round (a weighing costs ~0.5-7 ms on a CPU
             at K = 20, a toy round at B = 4 ~11 ms).
@@ -161,7 +158,6 @@ class RoundGate:
     prefill: float = 0.0
     atoms: RowAtoms | None = None
     reweigh: float = 0.25
-    explore: bool = False
     choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
     last: GateEstimate | None = None
 
@@ -174,13 +170,10 @@ class RoundGate:
         self._weigh_at = self.min_observations  # rounds seen (under cap 1) at which the gate weighs next
         self._ks = torch.arange(1, self.max_cap + 1, dtype=torch.float64)  # (K,) the caps k
         # the drafting rounds as plain numbers (a round costs a list append; tensors are built when the gate
-        # weighs): each round's rows (their ids), their τ and d, its batched draft forwards, the largest cap
-        # it prices
-        self._log: list[tuple[list[int], list[int], list[int], int, int]] = []
-        self._seen = 0  # rounds under cap 1 the logged ones make (read as ending at each round's end)
+        # weighs): each round's rows (their ids), their τ, its draft forwards, the largest cap it prices
+        self._log: list[tuple[list[int], list[int], int, int]] = []
+        self._seen = 0  # rows' rounds logged
         self._prior_seen = float(torch.as_tensor(self.prior.n).flatten()[0])
-        if self.explore:  # its own rounds first
-            self._weigh_at += self._prior_seen
         self._summary: tuple[int, GateStats, dict[int, int], torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -198,9 +191,8 @@ class RoundGate:
         drafted = [r for r in rows if r.res.drafted_per_round[-1] > 0]
         if drafted:
             taus = [r.res.accepted_per_round[-1] for r in drafted]
-            drafts = [r.res.drafted_per_round[-1] for r in drafted]
-            self._log.append(([id(r) for r in drafted], taus, drafts, forwards, self.choice or self.max_cap))
-            self._seen += sum((t + 2) // 2 for t in taus)  # ⌈(τ + 1) / 2⌉
+            self._log.append(([id(r) for r in drafted], taus, forwards, self.choice or self.max_cap))
+            self._seen += len(drafted)
 
     def cap(self, active: list[Row]) -> int:
         """The next round's candidate cap for the `active` rows: K while open (then the policy's own caps),
@@ -225,25 +217,18 @@ class RoundGate:
             return GateStats(), {}, empty, empty
         if self._summary is None or self._summary[0] != len(self._log):
             index: dict[int, int] = {}
-            rows: list[list[tuple[int, int, int]]] = []
-            for ids, taus, drafts, _, cap in self._log:
-                for key, tau, d in zip(ids, taus, drafts, strict=True):
-                    if key not in index:
-                        index[key] = len(rows)
-                        rows.append([])
-                    rows[index[key]].append((tau, d, cap))
-            n, total, _ = row_tallies(rows, self._ks)  # (rows, K) each, every round
-            # the tallies read open rounds alone: every cap priced on the same rows (a cap chosen for some
-            # prompts, another for others, would compare the prompts)
-            opened = [[r for r in row if r[2] == self.max_cap] for row in rows]
-            o_n, o_total, o_squares = row_tallies(opened, self._ks)
-            open_rounds = [f for *_, f, c in self._log if c == self.max_cap]
-            fwd = torch.minimum(torch.tensor(open_rounds, dtype=torch.float64)[:, None], self._ks).sum(0)
-            own = GateStats() if not open_rounds else GateStats(
-                o_n.sum(0), o_total.sum(0), o_squares.sum(0), float(len(open_rounds)), fwd
-            )  # fmt: skip
-            keep = o_n[:, 0] > 0  # the rows with open rounds: their mean gains, for how rows differ
-            self._open_rows = (o_n[keep], o_total[keep])
+            keys = [index.setdefault(k, len(index)) for ids, *_ in self._log for k in ids]
+            caps = [c for ids, _, _, c in self._log for _ in ids]
+            tau = torch.tensor([t for _, taus, *_ in self._log for t in taus], dtype=torch.float64)
+            priced = (self._ks <= torch.tensor(caps, dtype=torch.float64)[:, None]).double()  # (N, K)
+            gains = (1.0 + torch.minimum(tau[:, None], self._ks)) * priced  # (N, K) g_k of each row's round
+            per_round = torch.tensor([[f, c] for _, _, f, c in self._log], dtype=torch.float64)  # (rounds, 2)
+            round_priced = (self._ks <= per_round[:, 1:]).double()  # (rounds, K)
+            fwd = (torch.minimum(per_round[:, :1], self._ks) * round_priced).sum(0)
+            own = GateStats(priced.sum(0), gains.sum(0), (gains**2).sum(0), round_priced.sum(0), fwd)
+            where = torch.tensor(keys, dtype=torch.long)
+            n = torch.zeros(len(index), self.max_cap, dtype=torch.float64).index_add_(0, where, priced)
+            total = torch.zeros_like(n).index_add_(0, where, gains)
             self._summary = (len(self._log), own, index, n, total)
         return self._summary[1:]
 
@@ -257,15 +242,14 @@ class RoundGate:
         own = self.own
         if own.gain is None:
             return own
-        n, total = self._open_rows  # (rows, K) each
-        means = torch.where(n > 0, total / n.clamp_min(1e-12), 0.0)
-        rows = (n > 0).double().sum(0)
+        atoms = self.row_atoms()  # (rows, K) each
+        rows, means = (atoms.n > 0).double().sum(0), atoms.mean
         return replace(own, rows=rows, row_mean=means.sum(0), row_mean2=(means**2).sum(0))
 
     def row_atoms(self) -> RowAtoms:
         """This decode's rows as atoms (`RowAtoms`) for the decodes after it."""
         _, _, n, total = self._tally()
-        return RowAtoms(n, torch.where(n > 0, total / n.clamp_min(1e-12), 0.0))
+        return RowAtoms(n, torch.where(n > 0, total / n.clamp_min(1.0), 0.0))
 
     def estimate(self, active: list[Row]) -> GateEstimate | None:
         """The cost of each cap from the rounds so far, the prior's and this decode's (module docstring); None
@@ -288,7 +272,7 @@ class RoundGate:
         m = torch.tensor([float(r.max_new - r.generated) for r in active], dtype=torch.float64)[:, None]
         rounds = normal_rounds(m, mu, var, unsure)  # (K,) N_k
         if self.atoms is not None:  # earlier rows' spread where enough of them priced a cap
-            own_mean = torch.where(n > 0, total / n.clamp_min(1e-12), 0.0)
+            own_mean = torch.where(n > 0, total / n.clamp_min(1.0), 0.0)
             row_mean = torch.where(pooled.rows > 0, pooled.row_mean / pooled.rows.clamp_min(1e-12), mean)
             empirical = empirical_rounds(m, n, own_mean, var, self.atoms, row_mean, between)
             rounds = torch.where(empirical.isnan(), rounds, empirical)
@@ -301,19 +285,15 @@ class RoundGate:
 @dataclass
 class GateMemory:
     """A decoder's round gates across its decodes: each gate starts from the tallies of the decodes before
-    (halved per drafting decode, so the recent ones weigh most), and now and then a decode explores: it
-    drafts open rounds before it weighs, so a gate that closed on old evidence still sees the pair anew
-    (an autoregressive decode adds nothing to the memory) and every cap is priced afresh.
+    (halved per drafting decode, so the recent ones weigh most), and now and then a decode starts from
+    nothing (explores), so a gate that closed on old evidence still sees the pair anew.
 
     Which decodes explore: the first (there is no evidence yet), then one whenever the rows of the decodes
     that explored by choice, this one's included, stay within `explore_share` of all rows decoded, this
     one's included. At a constant batch size that is about every 1 / `explore_share`-th decode; counted in
     rows, not decodes, because an exploring decode's cost (the draft's prefill over every prompt, a drafted
     round) grows with its rows: a batch of 64 after batches of 4 explores only once the small batches' rows
-    have paid for it. An exploring decode drafts open rounds until its own rounds reach `min_observations`,
-    then weighs them with the memory's (until the thirty-eighth session it weighed its own alone: at B = 4
-    its 4 rows' first rounds put the toy pair's batch of HumanEval prompts 60-63 at 52 rounds of cap 3,
-    and it decoded them autoregressively, 64 rounds, where cap 3 takes 23)."""
+    have paid for it. An exploring decode starts without the atoms (`RoundGate.atoms`) too."""
 
     explore_share: float = 0.125
     min_observations: float = 32.0  # each gate's (`RoundGate`)
@@ -342,9 +322,8 @@ class GateMemory:
         )  # fmt: skip
         self.decodes, self.rows = self.decodes + 1, self.rows + rows
         self.explored += rows if chosen else 0
-        fresh = chosen or self.history.gain is None
-        return RoundGate(rule, max_cap, self.history, self.min_observations, prefill=prefill,
-                         atoms=self.atoms, explore=fresh)  # fmt: skip
+        prior, atoms = (GateStats(), None) if chosen else (self.history, self.atoms)
+        return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill, atoms=atoms)
 
     def remember(self, gate: RoundGate) -> None:
         """After a decode: its own tallies, if it drafted, join the history (the older halved) and its rows

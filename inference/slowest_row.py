@@ -81,12 +81,10 @@ def empirical_rounds(
 
     Under cap k the atoms' mean gains x_j, each over n_j rounds, have mean x̄ and spread t + v / n_j, t the
     rows' true spread (their variance less the rounds' mean noise); their standardized deviations z_j are
-    the shape of how rows differ. Every cap's centre x̄ is `centre` where given (the pooled open rounds'
-    mean of row means: all caps measured on the same rows, where the atoms of cap k are the rows of decodes
-    that chose k or more, other prompts than cap k − 1's); a cap with fewer atoms (a decode that chose cap
-    c prices only caps up to c) takes its t from `spread` (the pooled between-row variance) and the shape
-    of the nearest cap below it that has them (else above): every cap is then priced by one model, so a
-    cap is not preferred for being the one measured less. Row b's true mean has
+    the shape of how rows differ. A cap with fewer atoms (a decode that chose cap c prices only caps up to
+    c) takes its x̄ and t from `centre` and `spread` (the pooled tallies' mean of row means and between-row
+    variance) and the shape of the nearest cap below it that has them (else above): every cap is then
+    priced by one model, so a cap is not preferred for being the one measured less. Row b's true mean has
     the prior x̄ ± √t and its own n_b rounds' mean, so μ_b = (n_b·own + (v / t)·x̄) / (n_b + v / t) with
     doubt v / (n_b + v / t); its rate over its remaining h_b = m_b / μ_b rounds is r = μ_b + z·√(doubt +
     v / h_b), z drawn from the shape, within [1, k + 1], and it needs T_b = m_b / r rounds.
@@ -98,8 +96,7 @@ def empirical_rounds(
         own_n: (R, K) each row's own rounds under each cap; own_mean: (R, K) their mean gain.
         var: (K,) a round's gain variance under each cap (pooled).
         atoms: the earlier rows.
-        centre: (K,) every cap's x̄ (None: the atoms'); spread: (K,) t of caps with too few atoms (None:
-            such caps are NaN).
+        centre, spread: (K,) the fallback x̄ and t of caps with too few atoms (None: such caps are NaN).
     """
     var = var.double()
     caps = var.shape[0]
@@ -122,9 +119,8 @@ def empirical_rounds(
     donor = torch.where(usable, index, -1).cummax(0).values
     donor = torch.where(donor < 0, index[usable][0], donor)
     z, count = z[donor], count[donor]
-    if centre is not None:  # every cap's centre from rounds that priced all caps on the same rows
-        mean = centre.double()[:, None]
-    if spread is not None:
+    if centre is not None and spread is not None:
+        mean = torch.where(usable[:, None], mean, centre.double()[:, None])
         true = torch.where(usable[:, None], true, spread.double().clamp_min(1e-12)[:, None])
     # each row's true mean and the doubt left in it (normal-normal), its rate's spread: (K, R)
     weight = v / true
@@ -146,5 +142,5 @@ def empirical_rounds(
     below = done.clamp(0.0, 1.0).prod(1)  # (K, G) P(max <= t)
     below[:, -1] = 1.0
     out = (points * torch.diff(below, prepend=torch.zeros_like(below[:, :1]))).sum(1)
-    priced = usable | (spread is not None)
+    priced = usable | (centre is not None and spread is not None)
     return torch.where(priced, out, float("nan"))
