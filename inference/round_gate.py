@@ -20,10 +20,10 @@ picks the cap with the least ρ_k·N_k + P (N_AR for k = 0; P = 0 once a round d
 several caps' gains: a row's round with τ of its candidates accepted would have gained g_k = 1 + min(τ, k)
 under cap k, since its first k draws are the same (keyed by position) and so are their verdicts, and its d
 draft forwards would have been min(d, k); an open round (the policy's own cap K) prices every cap, a round
-capped at c those up to c. While K is the cheapest the rounds stay open (the policy's caps, weighed again next
-round); a smaller cap is kept for the rest of the decode. At 0 the draft's cache is left behind (resuming
-would feed it every token since, and on the fast path compile a feed of that width) and the verifications
-stop collecting a feature draft's states.
+capped at c those up to c. While K is the cheapest the rounds stay open (the policy's caps, weighed again once
+the evidence grew by a quarter, `reweigh`); a smaller cap is kept for the rest of the decode. At 0 the draft's
+cache is left behind (resuming would feed it every token since, and on the fast path compile a feed of that
+width) and the verifications stop collecting a feature draft's states.
 
 The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
 (`GateMemory`: their tallies halved per drafting decode, and their last rows kept as atoms, so a gate may
