@@ -307,6 +307,8 @@ class GateMemory:
     def __post_init__(self) -> None:
         if not 0.0 < self.explore_share <= 1.0:
             raise AccheadError(f"the round gate's explore_share must be in (0, 1], got {self.explore_share}")
+        if self.row_memory < 1:
+            raise AccheadError(f"the round gate's row_memory must be >= 1 rows, got {self.row_memory}")
 
     def start(
         self, rule: BatchStop | None, head: object, max_cap: int, rows: int = 1, prefill: float = 0.0

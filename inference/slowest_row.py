@@ -62,8 +62,9 @@ class RowAtoms:
         return RowAtoms(torch.cat([self.n, other.n]), torch.cat([self.mean, other.mean]))
 
     def last(self, count: int) -> RowAtoms:
-        """The `count` most recent atoms."""
-        return RowAtoms(self.n[-count:], self.mean[-count:])
+        """The `count` (>= 0) most recent atoms."""
+        start = max(len(self) - count, 0)
+        return RowAtoms(self.n[start:], self.mean[start:])
 
 
 def empirical_rounds(

@@ -194,6 +194,8 @@ def test_gate_memory_starts_from_earlier_decodes_and_explores():
     assert (memory.decodes, memory.rows, memory.explored) == (5, 10, 2)
     with pytest.raises(AccheadError, match="explore_share"):
         GateMemory(explore_share=0.0)
+    with pytest.raises(AccheadError, match="row_memory"):
+        GateMemory(row_memory=0)
 
 
 def test_gate_memory_explores_a_share_of_rows_not_of_decodes():

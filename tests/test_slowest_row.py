@@ -102,3 +102,4 @@ def test_row_atoms_keep_the_most_recent():
     a, b = _atoms([1.0, 2.0]), _atoms([3.0])
     both = (a + b).last(2)
     assert len(both) == 2 and both.mean[:, 0].tolist() == [2.0, 3.0]
+    assert len((a + b).last(0)) == 0 and len(a.last(5)) == 2  # not the whole tail
