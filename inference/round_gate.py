@@ -33,11 +33,12 @@ much the rows' own mean gains differ beyond their rounds' noise (the between-row
 normal model μ_{b,k} is row b's own mean shrunk towards the pooled one, which weighs as v_k / t_k rounds
 (normal-normal; `prior_rounds` where the rows do not differ measurably), and the doubt left in it widens
 the row's spread: before a row's own rounds the gate knows only that rows differ, and the slowest row of R
-sets the batch's time. A cap no round has priced is never chosen. The gate weighs once there are
-`min_observations` rows' rounds with candidates under cap 1. Like the stop rules it reads the past only,
-never the target's distribution of the round it decides, so every row stays an exact sample of the target
-(BanditSpec Prop. 3.1; tests/test_round_gate.py); a decoder's outputs then depend on its earlier decodes, as
-a measured c(B) makes them depend on timings.
+sets the batch's time. The gate weighs once there are `min_observations` rows' rounds with candidates
+under cap 1, and never chooses a cap priced by fewer (a few rounds' gains under caps the decodes since did
+not run, read alone, picked caps 4-7 where 3 was best on the toy pair at B = 4). Like the stop rules it
+reads the past only, never the target's distribution of the round it decides, so every row stays an exact
+sample of the target (BanditSpec Prop. 3.1; tests/test_round_gate_decoding.py); a decoder's outputs then
+depend on its earlier decodes, as a measured c(B) makes them depend on timings.
 
 Left out: rows that end early at EOS (m_b counts to the max new tokens), that a narrower batch is cheaper
 (eager rows leave the batch as they finish, under every cap), and block verification's τ under a smaller
@@ -139,7 +140,8 @@ class RoundGate:
         rule: the batch rule whose costs price a drafting round (`BatchStop.round_ratio`).
         max_cap: K, the policy's candidate cap (>= 1).
         prior: tallies of earlier decodes (`GateMemory`), pooled with this decode's.
-        min_observations: rows' rounds with candidates, prior and own, before the gate weighs (>= 1).
+        min_observations: rows' rounds with candidates, prior and own, before the gate weighs (>= 1), and
+            that a cap must have priced to be chosen.
         prior_rounds: pseudo-rounds of the pooled mean gain in each row's own (>= 0).
         prefill: the draft's prefill of this decode's prompts, in autoregressive rounds (>= 0): its first
             drafting round pays it, so until then every cap above 0 costs it more (`draft_prefill_rounds`).
@@ -148,6 +150,8 @@ class RoundGate:
         reweigh: while open, the gate weighs again once the rounds it has seen grew by this share (> 0) since
             it last weighed: a few times a decode, not every round (a weighing costs ~0.5-7 ms on a CPU
             at K = 20, a toy round at B = 4 ~11 ms).
+        open_cap: the cap of the rounds while open, 1..K (None: K): an exploring decode's (`GateMemory`) is
+            set from the caps chosen before, so it does not pay the policy's full cap on every row.
     """
 
     rule: BatchStop
@@ -158,15 +162,19 @@ class RoundGate:
     prefill: float = 0.0
     atoms: RowAtoms | None = None
     reweigh: float = 0.25
+    open_cap: int | None = None
     choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
     last: GateEstimate | None = None
 
     def __post_init__(self) -> None:
+        if self.open_cap is None:
+            self.open_cap = self.max_cap
         if (self.min_observations < 1 or self.prior_rounds < 0 or self.max_cap < 1 or self.prefill < 0
-                or self.reweigh <= 0):  # fmt: skip
+                or self.reweigh <= 0 or not 1 <= self.open_cap <= self.max_cap):  # fmt: skip
             raise AccheadError("the round gate needs min_observations >= 1, prior_rounds >= 0, a cap >= 1,"
-                               f" prefill >= 0 and reweigh > 0, got {self.min_observations},"
-                               f" {self.prior_rounds}, {self.max_cap}, {self.prefill}, {self.reweigh}")
+                               " prefill >= 0, reweigh > 0 and an open cap in 1..the cap, got"
+                               f" {self.min_observations}, {self.prior_rounds}, {self.max_cap},"
+                               f" {self.prefill}, {self.reweigh}, {self.open_cap}")
         self._weigh_at = self.min_observations  # rounds seen (under cap 1) at which the gate weighs next
         self._ks = torch.arange(1, self.max_cap + 1, dtype=torch.float64)  # (K,) the caps k
         # the drafting rounds as plain numbers (a round costs a list append; tensors are built when the gate
@@ -191,23 +199,24 @@ class RoundGate:
         drafted = [r for r in rows if r.res.drafted_per_round[-1] > 0]
         if drafted:
             taus = [r.res.accepted_per_round[-1] for r in drafted]
-            self._log.append(([id(r) for r in drafted], taus, forwards, self.choice or self.max_cap))
+            self._log.append(([id(r) for r in drafted], taus, forwards, self.choice or self.open_cap))
             self._seen += len(drafted)
 
     def cap(self, active: list[Row]) -> int:
-        """The next round's candidate cap for the `active` rows: K while open (then the policy's own caps),
-        0 for an autoregressive round, or the cap the gate chose (kept for the rest of the decode)."""
+        """The next round's candidate cap for the `active` rows: the open cap while open (K: the policy's own
+        caps), 0 for an autoregressive round, or the cap the gate chose (kept for the rest of the decode)."""
+        assert self.open_cap is not None
         if self.choice is not None:
             return self.choice
         seen = self._seen + self._prior_seen  # rows' rounds under cap 1
         if seen < self._weigh_at:  # open until the evidence has grown enough to weigh (again)
-            return self.max_cap
+            return self.open_cap
         self._weigh_at = max(seen * (1.0 + self.reweigh), self.min_observations)
         self.last = self.estimate(active)
-        if self.last is not None and self.last.choice < self.max_cap:
+        if self.last is not None and self.last.choice < self.open_cap:
             self.choice = self.last.choice
             return self.choice
-        return self.max_cap
+        return self.open_cap
 
     def _tally(self) -> tuple[GateStats, dict[int, int], torch.Tensor, torch.Tensor]:
         """The logged rounds as tensors: their tallies (without row means), each row's index, and per row
@@ -278,7 +287,8 @@ class RoundGate:
             rounds = torch.where(empirical.isnan(), rounds, empirical)
         d = (pooled.forwards / pooled.rounds.clamp_min(1e-12)).tolist()
         ratio = torch.tensor([self.rule.round_ratio(len(active), dk) for dk in d], dtype=torch.float64)
-        costs = torch.where(pooled.n > 0, ratio * rounds + self.prefill, float("inf"))  # unpriced: never
+        priced = pooled.n >= self.min_observations  # (K,) a cap with fewer rows' rounds is never chosen
+        costs = torch.where(priced, ratio * rounds + self.prefill, float("inf"))
         return GateEstimate((float(m.max()), *costs.tolist()))
 
 
@@ -288,12 +298,18 @@ class GateMemory:
     (halved per drafting decode, so the recent ones weigh most), and now and then a decode starts from
     nothing (explores), so a gate that closed on old evidence still sees the pair anew.
 
-    Which decodes explore: the first (there is no evidence yet), then one whenever the rows of the decodes
-    that explored by choice, this one's included, stay within `explore_share` of all rows decoded, this
-    one's included. At a constant batch size that is about every 1 / `explore_share`-th decode; counted in
-    rows, not decodes, because an exploring decode's cost (the draft's prefill over every prompt, a drafted
-    round) grows with its rows: a batch of 64 after batches of 4 explores only once the small batches' rows
-    have paid for it. An exploring decode starts without the atoms (`RoundGate.atoms`) too."""
+    Which decodes explore: the first (there is no evidence yet), the 2nd, 4th, 8th, ... (the earlier, the
+    thinner the evidence: the first decode's few rounds of a few rows chose cap 1 on the toy pair at B = 4
+    where 3 was best, and the decodes after it followed), and one whenever the rows of the decodes that
+    explored by choice, this one's included, stay within `explore_share` of all rows decoded, this one's
+    included. At a constant batch size that is about every 1 / `explore_share`-th decode; counted in rows,
+    not decodes, because an exploring decode's cost (the draft's prefill over every prompt, a drafted round)
+    grows with its rows: a batch of 64 after batches of 4 explores only once the small batches' rows have
+    paid for it. An exploring decode starts without the atoms (`RoundGate.atoms`) too, and its open
+    rounds are capped at 2c + 1 (at least 2, at most K) for the cap c the latest decode ran (K where it
+    stayed open): a batch drafts until its last row stops, so open rounds at K = 20 ran ~10 draft forwards
+    each on the toy pair at B = 4 where the chosen cap was 3 (an exploring decode cost ~1.5x a capped one);
+    a cap past 2c + 1 is reached over later explorations, each reaching twice as far."""
 
     explore_share: float = 0.125
     min_observations: float = 32.0  # each gate's (`RoundGate`)
@@ -303,6 +319,7 @@ class GateMemory:
     decodes: int = 0
     rows: int = 0  # rows decoded under a gate
     explored: int = 0  # of them, rows of decodes that explored by choice (not the first's)
+    last_cap: int | None = None  # the cap the latest decode ran (its choice, or K where it stayed open)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.explore_share <= 1.0:
@@ -319,17 +336,22 @@ class GateMemory:
         if rule is None or not rule.gate or head is None or max_cap < 1:
             return None
         # the first decode explores anyway: its history is empty
+        doubling = (self.decodes + 1) & self.decodes == 0  # this is the 2nd, 4th, 8th, ... decode
         chosen = self.history.gain is not None and (
-            self.explored + rows <= self.explore_share * (self.rows + rows)
+            doubling or self.explored + rows <= self.explore_share * (self.rows + rows)
         )  # fmt: skip
         self.decodes, self.rows = self.decodes + 1, self.rows + rows
         self.explored += rows if chosen else 0
         prior, atoms = (GateStats(), None) if chosen else (self.history, self.atoms)
-        return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill, atoms=atoms)
+        last = self.last_cap
+        reach = max_cap if not chosen or last is None else min(max_cap, max(2, 2 * last + 1))
+        return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill, atoms=atoms,
+                         open_cap=reach)  # fmt: skip
 
     def remember(self, gate: RoundGate) -> None:
         """After a decode: its own tallies, if it drafted, join the history (the older halved) and its rows
         the atoms (the `row_memory` most recent kept)."""
+        self.last_cap = gate.max_cap if gate.choice is None else gate.choice
         if gate.own.gain is not None:
             self.history = self.history.scaled(0.5) + gate.tallies()
             rows = gate.row_atoms()

@@ -13,9 +13,8 @@ from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.head_io import HeadMetadata, save_head
 from acchead.inference.bench.config import build_parser, resolve_args
-from acchead.inference.bench.costmodel import CostFit
 from acchead.inference.bench.partials import run_key
-from acchead.inference.bench.run import base_fit, main
+from acchead.inference.bench.run import main
 from acchead.inference.bench.settings import build_settings, head_families, used_heads
 from acchead.inference.policy_spec import SpecDecPPSpec
 from acchead.models import load_causal_lm, model_identity
@@ -390,14 +389,3 @@ def test_each_head_runs_the_h_grid_as_its_own_family(bench_inputs, tmp_path, tin
     assert keys[0] is not None and len(keys[1]) == 2 and keys[1][0] == keys[0][0]
     assert keys[1] != keys[2] or r1.read_bytes() == r2.read_bytes()
     assert run_key(args, prompt, target, draft, [])["head"] is None
-
-
-def test_a_fast_only_bench_prices_its_rows_with_the_fast_fit():
-    """`--paths fast` leaves no eager runs: the fast path's fit prices the rows (the check read a present
-    None as missing, and such a bench failed after all its runs)."""
-    fast = CostFit(t_draft=1e-3, t_target=4e-3, r2=0.9, n_runs=20)
-    eager = CostFit(t_draft=2e-3, t_target=7e-3, r2=0.8, n_runs=20)
-    assert base_fit({"eager": None, "fast": fast, "hf": None}) is fast
-    assert base_fit({"eager": eager, "fast": fast}) is eager
-    with pytest.raises(AccheadError, match="the cost fit needs runs"):
-        base_fit({"eager": None, "fast": None, "hf": None})

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from acchead.errors import AccheadError
 from acchead.inference.bench.costmodel import CostFit, Metrics
 from acchead.inference.bench.goals import best_by_family, evaluate_goals, overhead_goal
 from acchead.inference.bench.head_kinds import compare_head_kinds, kind_lines
@@ -15,6 +16,7 @@ from acchead.inference.bench.head_timing import HeadOverhead
 from acchead.inference.bench.pareto import legend_label, plot_pareto
 from acchead.inference.bench.report import build_results, hf_cross_check, render_report
 from acchead.inference.bench.rows import BenchRow, MeasuredRow, price_rows
+from acchead.inference.bench.run import base_fit
 from acchead.inference.bench.thresholds import GoalThresholds
 from acchead.sampling import SamplingConfig
 
@@ -363,3 +365,14 @@ def test_goal_thresholds_come_from_the_bench_config(tmp_path):
             resolve_args(build_parser().parse_args(["--config", str(user)]))
     with pytest.raises(AccheadError, match="no value for ratio"):
         GoalThresholds.from_mapping({k: v for k, v in GOALS.to_dict().items() if k != "ratio"})
+
+
+def test_a_fast_only_bench_prices_its_rows_with_the_fast_fit():
+    """`--paths fast` leaves no eager runs: the fast path's fit prices the rows (the check read a present
+    None as missing, and such a bench failed after all its runs)."""
+    fast = CostFit(t_draft=1e-3, t_target=4e-3, r2=0.9, n_runs=20)
+    eager = CostFit(t_draft=2e-3, t_target=7e-3, r2=0.8, n_runs=20)
+    assert base_fit({"eager": None, "fast": fast, "hf": None}) is fast
+    assert base_fit({"eager": eager, "fast": fast}) is eager
+    with pytest.raises(AccheadError, match="the cost fit needs runs"):
+        base_fit({"eager": None, "fast": None, "hf": None})

@@ -154,7 +154,7 @@ def test_bench_runs_a_feature_draft_on_the_fast_path(tiny_pair_dirs, tiny_tokeni
     are decoded, each greedy output equal to autoregressive decoding's."""
     import json
 
-    from test_feature_draft import _saved_feature_draft
+    from test_feature_draft_pipeline import _saved_feature_draft
 
     from acchead.inference.bench.run import main as bench_main
 

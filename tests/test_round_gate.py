@@ -1,6 +1,6 @@
 """The round gate of batched SpecDec++ (`acchead.inference.round_gate`, docs/batched.md): its arithmetic by
-hand, its price from measured costs, and decodes under it: greedy rows equal the target's on each prompt
-alone (eager, fast twin, feature draft), a sampled row follows the target's exact distribution."""
+hand, its price from measured costs, its memory across decodes (decodes under it:
+tests/test_round_gate_decoding.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,10 @@ import types
 
 import pytest
 import torch
-from exact_models import _peaked_llama, _perturbed
-from test_batched import CHI_SAMPLES, MAX_NEW, PROMPTS, _decoder, _heads, row_one_p_value, sample_row_one
-from test_feature_draft import trained_feature_pair
-from torch._dynamo.utils import counters
 
-import acchead.inference.batched as batched
 from acchead.errors import AccheadError
 from acchead.inference.batch_cost import BatchCost, BatchCosts
 from acchead.inference.batch_stop import BatchStop, parse_batch_stop
-from acchead.inference.batched import BatchedDecoder
 from acchead.inference.batched_rows import Row
 from acchead.inference.round_gate import GateMemory, GateStats, RoundGate, draft_prefill_rounds
 from acchead.inference.slowest_row import RowAtoms
@@ -157,6 +151,21 @@ def test_a_capped_round_prices_the_caps_up_to_its_own():
     assert RoundGate(BatchStop(0.1, gate=True), 3, gate.tallies(), min_observations=5).estimate(rows) is None
 
 
+def test_a_cap_priced_by_fewer_than_min_observations_is_never_chosen():
+    """Cap 2 gains 3 tokens a round against cap 1's 2, so at c = 0.01 it is cheapest, but only one open round
+    of two rows priced it (the rounds after ran cap 1): below 4 observations it is not chosen."""
+    rows = [_row(2, 20), _row(2, 20)]
+    gate = RoundGate(BatchStop(0.01, gate=True), max_cap=2, min_observations=4)
+    _play(gate, rows, [(2, [(2, 2), (2, 2)])])
+    gate.choice = 1
+    _play(gate, rows, [(1, [(1, 1), (1, 1)])] * 2)
+    assert gate.own.n.tolist() == [6.0, 2.0]
+    est = gate.estimate(rows)
+    assert est.costs[2] == math.inf and est.choice == 1
+    looser = RoundGate(BatchStop(0.01, gate=True), 2, gate.tallies(), min_observations=2)
+    assert looser.estimate(rows).choice == 2
+
+
 def test_gate_stats_pool_and_weigh():
     t = functools.partial(torch.tensor, dtype=torch.float64)
     a = GateStats(4, t([6.0, 6.0]), t([10.0, 10.0]), 2, t([2.0, 4.0]))  # gains 2, 2, 1, 1 under both caps
@@ -170,10 +179,10 @@ def test_gate_stats_pool_and_weigh():
 
 
 def test_gate_memory_starts_from_earlier_decodes_and_explores():
-    """Decode 0 explores (no prior); decodes 1-2 start from the tallies so far, and a prior that says
-    autoregressive closes the gate before the first round; decode 3 explores again (its rows, 2, are a quarter
-    of the 8 decoded). A decode that drafted nothing leaves the history as it was; one that drafted halves
-    the older tallies."""
+    """Decode 0 explores (no prior), and so do the 2nd and 4th decodes (1 and 3); decodes 2 and 4 start from
+    the tallies so far, and a prior that says autoregressive closes the gate before the first round. Decode 3's
+    open rounds are capped at 2 (2·0 + 1, at least 2: decode 2 closed). A decode that drafted nothing leaves
+    the history as it was; one that drafted halves the older tallies."""
     memory, rule = GateMemory(explore_share=0.25, min_observations=8), BatchStop(0.5, gate=True)
     rows = [_row(0, 20) for _ in range(2)]
     gates = []
@@ -185,13 +194,15 @@ def test_gate_memory_starts_from_earlier_decodes_and_explores():
         else:
             assert gate.cap(rows) == 0  # the prior alone: ρ > 1 = μ
         memory.remember(gate)
-    assert [float(torch.as_tensor(g.prior.n).max()) for g in gates] == [0, 8, 8, 0, 12]
-    assert memory.history.n.tolist() == [12.0] * 3  # 8 halved + the 8 of decode 3
-    assert memory.history.rounds.tolist() == [6.0] * 3
+    assert [float(torch.as_tensor(g.prior.n).max()) for g in gates] == [0, 0, 12, 0, 14]
+    # (8 halved + 8) halved + the 8 of decode 3 under caps 1-2 (decode 2 drafted nothing)
+    assert memory.history.n.tolist() == [14.0, 14.0, 6.0]
+    assert memory.history.rounds.tolist() == [7.0, 7.0, 3.0]
+    assert [g.open_cap for g in gates] == [3, 3, 3, 2, 3]
     # the exploring decodes start without the earlier rows too; the others with those of the drafting decodes
-    assert [None if g.atoms is None else len(g.atoms) for g in gates] == [None, 2, 2, None, 4]
+    assert [None if g.atoms is None else len(g.atoms) for g in gates] == [None, None, 4, None, 6]
     assert memory.start(None, object(), 3) is None and memory.start(rule, None, 3) is None
-    assert (memory.decodes, memory.rows, memory.explored) == (5, 10, 2)
+    assert (memory.decodes, memory.rows, memory.explored) == (5, 10, 4)
     with pytest.raises(AccheadError, match="explore_share"):
         GateMemory(explore_share=0.0)
     with pytest.raises(AccheadError, match="row_memory"):
@@ -199,22 +210,44 @@ def test_gate_memory_starts_from_earlier_decodes_and_explores():
 
 
 def test_gate_memory_explores_a_share_of_rows_not_of_decodes():
-    """At a constant batch size about every 8th decode explores (the 1st, 8th, 16th, 24th, 32nd); a batch of
-    64 after 32 batches of 4 (128 rows, 16 of them explored by choice) starts from the memory, since exploring
-    it would make 80 of 192 rows; the same memory explores a batch of 4 once the share allows."""
+    """At a constant batch size the 1st, 2nd, 4th, 8th, 16th and 32nd decodes explore, then about every 8th
+    (the 48th: its rows make 24 of 192); a batch of 64 after 48 batches of 4 (192 rows, 24 of them explored by
+    choice) starts from the memory, since exploring it would make 88 of 256 rows; the same memory explores a
+    batch of 4 once the share allows."""
     memory, rule = GateMemory(), BatchStop(0.5, gate=True)
     rows, explored = [_row(0, 20) for _ in range(4)], []
-    for _ in range(32):
+    for _ in range(48):
         gate = memory.start(rule, object(), 3, len(rows))
         explored.append(gate.prior.gain is None)
         if gate.prior.gain is None:  # one round of 4 rows, each a candidate drafted and rejected
             _play(gate, rows, [(1, [(1, 0)] * 4)])
         memory.remember(gate)
-    assert [i for i, e in enumerate(explored) if e] == [0, 7, 15, 23, 31]
-    assert (memory.rows, memory.explored) == (128, 16)
-    assert memory.start(rule, object(), 3, 64).prior.gain is not None  # 80 > 192 / 8
-    assert memory.explored == 16 and memory.rows == 192
-    assert memory.start(rule, object(), 3, 4).prior.gain is None  # 20 <= 196 / 8
+    assert [i for i, e in enumerate(explored) if e] == [0, 1, 3, 7, 15, 31, 47]
+    assert (memory.rows, memory.explored) == (192, 24)
+    assert memory.start(rule, object(), 3, 64).prior.gain is not None  # 88 > 256 / 8
+    assert memory.explored == 24 and memory.rows == 256
+    assert memory.start(rule, object(), 3, 4).prior.gain is None  # 28 <= 260 / 8 (the 50th decode)
+
+
+def test_an_exploring_decode_reaches_twice_the_latest_cap():
+    """The first decode opens at the policy's cap; a later exploring decode opens at 2c + 1 (at least 2, at
+    most K) for the cap c the latest decode ran, and its open rounds price only the caps up to that: a
+    decode that closed (c = 0) explores caps 1-2, one that capped at 3 caps 1-7, one that stayed open K."""
+    rule, K = BatchStop(0.5, gate=True), 20
+    rows = [_row(0, 40) for _ in range(4)]
+    for last, reach in [(None, K), (0, 2), (3, 7), (12, K), (K, K)]:
+        memory = GateMemory(explore_share=1.0, min_observations=8)
+        if last is not None:  # an earlier decode that ran cap `last` (K: stayed open)
+            earlier = memory.start(rule, object(), K, len(rows))
+            _play(earlier, rows, [(1, [(1, 0)] * 4)])
+            earlier.choice = None if last == K else last
+            memory.remember(earlier)
+        gate = memory.start(rule, object(), K, len(rows))
+        assert gate.prior.gain is None and gate.open_cap == reach and gate.cap(rows) == reach
+        _play(gate, rows, [(reach, [(reach, reach)] * 4)])  # every candidate accepted
+        assert gate.own.n.tolist() == [4.0] * reach + [0.0] * (K - reach)
+    with pytest.raises(AccheadError, match="open cap"):
+        RoundGate(rule, max_cap=3, open_cap=4)
 
 
 def test_round_ratio_from_measured_costs():
@@ -232,105 +265,6 @@ def test_round_ratio_from_measured_costs():
         BatchStop(measure=True, gate=True).round_ratio(4, 1.0)
     with pytest.raises(AccheadError):
         BatchCosts((BatchCost(4, 0.002, 0.010, first_s=-0.001),))
-
-
-@pytest.fixture(scope="module")
-def peaked_pair():
-    target = _peaked_llama(12, seed=3)
-    return target, _perturbed(target, 0.5, seed=4)
-
-
-@pytest.fixture
-def early_gates(monkeypatch):
-    """Gates that weigh after 8 rows' open rounds (32 by default: more than these short decodes make)."""
-    monkeypatch.setattr(batched, "GateMemory", functools.partial(GateMemory, min_observations=8))
-
-
-# c = 0.9: a drafting round prices at ~2 autoregressive rounds, so the gate closes on this pair
-GATED = BatchStop(0.9, gate=True)
-
-
-@pytest.mark.parametrize(("spec", "kind"), [("specdecpp:h=0.5,max=4", "candidate"),
-                                            ("specdecpp:h=0.4,max=4", "lookahead")])  # fmt: skip
-@pytest.mark.parametrize("fast", [False, True])
-def test_gated_greedy_rows_equal_generate_alone(peaked_pair, spec, kind, fast, early_gates):
-    """The gate closes mid-decode (rows then decode autoregressively, the draft left behind): every row still
-    equals the target's greedy `generate` on its prompt alone, on the eager path and the fast path's twin."""
-    target, _ = peaked_pair
-    dec = _decoder(peaked_pair, spec, kind, batch_stop=GATED, fast=fast, compile=False)
-    res = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0, eos_token_id=5)
-    assert res.gate_rounds > 0 and res.draft_calls > 0  # it drafted, then it closed
-    assert res.to_dict()["gate_rounds"] == res.gate_rounds
-    # the fast path's first round fed the draft the prompts uncompiled, timed: the rate the next decode's
-    # gate prices the draft's prefill at (the eager path feeds them in its round's own forward)
-    assert (dec._feed.catch_up_tokens > 0 and dec._feed.catch_up_s > 0) is fast
-    # the next decode starts from this one's tallies: closed before its first round, nothing drafted
-    again = dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0, eos_token_id=5)
-    assert again.draft_calls == 0 and again.gate_rounds == again.target_calls
-    for b, prompt in enumerate(PROMPTS):
-        ref = target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW[b], do_sample=False,
-                              eos_token_id=5, pad_token_id=0)[0, len(prompt) :]  # fmt: skip
-        assert res.rows[b].new_ids.tolist() == again.rows[b].new_ids.tolist() == ref.tolist(), b
-    ungated = _decoder(peaked_pair, spec, kind, batch_stop=BatchStop(0.9), fast=fast, compile=False)
-    assert ungated.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0).gate_rounds == 0
-
-
-@pytest.mark.parametrize(("spec", "kind", "cap"), [("specdecpp:h=0.5,max=4", "candidate", 2),
-                                                   ("specdecpp:h=0.4,max=4", "lookahead", 1)])  # fmt: skip
-def test_gate_that_caps_rounds_keeps_rows_exact(spec, kind, cap, monkeypatch, early_gates):
-    """A draft close to its target (perturbed by 0.05) and c = 0.05: the gate caps the rounds below the
-    policy's 4 (a cap it chose from the open rounds' counterfactual gains), and the rows, drafted at most that
-    many candidates a round from then on, still equal the target's greedy `generate` alone."""
-    target = _peaked_llama(12, seed=3)
-    pair = (target, _perturbed(target, 0.05, seed=4))
-    gates = []
-    remember = GateMemory.remember
-    monkeypatch.setattr(GateMemory, "remember", lambda self, gate: (gates.append(gate), remember(self, gate)))
-    dec = _decoder(pair, spec, kind, batch_stop=BatchStop(0.05, gate=True))
-    res = dec.generate(PROMPTS, max_new_tokens=20, temperature=0)
-    assert gates[0].choice == cap and res.gate_rounds == 0
-    opened = int(gates[0].own.rounds[-1])  # the open rounds (the only ones pricing K), then the choice
-    for b, prompt in enumerate(PROMPTS):
-        ref = target.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, len(prompt) :]  # fmt: skip
-        row = res.rows[b]
-        assert row.new_ids.tolist() == ref.tolist(), b
-        assert row.rounds > opened and max(row.drafted_per_round[opened:]) <= cap  # capped after the choice
-
-
-@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_gated_feature_draft_rows_equal_generate_alone(tmp_path_factory, compile, early_gates):
-    """A feature draft under the gate: a closed gate's rounds verify without the target's states (another
-    shape, compiled by `warm_up`: nothing compiles while decoding), rows equal to the target's alone."""
-    target, draft = trained_feature_pair(tmp_path_factory)
-    head = _heads(draft.config.hidden_size)["lookahead"]
-    prompts = [[5, 9, 2, 7], [3], [8, 1, 4]]
-    dec = BatchedDecoder(target, draft, "specdecpp:h=0.5,max=5", head=head, batch_stop=GATED, fast=compile,
-                         compile=compile)  # fmt: skip
-    dec.warm_up(len(prompts), 20)
-    graphs = counters["stats"]["unique_graphs"]
-    res = dec.generate(prompts, max_new_tokens=16, temperature=0)
-    again = dec.generate(prompts, max_new_tokens=16, temperature=0)  # closed from the prefill on
-    assert counters["stats"]["unique_graphs"] == graphs and res.gate_rounds > 0 and again.draft_calls == 0
-    for b, prompt in enumerate(prompts):
-        ref = target.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)  # fmt: skip (no EOS: the config's would end row 0 at once)
-        ref = ref[0, len(prompt) :].tolist()
-        assert res.rows[b].new_ids.tolist() == again.rows[b].new_ids.tolist() == ref, b
-
-
-def test_chi_square_gated_row(peaked_pair, monkeypatch):
-    """Row 1 of a ragged batch under the gate deciding from the first drafting round (2 observations; each
-    decode from its own), so whether the next round drafts depends on how the first went: its 3-token
-    continuations follow the target's exact distribution."""
-    target, _ = peaked_pair
-    fresh = functools.partial(GateMemory, explore_share=1.0, min_observations=2)  # each decode its own gate
-    monkeypatch.setattr(batched, "GateMemory", fresh)
-    dec = _decoder(peaked_pair, "specdecpp:h=0.4,max=2", "lookahead", batch_stop=GATED)
-    counts, results = sample_row_one(dec)
-    gated = sum(res.gate_rounds > 0 and res.rows[1].rounds > 1 for res in results)
-    assert 0 < gated < CHI_SAMPLES  # the gate closed in some decodes and not in others while row 1 decoded
-    assert row_one_p_value(target, counts) > 1e-3
 
 
 def test_gate_prices_the_slowest_row_from_earlier_rows():
