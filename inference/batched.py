@@ -292,7 +292,7 @@ class BatchedDecoder:
                     self._feed.select(idx)
                 active = [active[i] for i in keep]
         if gate is not None:
-            self._gates.remember(gate)
+            out.gate_cap, out.gate_explored = self._gates.remember(gate)
         for r in rows:
             r.res.new_ids = torch.tensor(r.ids[r.prompt_len :], dtype=torch.long)
             r.res.target_calls = r.res.rounds

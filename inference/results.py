@@ -80,6 +80,8 @@ class BatchResult:
         head_calls: head evaluations (rows × judged steps).
         batch_stops: rounds the batch rule ended (0 without it).
         gate_rounds: rounds the round gate decoded autoregressively (`acchead.inference.round_gate`).
+        gate_cap / gate_explored: the candidate cap the round gate ran at the decode's end (0: closed; its
+            open cap where it stayed open) and whether the decode explored; None / False without a gate.
         wall_time: seconds in `generate`.
         round_times / round_draft_calls: per round, its wall seconds (its drafting, verification and
             bookkeeping; the first round holds the prompts' prefill) and its batched draft forwards
@@ -93,6 +95,8 @@ class BatchResult:
     head_calls: int = 0
     batch_stops: int = 0
     gate_rounds: int = 0
+    gate_cap: int | None = None
+    gate_explored: bool = False
     wall_time: float = 0.0
     round_times: list[float] = field(default_factory=list)
     round_draft_calls: list[int] = field(default_factory=list)

@@ -306,10 +306,10 @@ class GateMemory:
     not decodes, because an exploring decode's cost (the draft's prefill over every prompt, a drafted round)
     grows with its rows: a batch of 64 after batches of 4 explores only once the small batches' rows have
     paid for it. An exploring decode starts without the atoms (`RoundGate.atoms`) too, and its open
-    rounds are capped at 2c + 1 (at least 2, at most K) for the cap c the latest decode ran (K where it
-    stayed open): a batch drafts until its last row stops, so open rounds at K = 20 ran ~10 draft forwards
-    each on the toy pair at B = 4 where the chosen cap was 3 (an exploring decode cost ~1.5x a capped one);
-    a cap past 2c + 1 is reached over later explorations, each reaching twice as far."""
+    rounds are capped at 2c + 1 (at least 2, at most K) for the cap c the latest decode ran (its open
+    cap where it stayed open): a batch drafts until its last row stops, so open rounds at K = 20 ran ~10
+    draft forwards each on the toy pair at B = 4 where the chosen cap was 3 (an exploring decode cost ~1.5x
+    a capped one); a cap past 2c + 1 is reached over later explorations, each reaching twice as far."""
 
     explore_share: float = 0.125
     min_observations: float = 32.0  # each gate's (`RoundGate`)
@@ -319,7 +319,7 @@ class GateMemory:
     decodes: int = 0
     rows: int = 0  # rows decoded under a gate
     explored: int = 0  # of them, rows of decodes that explored by choice (not the first's)
-    last_cap: int | None = None  # the cap the latest decode ran (its choice, or K where it stayed open)
+    last_cap: int | None = None  # the cap the latest decode ran (its choice, or its open cap)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.explore_share <= 1.0:
@@ -348,14 +348,17 @@ class GateMemory:
         return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill, atoms=atoms,
                          open_cap=reach)  # fmt: skip
 
-    def remember(self, gate: RoundGate) -> None:
+    def remember(self, gate: RoundGate) -> tuple[int, bool]:
         """After a decode: its own tallies, if it drafted, join the history (the older halved) and its rows
-        the atoms (the `row_memory` most recent kept)."""
-        self.last_cap = gate.max_cap if gate.choice is None else gate.choice
+        the atoms (the `row_memory` most recent kept). Returns the cap the decode ran at its end (its open cap
+        where it stayed open) and whether it explored (started from nothing)."""
+        assert gate.open_cap is not None
+        self.last_cap = gate.open_cap if gate.choice is None else gate.choice
         if gate.own.gain is not None:
             self.history = self.history.scaled(0.5) + gate.tallies()
             rows = gate.row_atoms()
             self.atoms = (rows if self.atoms is None else self.atoms + rows).last(self.row_memory)
+        return self.last_cap, gate.prior.gain is None
 
 
 def draft_prefill_rounds(

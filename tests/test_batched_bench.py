@@ -35,6 +35,10 @@ def test_bench_batch_sizes_add_a_row_per_b(bench_inputs, tmp_path):  # noqa: F81
     assert pp and all(
         r["batch_stop"].startswith("batch-stop:gated(B1:c=") and r["head_calls"] > 0 for r in pp
     )  # the bench's default rule: gated
+    # each B > 1 decode's gate cap over both passes (the first decode explores; B = 1 runs no gate)
+    assert all(r["gate_caps"] is None for r in pp if r["batch_size"] == 1)
+    assert all(sum(r["gate_caps"].values()) == 2 and any("*" in k for k in r["gate_caps"])
+               for r in pp if r["batch_size"] == 3)  # fmt: skip
     # B = 1 times each setting's single-prompt decoder beside its batched rows, once per setting
     ones = [r["single_wall_tokens_per_s"] for r in rows if r["batch_size"] == 1]
     assert len(ones) == len(specs) and all(one > 0 for one in ones)
@@ -70,8 +74,8 @@ def test_batched_rows_serialise_and_tabulate():
                           greedy_matches_ar=matches)  # fmt: skip
 
     ar, k = row("autoregressive", 10.0, True, True), row("specdec:k=3", 25.0, True, True)
-    assert list(ar.to_dict())[-4:] == ["greedy_matches_ar", "single_wall_tokens_per_s", "gate_rounds",
-                                       "copied_rounds"]  # fmt: skip
+    assert list(ar.to_dict())[-5:] == ["greedy_matches_ar", "single_wall_tokens_per_s", "gate_rounds",
+                                       "copied_rounds", "gate_caps"]  # fmt: skip
     assert "greedy_matches_ar" not in row("specdec:k=3", 25.0, False, None).to_dict()  # sampling: not judged
     table = batched_table([ar, k]).splitlines()
     assert table[3] == "| 4 | specdec | `specdec:k=3` | - | 25.0 | 2.50 | - | 16 | 0 | 0 | 0 | 64 |"
@@ -79,10 +83,13 @@ def test_batched_rows_serialise_and_tabulate():
     assert batched_table([one]).splitlines()[2].split(" | ")[6] == "1.25 (20.0 tokens/s)"
     measured = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:measured(B1:c=0.1,B4:c=0.52)")
     declared = replace(k, spec="specdecpp:h=0.8", batch_stop="batch-stop:c=0.2")
-    gated = replace(measured, batch_stop="batch-stop:gated(B1:c=0.1,B4:c=0.52)", gate_rounds=9)
+    gated = replace(measured, batch_stop="batch-stop:gated(B1:c=0.1,B4:c=0.52)", gate_rounds=9,
+                    gate_caps={"1*": 1, "12": 1, "3": 5, "0": 2})  # fmt: skip
     table = batched_table([measured, declared, gated]).splitlines()[2:]
-    assert [line.split(" | ")[3] for line in table] == ["measured, c=0.52", "c=0.2", "gated, c=0.52"]
+    assert [line.split(" | ")[3] for line in table[:3]] == ["measured, c=0.52", "c=0.2", "gated, c=0.52"]
     assert table[2].split(" | ")[10] == "9"  # the gated rounds
+    # how the gate decided, below the table: decodes per cap, in the caps' order
+    assert table[-1] == "- B = 4, specdecpp: cap 0 ×2, cap 1* ×1, cap 3 ×5, cap 12 ×1"
 
 
 def test_decode_batch_size_prints_every_row(tiny_pair_dirs, bench_inputs, capsys):  # noqa: F811

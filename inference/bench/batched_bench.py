@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ class BatchedRow:
     wall_tokens_per_s = tokens / wall_time. batch_stop: the batch stop rule (`batch-stop:c=0.5`) or None.
     greedy_matches_ar: under greedy decoding, whether every output equals batched autoregressive
     decoding's (None without an autoregressive row); absent from the JSON under sampling.
+    gate_caps: under the round gate, how many decodes of all passes ended at each cap, keyed by the cap
+    (`BatchResult.gate_cap`), with a `*` where the decode explored (`{"3": 28, "1*": 2}`); None without it.
     single_wall_tokens_per_s: at B = 1, the single-prompt decoder's tokens/s on the same prompts, timed in
     the same passes interleaved with the batched runs (None at B > 1, and for a batch rule's second row).
     """
@@ -76,6 +79,7 @@ class BatchedRow:
     single_wall_tokens_per_s: float | None = None
     gate_rounds: int = 0
     copied_rounds: int = 0
+    gate_caps: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as results.json stores it (`greedy_matches_ar` only under greedy decoding)."""
@@ -133,6 +137,7 @@ def run_batched(bench: Bench, settings: list[Setting], sizes: list[int]) -> list
                 **t.counts, wall_time=t.wall / PASSES, wall_tokens_per_s=t.tokens_per_s,
                 greedy=greedy, greedy_matches_ar=None if ar is None or not greedy else t.digests == ar,
                 single_wall_tokens_per_s=one.tokens_per_s if one else None,
+                gate_caps=dict(sorted(t.gates.items())) or None,
             ))  # fmt: skip
     return rows
 
@@ -156,9 +161,10 @@ COUNTS = (
 @dataclass
 class _Tally:
     """One decoder's sums at one B: counts and output digests of the first pass (every pass decodes the
-    same), wall seconds and tokens of all passes."""
+    same), wall seconds and tokens of all passes, the round gate's caps of all passes (decodes per cap)."""
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    gates: Counter[str] = field(default_factory=Counter)
     digests: list[str] = field(default_factory=list)
     wall: float = 0.0
     tokens: int = 0
@@ -231,6 +237,8 @@ def _timed_passes(
                     )  # fmt: skip
                 t = tallies[key]
                 t.wall, t.tokens = t.wall + res.wall_time, t.tokens + res.tokens
+                if not single and res.gate_cap is not None:
+                    t.gates[f"{res.gate_cap}{'*' if res.gate_explored else ''}"] += 1
                 if p == 0 and not single:  # counts and outputs are the same every pass
                     for k in COUNTS:
                         t.counts[k] += getattr(res, k)
@@ -279,6 +287,12 @@ def batched_table(rows: list[BatchedRow]) -> str:
             f"| {rel} | {single} | {r.target_calls} | {r.draft_calls} | {r.batch_stops} | {r.gate_rounds} "
             f"| {r.tokens} |"
         )
+    gated = [r for r in rows if r.gate_caps]
+    if gated:  # how the round gate decided: decodes per cap, over every pass
+        lines += ["", "Round gate: decodes per cap at the decode's end, all passes (`*`: it explored):", ""]
+        for r in gated:
+            caps = sorted(r.gate_caps.items(), key=lambda kv: (int(kv[0].rstrip("*")), kv[0]))
+            lines.append(f"- B = {r.batch_size}, {r.method}: " + ", ".join(f"cap {k} ×{n}" for k, n in caps))
     return "\n".join(lines) + "\n"
 
 
