@@ -89,7 +89,7 @@ def test_batched_rows_serialise_and_tabulate():
     assert [line.split(" | ")[3] for line in table[:3]] == ["measured, c=0.52", "c=0.2", "gated, c=0.52"]
     assert table[2].split(" | ")[10] == "9"  # the gated rounds
     # how the gate decided, below the table: decodes per cap, in the caps' order
-    assert table[-1] == "- B = 4, specdecpp: cap 0 ×2, cap 1* ×1, cap 3 ×5, cap 12 ×1"
+    assert table[-1] == "- B = 4, specdec: cap 0 ×2, cap 1* ×1, cap 3 ×5, cap 12 ×1"
 
 
 def test_decode_batch_size_prints_every_row(tiny_pair_dirs, bench_inputs, capsys):  # noqa: F811
