@@ -180,9 +180,9 @@ def test_gate_stats_pool_and_weigh():
 
 def test_gate_memory_starts_from_earlier_decodes_and_explores():
     """Decode 0 explores (no prior), and so do the 2nd and 4th decodes (1 and 3); decodes 2 and 4 start from
-    the tallies so far, and a prior that says autoregressive closes the gate before the first round. Decode 3's
-    open rounds are capped at 2 (2·0 + 1, at least 2: decode 2 closed). A decode that drafted nothing leaves
-    the history as it was; one that drafted halves the older tallies."""
+    the tallies so far, and a prior that says autoregressive closes the gate before the first round. Decode
+    3's open rounds are capped at 2 (2·0 + 1, at least 2: decode 2 closed). A decode that drafted nothing
+    leaves the history as it was; one that drafted halves the older tallies."""
     memory, rule = GateMemory(explore_share=0.25, min_observations=8), BatchStop(0.5, gate=True)
     rows = [_row(0, 20) for _ in range(2)]
     gates = []
