@@ -6,6 +6,8 @@ line."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -202,12 +204,12 @@ def test_compiled_verification_hands_the_fused_states_over(target, fused_draft, 
     eagerly first: their installation takes a lock no graph traces) run inside the verification's graph,
     `warm_up` prepares it, nothing compiles while decoding, and the rounds are the eager decoder's; the
     batched fast path's too."""
-    draft = fused_draft[0]
     prompt = torch.tensor([2, 9, 3])
     path = DevicePath(True, backend="cudagraphs") if backend == "cudagraphs" else None
     # a model's compiled runner serves one path: each backend compiles its own copy of the target, a fresh
-    # one (the same seeded weights) whose first forward asking for layers' outputs is the compiled one
-    compiled = _peaked_llama(VOCAB, seed=3)
+    # one (the same seeded weights) whose first forward asking for layers' outputs is the compiled one, and
+    # of the draft (the module's, compiled for the other backend where the whole suite runs, is refused)
+    compiled, draft = _peaked_llama(VOCAB, seed=3), copy.deepcopy(fused_draft[0])
     dec = SpeculativeDecoder(compiled, draft, policy="specdec:k=3", fast=True, device_path=path)
     dec.warm_up(prompt.numel() + 24)
     with torch.compiler.set_stance("fail_on_recompile"):
