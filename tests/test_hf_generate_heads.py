@@ -1,6 +1,6 @@
 """Which head `generate(custom_generate=acchead.inference.hf.generate)` decodes with when given none: the
-demo draft's shipped head for the call's S (resolved by the integration, never the decoder), and one line
-for a draft that ships none."""
+demo draft's shipped head for the call's S (resolved by the integration, never the decoder), one line
+for a draft that ships none, and the overhead command's default head (resolved at its command line)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,16 @@ def test_no_head_for_another_draft_is_one_line(tiny_llama_pair):
         target.generate(torch.tensor([[5, 17, 42]]), draft=draft, custom_generate=hf.generate,
                         max_new_tokens=4, do_sample=False)  # fmt: skip
     assert "\n" not in str(e.value)
+
+
+def test_the_overhead_command_times_the_demo_pair_with_its_head(capsys):
+    """`python -m acchead.inference.bench.hf_custom` on its defaults (the demo pair, SpecDec++ with the
+    shipped head its command line resolves): both ways timed and the goal's verdict printed."""
+    from acchead.inference.bench import hf_custom
+
+    assert hf_custom.main(["--num-prompts", "1", "--max-new-tokens", "4", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1 calls, " in out and "through generate" in out and "goal: through generate" in out
+    assert hf_custom.main(["--prompts", "missing.jsonl"]) == 2  # one line, before any model loads
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith("error: prompt file does not exist: missing.jsonl")

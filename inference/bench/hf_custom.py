@@ -216,12 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     from acchead.prompt_sources import load_prompts
 
     hf_logging.set_verbosity_error()
+    texts = load_prompts(args.prompts, args.num_prompts)  # a bad prompt set fails before any model loads
     target = load_causal_lm(args.target or demo_pair.TARGET_DIR)
     draft = load_causal_lm(args.draft or demo_pair.DRAFT_DIR)
     tok = load_tokenizer(args.target or demo_pair.TARGET_DIR)
     if args.head is None and needs_head(args.policy):  # resolved here: the decoder never picks a head
         args.head = str(demo_pair.head_for(SamplingConfig(0.0)))
-    texts = load_prompts(args.prompts, args.num_prompts)
     prompts = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
     m = measure_overhead(target, draft, prompts, policy=args.policy, head=args.head,
                          max_new_tokens=args.max_new_tokens, repeats=args.repeats,
