@@ -28,17 +28,17 @@ width) and the verifications stop collecting a feature draft's states.
 The estimates read only rounds decoded before, pooled over this decode and the decoder's earlier ones
 (`GateMemory`: their tallies halved per drafting decode, and their last rows kept as atoms, so a gate may
 choose before its first round; the first decode, and later ones up to an eighth of the rows decoded, start
-from nothing and explore: every round at one cap past the latest decode's, never weighing). v_k and d_k are
-pooled; so is how much the rows' own mean gains differ beyond their rounds' noise (the between-row variance
-t_k). Under the normal model μ_{b,k} is row b's own mean shrunk towards the pooled one, which weighs as v_k /
-t_k rounds (normal-normal; `prior_rounds` where the rows do not differ measurably), and the doubt left in it
-widens the row's spread: before a row's own rounds the gate knows only that rows differ, and the slowest row
-of R sets the batch's time. The gate weighs once there are `min_observations` rows' rounds with candidates
-under cap 1, and never chooses a cap priced by fewer (a few rounds' gains under caps the decodes since did not
-run, read alone, picked caps 4-7 where 3 was best on the toy pair at B = 4). Like the stop rules it reads the
-past only, never the target's distribution of the round it decides, so every row stays an exact sample of the
-target (BanditSpec Prop. 3.1; tests/test_round_gate_decoding.py); a decoder's outputs then depend on its
-earlier decodes, as a measured c(B) makes them depend on timings.
+from nothing and draft open rounds until they have their own evidence). v_k and d_k are pooled; so is how
+much the rows' own mean gains differ beyond their rounds' noise (the between-row variance t_k). Under the
+normal model μ_{b,k} is row b's own mean shrunk towards the pooled one, which weighs as v_k / t_k rounds
+(normal-normal; `prior_rounds` where the rows do not differ measurably), and the doubt left in it widens
+the row's spread: before a row's own rounds the gate knows only that rows differ, and the slowest row of R
+sets the batch's time. The gate weighs once there are `min_observations` rows' rounds with candidates
+under cap 1, and never chooses a cap priced by fewer (a few rounds' gains under caps the decodes since did
+not run, read alone, picked caps 4-7 where 3 was best on the toy pair at B = 4). Like the stop rules it
+reads the past only, never the target's distribution of the round it decides, so every row stays an exact
+sample of the target (BanditSpec Prop. 3.1; tests/test_round_gate_decoding.py); a decoder's outputs then
+depend on its earlier decodes, as a measured c(B) makes them depend on timings.
 
 Left out: rows that end early at EOS (m_b counts to the max new tokens), that a narrower batch is cheaper
 (eager rows leave the batch as they finish, under every cap), and block verification's τ under a smaller
@@ -152,8 +152,6 @@ class RoundGate:
             at K = 20, a toy round at B = 4 ~11 ms).
         open_cap: the cap of the rounds while open, 1..K (None: K): an exploring decode's (`GateMemory`) is
             set from the caps chosen before, so it does not pay the policy's full cap on every row.
-        explores: an exploring decode's gate: every round at `open_cap`, never weighing, so its evidence
-            spans its rows' whole responses, not only their openings (`GateMemory`).
     """
 
     rule: BatchStop
@@ -165,7 +163,6 @@ class RoundGate:
     atoms: RowAtoms | None = None
     reweigh: float = 0.25
     open_cap: int | None = None
-    explores: bool = False
     choice: int | None = None  # None: open (the policy's caps); 0: autoregressive; k: at most k candidates
     last: GateEstimate | None = None
 
@@ -207,13 +204,10 @@ class RoundGate:
 
     def cap(self, active: list[Row]) -> int:
         """The next round's candidate cap for the `active` rows: the open cap while open (K: the policy's own
-        caps), 0 for an autoregressive round, or the cap the gate chose (kept for the rest of the decode); an
-        exploring gate's rounds all run at the open cap."""
+        caps), 0 for an autoregressive round, or the cap the gate chose (kept for the rest of the decode)."""
         assert self.open_cap is not None
         if self.choice is not None:
             return self.choice
-        if self.explores:
-            return self.open_cap
         seen = self._seen + self._prior_seen  # rows' rounds under cap 1
         if seen < self._weigh_at:  # open until the evidence has grown enough to weigh (again)
             return self.open_cap
@@ -311,16 +305,11 @@ class GateMemory:
     included. At a constant batch size that is about every 1 / `explore_share`-th decode; counted in rows,
     not decodes, because an exploring decode's cost (the draft's prefill over every prompt, a drafted round)
     grows with its rows: a batch of 64 after batches of 4 explores only once the small batches' rows have
-    paid for it. An exploring decode starts without the atoms (`RoundGate.atoms`) too, and runs every round
-    at its reach, c + 1 (at least 2, at most K) for the cap c the latest decode ran (its open cap where it
-    stayed open; the first decode's reach is 2), never weighing (`RoundGate.explores`): its tallies then
-    price the caps up to its reach over its rows' whole responses. Until the fortieth session an exploring
-    decode chose its cap once its own rounds were enough, which are a few rows' openings at a small B (they
-    accept less than what follows), and the decodes from the memory followed: on the toy pair at B = 4 which
-    batches the exploring decodes met decided whether the gate settled at cap 3 (0.99x fixed K = 3) or at
-    cap 2 (0.93x); its open rounds ran at K (the first decode) or 2c + 1, where a batch drafts until its last
-    row stops (~10 draft forwards a round at K = 20). A cap past c + 1 is reached over later explorations,
-    one cap further each (docs/results/toy-gate-sim-s40)."""
+    paid for it. An exploring decode starts without the atoms (`RoundGate.atoms`) too, and its open
+    rounds are capped at 2c + 1 (at least 2, at most K) for the cap c the latest decode ran (its open
+    cap where it stayed open): a batch drafts until its last row stops, so open rounds at K = 20 ran ~10
+    draft forwards each on the toy pair at B = 4 where the chosen cap was 3 (an exploring decode cost ~1.5x
+    a capped one); a cap past 2c + 1 is reached over later explorations, each reaching twice as far."""
 
     explore_share: float = 0.125
     min_observations: float = 32.0  # each gate's (`RoundGate`)
@@ -346,18 +335,18 @@ class GateMemory:
         rule has no gate."""
         if rule is None or not rule.gate or head is None or max_cap < 1:
             return None
+        # the first decode explores anyway: its history is empty
         doubling = (self.decodes + 1) & self.decodes == 0  # this is the 2nd, 4th, 8th, ... decode
         chosen = self.history.gain is not None and (
             doubling or self.explored + rows <= self.explore_share * (self.rows + rows)
         )  # fmt: skip
-        explore = chosen or self.history.gain is None  # the first decode explores anyway: no history
         self.decodes, self.rows = self.decodes + 1, self.rows + rows
         self.explored += rows if chosen else 0
-        prior, atoms = (GateStats(), None) if explore else (self.history, self.atoms)
-        last = 1 if self.last_cap is None else self.last_cap
-        reach = min(max_cap, max(2, last + 1)) if explore else max_cap
+        prior, atoms = (GateStats(), None) if chosen else (self.history, self.atoms)
+        last = self.last_cap
+        reach = max_cap if not chosen or last is None else min(max_cap, max(2, 2 * last + 1))
         return RoundGate(rule, max_cap, prior, self.min_observations, prefill=prefill, atoms=atoms,
-                         open_cap=reach, explores=explore)  # fmt: skip
+                         open_cap=reach)  # fmt: skip
 
     def remember(self, gate: RoundGate) -> tuple[int, bool]:
         """After a decode: its own tallies, if it drafted, join the history (the older halved) and its rows
@@ -369,7 +358,7 @@ class GateMemory:
             self.history = self.history.scaled(0.5) + gate.tallies()
             rows = gate.row_atoms()
             self.atoms = (rows if self.atoms is None else self.atoms + rows).last(self.row_memory)
-        return self.last_cap, gate.explores
+        return self.last_cap, gate.prior.gain is None
 
 
 def draft_prefill_rounds(

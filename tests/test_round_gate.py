@@ -179,31 +179,26 @@ def test_gate_stats_pool_and_weigh():
 
 
 def test_gate_memory_starts_from_earlier_decodes_and_explores():
-    """Decode 0 explores (no prior), and so do the 2nd and 4th decodes (1 and 3), each at one cap past the
-    latest decode's (decode 0 at 2, decode 1 at 3, decode 3 at 2: decode 2 closed) and never closing though
-    nothing is accepted; decodes 2 and 4 start from the tallies so far, and a prior that says autoregressive
-    closes the gate before the first round. A decode that drafted nothing leaves the history as it was; one
-    that drafted halves the older tallies."""
+    """Decode 0 explores (no prior), and so do the 2nd and 4th decodes (1 and 3); decodes 2 and 4 start from
+    the tallies so far, and a prior that says autoregressive closes the gate before the first round. Decode
+    3's open rounds are capped at 2 (2·0 + 1, at least 2: decode 2 closed). A decode that drafted nothing
+    leaves the history as it was; one that drafted halves the older tallies."""
     memory, rule = GateMemory(explore_share=0.25, min_observations=8), BatchStop(0.5, gate=True)
     rows = [_row(0, 20) for _ in range(2)]
     gates = []
     for _ in range(5):
         gate = memory.start(rule, object(), 3, len(rows))
         gates.append(gate)
-        if gate.prior.gain is None:  # 8 rows' rounds, nothing accepted: enough to weigh, but it explores
-            for _ in range(4):
-                assert gate.cap(rows) == gate.open_cap and gate.explores
-                _play(gate, rows, [(1, [(1, 0), (1, 0)])])
+        if gate.prior.gain is None:  # 8 rows' rounds, nothing accepted
+            _play(gate, rows, [(1, [(1, 0), (1, 0)])] * 4)
         else:
             assert gate.cap(rows) == 0  # the prior alone: ρ > 1 = μ
         memory.remember(gate)
     assert [float(torch.as_tensor(g.prior.n).max()) for g in gates] == [0, 0, 12, 0, 14]
-    # (8 under caps 1-2, halved, + 8 under caps 1-3) halved + the 8 of decode 3 under caps 1-2 (decode 2
-    # drafted nothing)
-    assert memory.history.n.tolist() == [14.0, 14.0, 4.0]
-    assert memory.history.rounds.tolist() == [7.0, 7.0, 2.0]
-    assert [g.open_cap for g in gates] == [2, 3, 3, 2, 3]
-    assert [g.explores for g in gates] == [True, True, False, True, False]
+    # (8 halved + 8) halved + the 8 of decode 3 under caps 1-2 (decode 2 drafted nothing)
+    assert memory.history.n.tolist() == [14.0, 14.0, 6.0]
+    assert memory.history.rounds.tolist() == [7.0, 7.0, 3.0]
+    assert [g.open_cap for g in gates] == [3, 3, 3, 2, 3]
     # the exploring decodes start without the earlier rows too; the others with those of the drafting decodes
     assert [None if g.atoms is None else len(g.atoms) for g in gates] == [None, None, 4, None, 6]
     assert memory.start(None, object(), 3) is None and memory.start(rule, None, 3) is None
@@ -234,28 +229,23 @@ def test_gate_memory_explores_a_share_of_rows_not_of_decodes():
     assert memory.start(rule, object(), 3, 4).prior.gain is None  # 28 <= 260 / 8 (the 50th decode)
 
 
-def test_an_exploring_decode_reaches_one_past_the_latest_cap():
-    """An exploring decode runs every round at c + 1 (at least 2, at most K) for the cap c the latest decode
-    ran (the first decode at 2), and its rounds price only the caps up to that: a decode that closed (c = 0)
-    explores caps 1-2, one that capped at 3 caps 1-4, one that stayed open K. It never weighs: rounds that
-    accept nothing, enough to weigh and to close a deciding gate, leave it at its reach."""
+def test_an_exploring_decode_reaches_twice_the_latest_cap():
+    """The first decode opens at the policy's cap; a later exploring decode opens at 2c + 1 (at least 2, at
+    most K) for the cap c the latest decode ran, and its open rounds price only the caps up to that: a
+    decode that closed (c = 0) explores caps 1-2, one that capped at 3 caps 1-7, one that stayed open K."""
     rule, K = BatchStop(0.5, gate=True), 20
     rows = [_row(0, 40) for _ in range(4)]
-    for last, reach in [(None, 2), (0, 2), (3, 4), (12, 13), (K, K)]:
+    for last, reach in [(None, K), (0, 2), (3, 7), (12, K), (K, K)]:
         memory = GateMemory(explore_share=1.0, min_observations=8)
         if last is not None:  # an earlier decode that ran cap `last` (K: stayed open)
             earlier = memory.start(rule, object(), K, len(rows))
             _play(earlier, rows, [(1, [(1, 0)] * 4)])
-            earlier.choice, earlier.open_cap = (None, K) if last == K else (last, earlier.open_cap)
+            earlier.choice = None if last == K else last
             memory.remember(earlier)
         gate = memory.start(rule, object(), K, len(rows))
         assert gate.prior.gain is None and gate.open_cap == reach and gate.cap(rows) == reach
         _play(gate, rows, [(reach, [(reach, reach)] * 4)])  # every candidate accepted
         assert gate.own.n.tolist() == [4.0] * reach + [0.0] * (K - reach)
-        _play(gate, rows, [(reach, [(reach, 0)] * 4)] * 3)  # then nothing: 16 rows' rounds
-        assert gate.cap(rows) == reach and gate.choice is None and gate.last is None
-        deciding = RoundGate(rule, K, gate.own, min_observations=8, open_cap=reach)
-        assert deciding.cap(rows) < reach  # the same evidence closes or caps a gate that weighs
     with pytest.raises(AccheadError, match="open cap"):
         RoundGate(rule, max_cap=3, open_cap=4)
 

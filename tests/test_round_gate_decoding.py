@@ -25,24 +25,10 @@ def peaked_pair():
     return target, _perturbed(target, 0.5, seed=4)
 
 
-class DecidingMemory(GateMemory):
-    """A memory whose exploring decodes weigh their own rounds, the first opening at the policy's cap (the
-    default's explore every round at their reach: `test_an_exploring_decode_never_closes`), so that a gate
-    closes or caps rounds mid-decode."""
-
-    def start(self, *args, **kwargs):
-        first = self.history.gain is None
-        gate = super().start(*args, **kwargs)
-        if gate is not None:
-            gate.explores, gate.open_cap = False, gate.max_cap if first else gate.open_cap
-        return gate
-
-
 @pytest.fixture
 def early_gates(monkeypatch):
-    """Deciding gates that weigh after 8 rows' open rounds (32 by default: more than these short decodes
-    make)."""
-    monkeypatch.setattr(batched, "GateMemory", functools.partial(DecidingMemory, min_observations=8))
+    """Gates that weigh after 8 rows' open rounds (32 by default: more than these short decodes make)."""
+    monkeypatch.setattr(batched, "GateMemory", functools.partial(GateMemory, min_observations=8))
 
 
 # c = 0.9: a drafting round prices at ~2 autoregressive rounds, so the gate closes on this pair
@@ -128,34 +114,10 @@ def test_chi_square_gated_row(peaked_pair, monkeypatch):
     decode from its own), so whether the next round drafts depends on how the first went: its 3-token
     continuations follow the target's exact distribution."""
     target, _ = peaked_pair
-    fresh = functools.partial(DecidingMemory, explore_share=1.0, min_observations=2)  # each its own gate
+    fresh = functools.partial(GateMemory, explore_share=1.0, min_observations=2)  # each decode its own gate
     monkeypatch.setattr(batched, "GateMemory", fresh)
     dec = _decoder(peaked_pair, "specdecpp:h=0.4,max=2", "lookahead", batch_stop=GATED)
     counts, results = sample_row_one(dec)
     gated = sum(res.gate_rounds > 0 and res.rows[1].rounds > 1 for res in results)
     assert 0 < gated < CHI_SAMPLES  # the gate closed in some decodes and not in others while row 1 decoded
     assert row_one_p_value(target, counts) > 1e-3
-
-
-@pytest.mark.parametrize("fast", [False, True])
-def test_an_exploring_decode_never_closes(peaked_pair, fast, monkeypatch):
-    """Under the default memory the first decode explores: every round at its reach of 2 (the policy's cap
-    4) where the rounds would close a deciding gate (c = 0.9: test_gated_greedy_rows_equal_generate_alone);
-    the 2nd explores at 3; the 3rd starts from their tallies and closes before its first round. Every row
-    equals the target's greedy `generate` alone."""
-    monkeypatch.setattr(batched, "GateMemory", functools.partial(GateMemory, min_observations=8))
-    target, _ = peaked_pair
-    dec = _decoder(peaked_pair, "specdecpp:h=0.4,max=4", "lookahead", batch_stop=GATED, fast=fast,
-                   compile=False)  # fmt: skip
-    results = [dec.generate(PROMPTS, max_new_tokens=MAX_NEW, temperature=0, eos_token_id=5) for _ in range(3)]
-    assert [(r.gate_cap, r.gate_explored) for r in results] == [(2, True), (3, True), (0, False)]
-    first, second, third = results
-    # every round drafts (but a last one with one token left), at most its reach
-    for res, reach in ((first, 2), (second, 3)):
-        assert res.gate_rounds == 0 and res.round_draft_calls.count(0) <= 1
-        assert max(res.round_draft_calls) <= reach
-    assert third.draft_calls == 0 and third.gate_rounds == third.target_calls
-    for b, prompt in enumerate(PROMPTS):
-        ref = target.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW[b], do_sample=False,
-                              eos_token_id=5, pad_token_id=0)[0, len(prompt) :]  # fmt: skip
-        assert [r.rows[b].new_ids.tolist() for r in results] == [ref.tolist()] * 3, b

@@ -4,12 +4,12 @@ the figures were made, run from the repository root:
 
     .venv/bin/python docs/results/toy-gate-sim-s40/gate_sim.py VARIANT SCHEDULE
 
-VARIANT: shipped (the package's gate: since the fortieth session an exploring decode drafts every round at its
-reach, c + 1, at least 2, for the cap c the latest decode ran, the first's 2, and never chooses), s39 (the
-thirty-ninth session's: an exploring decode weighs its own rounds as any other, opening at the policy's cap K
-if it is the first, else at 2c + 1) or stay-dbl (as shipped, at the reach 2c + 1, the first's 3). SCHEDULE:
-reset (the first decode of pass 0 is the gate's first, as in the bench) or continue (one decode of prompts 0-3
-before pass 0, which shifts the 2nd, 4th, 8th, ... decodes that explore onto other batches).
+VARIANT: shipped (the package's gate: an exploring decode weighs its own rounds as any other, opening at the
+policy's cap K if it is the first, else at 2c + 1 for the cap c the latest decode ran), ladder (the rule tried
+at 538ec9e and reverted: an exploring decode drafts every round at its reach, c + 1, at least 2, the first's
+2, and never weighs) or stay-dbl (as ladder, at the reach 2c + 1, the first's 3). SCHEDULE: reset (the first
+decode of pass 0 is the gate's first, as in the bench) or continue (one decode of prompts 0-3 before pass 0,
+which shifts the 2nd, 4th, 8th, ... decodes that explore onto other batches).
 
 A decode's price is the sum over its rounds of the calibrated round price (`BatchCost.round_ratio` of its
 draft forwards; an autoregressive round 1), in autoregressive rounds: the gate's choices given the
@@ -21,7 +21,7 @@ import sys
 import torch
 
 from acchead.inference.batched import BatchedDecoder
-from acchead.inference.round_gate import GateMemory
+from acchead.inference.round_gate import GateMemory, RoundGate
 from acchead.models import load_causal_lm, load_tokenizer
 from acchead.pairs import default_heads, resolve_pair
 from acchead.prompt_sources import encode_prompts, load_prompts
@@ -35,15 +35,21 @@ class Memory(GateMemory):
     def start(self, rule, head, max_cap, rows=1, prefill=0.0):
         first, last = self.last_cap is None, self.last_cap
         gate = super().start(rule, head, max_cap, rows, prefill)
-        if VARIANT == "shipped" or gate is None or not gate.explores:
+        if VARIANT == "shipped" or gate is None or gate.prior.gain is not None:
             return gate
-        if VARIANT == "s39":  # it weighs its own rounds, the first opening at K (its `*` is not printed)
-            gate.explores = False
-            gate.open_cap = max_cap if first else min(max_cap, max(2, 2 * last + 1))
-        else:  # stay-dbl
-            gate.open_cap = min(max_cap, max(2, 2 * (1 if first else last) + 1))
+        gate.explores = True  # read by the patched `cap` below
+        c = 1 if first else last
+        gate.open_cap = min(max_cap, max(2, c + 1 if VARIANT == "ladder" else 2 * c + 1))
         return gate
 
+
+if VARIANT != "shipped":
+    weighed_cap = RoundGate.cap
+
+    def explored_cap(self, active):
+        return self.open_cap if getattr(self, "explores", False) else weighed_cap(self, active)
+
+    RoundGate.cap = explored_cap
 
 torch.set_num_threads(1)
 pair = resolve_pair("toy")
