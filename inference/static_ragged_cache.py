@@ -32,7 +32,7 @@ token order within a row (new tokens take new slots at the end; compaction keeps
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -117,10 +117,13 @@ class StaticRaggedCache:
                 "state, which the fast path computes; use the eager path"
             )
         self.compile = compile
-        # Per batch size, a compiled function of its own (its own code object, so its own dynamo cache):
-        # with one for all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4 (a size assert
-        # inside Inductor's code caught it; not reproduced on a tiny model).
-        self._calls: dict[int, Callable] = {}
+        # Per batch size and step rule, a compiled function of its own (its own code object, so its own
+        # dynamo cache): with one for all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4 (a
+        # size assert inside Inductor's code caught it; not reproduced on a tiny model); with one for all
+        # rules, two SpecDec++ decoders of one draft with different heads both ran the head compiled last
+        # (a seen key skips dynamo's guards, and those left did not tell the two graphs apart: forty-first
+        # session, tests/test_batched_fast.py).
+        self._calls: dict[Hashable, Callable] = {}
         self.capacity = _rounded(capacity)
         self.cache = None
         self._caches: dict[int, tuple] = {}  # batch size -> (its StaticCache, capacity)
@@ -284,9 +287,10 @@ class StaticRaggedCache:
                    self.capacity, features is not None, fn, *map(arg_key, per_row + constants))  # fmt: skip
             if state_layers:
                 install_output_hooks(self.model)
-            call = self._calls.get(self.batch)
+            unit = (self.batch, fn, *(arg_key(c) for c in constants if not isinstance(c, torch.Tensor)))
+            call = self._calls.get(unit)
             if call is None:
-                call = self._calls[self.batch] = compile_units(ragged_forward, self.path)
+                call = self._calls[unit] = compile_units(ragged_forward, self.path)
             out = call(key, *args)
             if self.path.copy_outputs:
                 out = copy_out(out)

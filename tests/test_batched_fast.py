@@ -154,6 +154,24 @@ def test_compiled_fast_rows_equal_the_eager_batch(peaked_pair, spec, kind, devic
     assert [r.new_ids.tolist() for r in out.rows] == [r.new_ids.tolist() for r in ref.rows]
 
 
+@pytest.mark.slow
+def test_two_heads_on_one_draft_each_run_their_own(peaked_pair):
+    """Two SpecDec++ decoders of one draft with different heads, both warmed up before either decodes (the
+    bench's order), each decode as its eager twin: their step graphs live in compiled functions of their own
+    (~80 s; forty-first session: with one, both ran the head compiled last, since a seen key skips the
+    guards that would tell them apart)."""
+    spec = "specdecpp:h=0.6,max=4"
+    kinds = ("lookahead", "candidate")
+    fast = {k: _decoder(peaked_pair, spec, k, batch_stop=True, fast=True) for k in kinds}
+    for dec in fast.values():
+        dec.warm_up(4, 40)
+    counts = ("target_calls", "draft_calls", "head_calls", "batch_stops")
+    for k in kinds:
+        ref = _decoder(peaked_pair, spec, k, batch_stop=True).generate(PROMPTS, MAX_NEW, temperature=0)
+        res = fast[k].generate(PROMPTS, MAX_NEW, temperature=0)
+        assert [getattr(res, c) for c in counts] == [getattr(ref, c) for c in counts], k
+
+
 def test_fast_measured_batch_rule_warms_up_before_its_costs(peaked_pair):
     """`warm_up` runs before the measured rule has timed its c(B) (the bench's order: `generate` times it
     first); greedy rows still equal autoregressive decoding's."""
