@@ -22,11 +22,13 @@ drafting (R) of P̂_b tokens, each worth t_target(B) / B. Continue while
 
 with c(B) = t_draft(B) / t_target(B) the cost ratio at that batch size: declared, or measured on the
 machine with what a step also costs the padded verification (`acchead.inference.batch_cost`). At B = 1 this
-is the paper's rule (continue iff P̂ > c). Rows stop on their own (each row's threshold h, its cap, EOS and
-max tokens) and then wait masked: they add nothing to the sum but still count in B, since the draft forward
-runs over them too. The rule only reads the past (the heads' outputs on this round's drafted candidates),
-never the target's distributions of the round, so like every stop rule here it keeps the output exact
-(BanditSpec Prop. 3.1; tests/test_batched.py).
+is the paper's rule (continue iff P̂ > c). Rows stop on their cap, EOS and max tokens and then wait
+masked: they add nothing to the sum but still count in B, since the draft forward runs over them too. A
+row's own threshold h is only a vote: below it the row drafts on while the batch does (its candidates are
+free in lockstep) and its P̂ stays in the sum, the batch stopping too once no row would go on
+(`acchead.inference.batched_step`). The rule only reads the past (the heads' outputs on this round's
+drafted candidates), never the target's distributions of the round, so like every stop rule here it keeps
+the output exact (BanditSpec Prop. 3.1; tests/test_batched.py).
 
 The draft-only rules (confidence, entropy) run per row too (`row_rule_flags`); they have no P̂, so no
 batch rule.

@@ -10,10 +10,10 @@ same drafter/policy/verifier algorithm per row (DESIGN §4) and these batch-leve
   float rounding of other batch shapes (tests/test_batched.py: greedy rows equal `generate` on the
   prompt alone).
 - A round: every row drafts up to its own stop (its cap = the policy's, bounded by the row's remaining
-  tokens; SpecDec++: its own P̂ threshold h). One draft forward per step serves every row; rows that
-  stopped wait masked (they feed a hole). Then ONE target forward verifies every row's candidates (fed
-  right-aligned, padded to the longest), and each row is verified with the existing verifiers
-  (`acchead.inference.verification`, token or block) under its own keys; under greedy decoding both reduce
+  tokens; SpecDec++: its own P̂ threshold h, a vote under a batch rule: `batched_step`). One draft
+  forward per step serves every row; rows that stopped wait masked (they feed a hole). Then ONE target
+  forward verifies every row's candidates (fed right-aligned, padded to the longest), each row with the
+  verifiers (`acchead.inference.verification`, token or block) under its own keys; greedy, both reduce
   to "longest agreeing prefix, then the target's argmax", computed for all rows from one argmax.
 - With `batch_stop` (SpecDec++ only), the batch also stops drafting as a whole once one more draft forward
   costs more than the rows still drafting are expected to gain (`acchead.inference.batch_stop`,
@@ -161,7 +161,8 @@ class BatchedDecoder:
         if pp is not None and draft is not None:
             pp.head.to(draft.device)
             emb = output_embedding_table(draft) if pp.lookahead and "token" in pp.head.inputs else None
-            self._rule = StepRule(SAMPLE if pp.lookahead else FEED, pp.head, free=pp.free_token, out_emb=emb)
+            self._rule = StepRule(SAMPLE if pp.lookahead else FEED, pp.head, free=pp.free_token,
+                                  lockstep=batch_stop is not None, out_emb=emb)  # fmt: skip
         elif isinstance(self.policy, Confidence | Entropy | AdaEDL):
             self._rule = StepRule(row_policy=self.policy)
         self._ks = StepIndex()  # k as graph inputs
