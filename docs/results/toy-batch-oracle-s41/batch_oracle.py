@@ -32,14 +32,13 @@ DATA = Path(__file__).with_name("data.json")
 B, NEW, PROMPTS, KMAX = 4, 64, 64, 6
 
 
-def measure(repeats: int) -> None:
+def load_toy() -> tuple:
+    """The toy pair (float32, 1 thread), its tokenizer and the prompts' ids ((T,) each)."""
     import torch
 
-    from acchead.inference.batched import BatchedDecoder
     from acchead.models import load_causal_lm, load_tokenizer
-    from acchead.pairs import default_heads, resolve_pair
+    from acchead.pairs import resolve_pair
     from acchead.prompt_sources import encode_prompts, load_prompts
-    from acchead.sampling import SamplingConfig
 
     torch.set_num_threads(1)
     pair = resolve_pair("toy")
@@ -47,7 +46,17 @@ def measure(repeats: int) -> None:
     draft = load_causal_lm(pair.draft, "float32", "cpu")
     tok = load_tokenizer(pair.target)
     ids, _ = encode_prompts(load_prompts("humaneval", PROMPTS), tok, target, draft, NEW, "cpu")
-    ids = [x[0] for x in ids]
+    return target, draft, tok, [x[0] for x in ids]
+
+
+def measure(repeats: int) -> None:
+    import torch
+
+    from acchead.inference.batched import BatchedDecoder
+    from acchead.pairs import default_heads
+    from acchead.sampling import SamplingConfig
+
+    target, draft, tok, ids = load_toy()
     length = max(len(x) for x in ids) + NEW
     head = default_heads("toy", SamplingConfig(0.0, 0, 1.0))[0]
     specs = {"AR": "autoregressive", **{f"K={k}": f"specdec:k={k}" for k in range(1, KMAX + 1)}}
@@ -158,7 +167,7 @@ def solve() -> None:
     kb = int(best[2:])
     best_wall = float(np.mean(dec[best]["wall_s"]))
     best_price = sum(fixed_rounds(rows, kb) for rows in batches) * rho[kb]
-    print(f"best fixed K: {best}, {best_price:.1f} AR rounds of rounds after the prefill's")
+    print(f"best fixed K: {best}, its rounds priced at {best_price:.1f} AR rounds")
     for kmax in range(3, KMAX + 1):
         price, ks = 0.0, []
         for rows in batches:

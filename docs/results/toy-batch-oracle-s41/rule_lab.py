@@ -16,43 +16,35 @@ one more candidate); each row gains min(a(p), its candidates) + 1; a round costs
 """
 
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
+from batch_oracle import DATA, KMAX, NEW, PROMPTS, B, load_toy  # this folder's
 
 from acchead.head_io import load_head
 from acchead.lookahead import lookahead_inputs
-from acchead.models import load_causal_lm, load_tokenizer, output_embedding_table
-from acchead.pairs import default_heads, resolve_pair
-from acchead.prompt_sources import encode_prompts, load_prompts
+from acchead.models import output_embedding_table
+from acchead.pairs import default_heads
 from acchead.sampling import SamplingConfig
-
-DATA = Path(__file__).with_name("data.json")
-B, NEW, PROMPTS, KMAX = 4, 64, 64, 6
 
 
 def head_probs() -> list[np.ndarray]:
     """σ(p) per row: the head's P(accept) of the draft's greedy candidate at each output position."""
-    torch.set_num_threads(1)
-    pair = resolve_pair("toy")
-    target = load_causal_lm(pair.target, "float32", "cpu")
-    draft = load_causal_lm(pair.draft, "float32", "cpu")
-    tok = load_tokenizer(pair.target)
-    ids, _ = encode_prompts(load_prompts("humaneval", PROMPTS), tok, target, draft, NEW, "cpu")
+    target, draft, tok, ids = load_toy()
     sampling = SamplingConfig(0.0, 0, 1.0)
     head, _ = load_head(default_heads("toy", sampling)[0], draft=draft)
     out_emb = output_embedding_table(draft)
     agree, sigma = [], []
     with torch.no_grad():
         for prompt in ids:
-            out = target.generate(prompt, max_new_tokens=NEW, do_sample=False, eos_token_id=tok.eos_token_id,
-                                  pad_token_id=tok.eos_token_id)[0, prompt.shape[1] :]  # fmt: skip
-            seq = torch.cat([prompt[0], out])[None]
+            eos = tok.eos_token_id
+            out = target.generate(prompt[None], max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+                                  pad_token_id=eos)[0, len(prompt) :]  # fmt: skip
+            seq = torch.cat([prompt, out])[None]
             res = draft(seq, output_hidden_states=True)
             n = len(out)
-            logits = res.logits[0, prompt.shape[1] - 1 : -1]  # (N, V): q at each output position
-            state = res.hidden_states[-1][0, prompt.shape[1] - 1 : -1]  # (N, H)
+            logits = res.logits[0, len(prompt) - 1 : -1]  # (N, V): q at each output position
+            state = res.hidden_states[-1][0, len(prompt) - 1 : -1]  # (N, H)
             guess = logits.argmax(-1)
             x = lookahead_inputs(head.inputs, state, guess, out_emb, sampling, logits)
             sigma.append(torch.sigmoid(head(x).squeeze(-1)).double().numpy())
