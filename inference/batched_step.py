@@ -26,8 +26,8 @@ With a batch rule the rounds are one decision of the batch (`StepRule.lockstep`)
 below the threshold is a vote to stop, not a stop. It drafts on while the batch does, since its candidates
 cost nothing more (the draft forward runs over every row and the verification is padded to the longest
 row), and the batch stops once no row's own rule would go on or the batch rule, over every row in the
-round, says so. Replayed offline on the toy pair at B = 4, rows that stopped alone gave up 7-12% of a
-round's worth at every cap (docs/results/toy-batch-oracle-s41). Without a batch rule each row stops
+round, says so. Replayed offline on the toy pair at B = 4, rows that stopped alone gave up 4-13% of the
+batch's price at every cap (docs/results/toy-batch-oracle-s41). Without a batch rule each row stops
 alone, as it would decoded on its own.
 """
 
