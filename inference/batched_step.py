@@ -128,15 +128,7 @@ def draft_step(
             assert state is not None, "a candidate head reads the hidden state after the fed candidate"
             fed = drafting & (k > 1)  # the start forward fed committed tokens, nothing to judge
             log_p = torch.where(fed, log_p + F.logsigmoid(head(state).double()), log_p)
-            if rule.lockstep:  # every fed row stops together: when none would go on, or by the batch rule
-                willing = fed & (log_p >= log_keep)
-                batch_stop = willing.any() & (expected_gain(log_p, fed) <= batch_bound)
-                stop = fed & (batch_stop | ~willing.any())
-            else:
-                stop = fed & (log_p < log_keep)
-                rest = fed & ~stop
-                batch_stop = rest.any() & (expected_gain(log_p, rest) <= batch_bound)
-                stop = torch.where(batch_stop, fed, stop)
+            stop, batch_stop = _stops(fed, log_p, log_keep, batch_bound, rule.lockstep)
             take = drafting if rule.free else drafting & ~stop
             drafting = drafting & ~stop
             judged_count = fed.sum()
@@ -153,18 +145,30 @@ def draft_step(
         assert state is not None, "a lookahead head reads the state that produced q"
         x = lookahead_inputs(head.inputs, state, y, rule.out_emb, sampling, row)
         log_p = torch.where(judged, log_p + F.logsigmoid(head(x).double()), log_p)
-        if not rule.lockstep:
-            drafting = drafting & ~(judged & (log_p < log_keep))
         judged_count = judged.sum()
     drafting = drafting & within
-    if head is not None and rule.lockstep:  # the rows below their threshold draft on while any would
-        willing = drafting & (log_p >= log_keep)
-        batch_stop = willing.any() & (expected_gain(log_p, drafting) <= batch_bound)
-        drafting = drafting & ~(batch_stop | ~willing.any())
-    elif head is not None:
-        batch_stop = drafting.any() & (expected_gain(log_p, drafting) <= batch_bound)
-        drafting = drafting & ~batch_stop
+    if head is not None:
+        stop, batch_stop = _stops(drafting, log_p, log_keep, batch_bound, rule.lockstep)
+        drafting = drafting & ~stop
     return y, q, take, drafting, log_p, batch_stop, state, judged_count
+
+
+def _stops(
+    rows: torch.Tensor, log_p: torch.Tensor, log_keep: torch.Tensor, bound: torch.Tensor, lockstep: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of `rows` ((B,) bool, the rows just judged) stop drafting, and the batch rule's flag (0-d).
+
+    Apart: a row stops once its P̂ falls below its threshold, then the batch rule, over the rows left, may
+    stop them all. `lockstep` (module docstring): the rows stop together, once none is above its threshold
+    or by the batch rule over every one of them."""
+    below = rows & (log_p < log_keep)
+    if lockstep:
+        willing = rows & ~below
+        batch_stop = willing.any() & (expected_gain(log_p, rows) <= bound)
+        return rows & (batch_stop | ~willing.any()), batch_stop
+    rest = rows & ~below
+    batch_stop = rest.any() & (expected_gain(log_p, rest) <= bound)
+    return torch.where(batch_stop, rows, below), batch_stop
 
 
 
