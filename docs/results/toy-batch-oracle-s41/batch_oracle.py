@@ -148,7 +148,7 @@ def oracle(rows: list[np.ndarray], rho: np.ndarray) -> tuple[float, list[int]]:
 
 
 def solve() -> None:
-    data = json.loads(DATA.read_text())
+    data = read_data()
     dec, tokens = data["decoders"], data["tokens"]
     agree = [np.minimum(np.array(a, dtype=np.int64), KMAX) for a in data["agree"]]
     ar_round = dec["AR"]["round_s"]
@@ -181,7 +181,16 @@ def solve() -> None:
               f" best K's wall, gated {best_wall / np.mean(dec['gated']['wall_s']):.3f}x")  # fmt: skip
 
 
+def read_data() -> dict:
+    """data.json, or a one-line exit naming the command that writes it."""
+    if not DATA.is_file():
+        sys.exit(f"{DATA} is missing: run batch_oracle.py measure first")
+    return json.loads(DATA.read_text())
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] not in (["measure"], ["solve"]) or (sys.argv[2:] and not sys.argv[2].isdigit()):
+        sys.exit("usage: batch_oracle.py measure [REPEATS] | solve")
     if sys.argv[1] == "measure":
         measure(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
     solve()

@@ -15,11 +15,9 @@ drafting expect Σ P̂ ≤ bound_k (the measured rule: c(B)·R; priced: (ρ_{k+1
 one more candidate); each row gains min(a(p), its candidates) + 1; a round costs ρ of its draft forwards.
 """
 
-import json
-
 import numpy as np
 import torch
-from batch_oracle import DATA, KMAX, NEW, PROMPTS, B, load_toy  # this folder's
+from batch_oracle import KMAX, NEW, PROMPTS, B, load_toy, read_data  # this folder's
 
 from acchead.head_io import load_head
 from acchead.lookahead import lookahead_inputs
@@ -97,7 +95,7 @@ def replay(rows, sig, rho, cap: int, h: float, bounds, lockstep: bool = False) -
 
 
 def main() -> None:
-    data = json.loads(DATA.read_text())
+    data = read_data()
     dec = data["decoders"]
     agree, sigma = head_probs()
     assert agree == data["agree"], "the eager greedy outputs differ from the fast path's"
