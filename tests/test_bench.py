@@ -303,6 +303,8 @@ def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
         ("--head", "{tmp}/nohead.safetensors", "head file does not exist"),
         ("--extra-specs", "ucb:arms=specdec:k=0", "specdec needs K >= 1"),
         ("--loop-profile-prompts", "-1", "--loop-profile-prompts must be >= 0"),
+        ("--batch-size", "4,0", "--batch-size needs B >= 1, got 4,0"),  # before the grid ran, not after
+        ("--batch-stop", "gated,foo", "batch stop must be on, off, measured, gated"),
     ],
 )
 def test_bad_input_is_one_line_error(bench_inputs, tmp_path, capsys, flag, value, message):

@@ -303,6 +303,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise AccheadError(f"--adaedl-gamma must be > 0, got {args.adaedl_gamma}")
     if any(not 0 <= c < math.inf for c in args.cost_ratios):
         raise AccheadError(f"--cost-ratios needs finite ratios >= 0, got {args.cost_ratios}")
+    if any(b < 1 for b in args.batch_size or []):
+        raise AccheadError(f"--batch-size needs B >= 1, got {','.join(map(str, args.batch_size))}")
     if args.batch_stop:
         from acchead.inference.batch_stop import parse_batch_stop
 
