@@ -1,5 +1,6 @@
-"""One error type for bad input, the CLI wrapper that turns it into a one-line message and exit code, and the
-help formatter of the commands that show their flags' defaults."""
+"""One error type for bad input, the CLI wrapper that turns it into a one-line message and exit code, the
+help formatter of the commands that show their flags' defaults, and the argparse type every `--threads`
+shares."""
 
 from __future__ import annotations
 
@@ -53,3 +54,15 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default:" in text or "(default" in text or action.default in (None, False, argparse.SUPPRESS):
             return text
         return super()._get_help_string(action)
+
+
+def thread_count(text: str) -> int:
+    """argparse type of `--threads`: torch CPU threads, an int >= 0 (0: torch's default). A negative count
+    would reach `torch.set_num_threads` and fail there with a traceback, or be taken silently as 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a thread count, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: torch's default), got {n}")
+    return n

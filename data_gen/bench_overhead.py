@@ -28,7 +28,7 @@ from acchead.data_gen.cli import context_length, eos_ids
 from acchead.data_gen.labeler import Labeler, left_pad, sample_and_label, stream_uniforms
 from acchead.data_gen.prompts import PromptSource, encode_prompts, fit_to_context, load_prompts
 from acchead.data_gen.shards import plan_batches
-from acchead.errors import AccheadError, DefaultsHelpFormatter, cli_errors
+from acchead.errors import AccheadError, DefaultsHelpFormatter, cli_errors, thread_count
 from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
 from acchead.sampling import SamplingConfig
 from acchead.step_cost import device_sync
@@ -50,7 +50,7 @@ def add_input_flags(p: argparse.ArgumentParser, num_prompts: int, mix_ratio: flo
     a("--mix-ratio", type=float, default=mix_ratio, help=mix_help)
     a("--device", default="cpu", help="torch device for both models")
     a("--dtype", default="float32", help="model dtype")
-    a("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    a("--threads", type=thread_count, default=0, help="torch CPU threads (0 = torch's default)")
 
 
 def build_parser() -> argparse.ArgumentParser:

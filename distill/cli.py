@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from acchead.errors import AccheadError
+from acchead.errors import AccheadError, thread_count
 
 PROG = "acchead-distill"
 
@@ -33,7 +33,8 @@ def _add_target(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the target instead of the pair's: a transformers directory or a .gguf file",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=thread_count, default=None,
+                   help="torch CPU threads (default or 0: torch's choice)")
     p.add_argument(
         "--device",
         default="cpu",
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.threads is not None:
+        if args.threads:  # None or 0: torch's default
             import torch
 
             torch.set_num_threads(args.threads)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from acchead.errors import AccheadError, cli_errors
+from acchead.errors import AccheadError, cli_errors, thread_count
 from acchead.zoo import ZOO_DIR
 from acchead.zoo.arch import add_arch_arguments, run_arch
 from acchead.zoo.lm_training import batch_size_for, lm_sampler, train_lm
@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-minutes", type=float, default=3.0, help="minutes between checkpoints (default: 3)")
     p.add_argument("--device", default="auto",
                    help="where to train: auto (cuda if available, else cpu), cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=thread_count, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="bf16 autocast for training steps (default: on for cuda, and on a CPU with native "
                         "bf16 (avx512_bf16/amx_bf16): 2.5x faster there, but 4-6x SLOWER than fp32 on a CPU "

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from acchead.errors import AccheadError
+from acchead.errors import AccheadError, thread_count
 from acchead.inference.bench.settings import FAMILIES
 from acchead.inference.policy_spec import ADAEDL_GAMMA
 from acchead.inference.spec import PATHS, VERIFIERS
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--plot-ratio", type=float, help="also plot the modelled speedup at this cost ratio in pareto.png")
     a("--device", help="torch device for both models (cpu, cuda)")
     a("--dtype", help="model dtype (float32, bfloat16, float16)")
-    a("--threads", type=int, help="torch CPU threads (0 = torch's default)")
+    a("--threads", type=thread_count, help="torch CPU threads (0 = torch's default)")
     a("--batch-size", type=_int_list, help="also decode the autoregressive, specdec and specdecpp settings B "
       "prompts at a time for each B, e.g. 1,4,16,64 (acchead.inference.batched; report: a row per B)")
     a("--batch-stop", type=_str_list, help="with --batch-size: the batch stop rules of the batched specdecpp "

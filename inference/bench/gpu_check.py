@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from acchead.errors import AccheadError, cli_errors
+from acchead.errors import AccheadError, cli_errors, thread_count
 from acchead.inference.bench.gpu_check_batched import measure_batched
 from acchead.inference.bench.gpu_check_report import environment, render
 from acchead.inference.bench.gpu_check_steps import (
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which no new check starts; the ones left are named as skipped (default 480: "
         "a 10-minute call with room for the install)",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=thread_count, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument(
         "--profile",
         metavar="SPEC",

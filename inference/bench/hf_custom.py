@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from acchead.errors import cli_errors
+from acchead.errors import cli_errors, thread_count
 from acchead.inference.bench.hf_assisted import sampling_kwargs
 from acchead.inference.bench.thresholds import GoalThresholds
 from acchead.inference.spec import DecodingSpec
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--threads", type=thread_count, default=1, help="torch CPU threads (0 = torch's default)")
     return p
 
 
