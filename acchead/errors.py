@@ -56,13 +56,21 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def thread_count(text: str) -> int:
-    """argparse type of `--threads`: torch CPU threads, an int >= 0 (0: torch's default). A negative count
-    would reach `torch.set_num_threads` and fail there with a traceback, or be taken silently as 0."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a thread count, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: torch's default), got {n}")
-    return n
+def int_at_least(low: int, note: str = "") -> Callable[[str], int]:
+    """An argparse type: an int >= `low`, else a one-line error (`note` says what the bound means)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}{f' ({note})' if note else ''}, got {n}")
+        return n
+
+    return parse
+
+
+# `--threads` of every command that hands it to torch: a negative count would reach
+# `torch.set_num_threads` and fail there with a traceback, or be taken silently as 0
+thread_count = int_at_least(0, "0: torch's default")

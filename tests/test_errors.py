@@ -1,4 +1,4 @@
-"""`acchead.errors`: the shared `--threads` type, on every command that takes the flag."""
+"""`acchead.errors`: the shared bounded-int argparse types, and `--threads` on every command that takes it."""
 
 from __future__ import annotations
 
@@ -7,14 +7,21 @@ import importlib
 
 import pytest
 
-from acchead.errors import thread_count
+from acchead.errors import int_at_least, thread_count
+
+
+def test_int_at_least_says_its_bound():
+    positive = int_at_least(1)
+    assert positive("1") == 1
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^must be >= 1, got 0$"):
+        positive("0")
 
 
 def test_thread_count_takes_zero_and_up():
     assert thread_count("0") == 0 and thread_count("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match=r"must be >= 0 \(0: torch's default\), got -1"):
         thread_count("-1")
-    with pytest.raises(argparse.ArgumentTypeError, match="expected a thread count, got 'two'"):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected an integer, got 'two'"):
         thread_count("two")
 
 

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from acchead.errors import AccheadError, cli_errors, thread_count
+from acchead.errors import AccheadError, cli_errors, int_at_least, thread_count
 from acchead.zoo import ZOO_DIR
 from acchead.zoo.arch import add_arch_arguments, run_arch
 from acchead.zoo.lm_training import batch_size_for, lm_sampler, train_lm
@@ -164,14 +164,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+_positive_int = int_at_least(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
