@@ -163,9 +163,9 @@ def _stops(
     or by the batch rule over every one of them."""
     below = rows & (log_p < log_keep)
     if lockstep:
-        willing = rows & ~below
-        batch_stop = willing.any() & (expected_gain(log_p, rows) <= bound)
-        return rows & (batch_stop | ~willing.any()), batch_stop
+        go_on = (rows & ~below).any()  # some row's own rule would draft on
+        batch_stop = go_on & (expected_gain(log_p, rows) <= bound)
+        return rows & (batch_stop | ~go_on), batch_stop
     rest = rows & ~below
     batch_stop = rest.any() & (expected_gain(log_p, rest) <= bound)
     return torch.where(batch_stop, rows, below), batch_stop

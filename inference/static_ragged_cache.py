@@ -283,11 +283,14 @@ class StaticRaggedCache:
             if symbolic:
                 for t in (tokens, positions) + ((features,) if features is not None else ()):
                     torch._dynamo.mark_dynamic(t, 1, min=SYMBOLIC_FROM, max=MAX_SYMBOLIC_COUNT)
+            const_keys = tuple(map(arg_key, constants))
             key = (self.batch, "sym" if symbolic else width, keep_arg, want_hidden, rows_arg, layers,
-                   self.capacity, features is not None, fn, *map(arg_key, per_row + constants))  # fmt: skip
+                   self.capacity, features is not None, fn, *map(arg_key, per_row), *const_keys)  # fmt: skip
             if state_layers:
                 install_output_hooks(self.model)
-            unit = (self.batch, fn, *(arg_key(c) for c in constants if not isinstance(c, torch.Tensor)))
+            # the unit: the batch size, the step function and its non-tensor constants (the step rule)
+            unit = (self.batch, fn, *(k for c, k in zip(constants, const_keys, strict=True)
+                                      if not isinstance(c, torch.Tensor)))  # fmt: skip
             call = self._calls.get(unit)
             if call is None:
                 call = self._calls[unit] = compile_units(ragged_forward, self.path)
