@@ -170,3 +170,20 @@ def test_each_shard_records_the_dtype_it_was_answered_in(tiny_llama_pair, tiny_t
         arrays = {k: z[k] for k in z.files if k != "weights_dtype"}
     np.savez_compressed(old, **arrays)
     assert load_responses(tmp_path)[0].weights_dtype == "float32"
+
+
+def test_the_command_answers_an_evaluation_set_with_a_target_directory(tiny_pair_dirs, tmp_path, capsys):
+    """`acchead-distill responses --target DIR --prompts humaneval`: the whole set is the plan (no
+    `--num-prompts` cut), too-long prompts skipped and counted, the rest answered into shards."""
+    target_dir, _ = tiny_pair_dirs
+    out = tmp_path / "eval-humaneval"
+    argv = ["responses", "--target", str(target_dir), "--prompts", "humaneval", "--out", str(out),
+            "--max-new-tokens", "2", "--max-prompt-tokens", "160", "--batch-size", "32",
+            "--threads", "1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    summary = dict(kv.split("=", 1) for kv in capsys.readouterr().out.split())
+    assert summary["prompts"] == "humaneval" and summary["num_prompts"] == "164"
+    answered = sum(len(s.plan_index) for s in load_responses(out))
+    skipped = int(summary["skipped_long"])
+    assert answered > 0 and skipped > 0 and answered + skipped == 164
+    assert summary["shards_written"] == "3" and json.loads((out / "responses.json").read_text())["complete"]

@@ -77,6 +77,18 @@ def test_decoder_api_refuses_bad_arguments(tiny_llama_pair):
         nan_head.out.bias.fill_(float("inf"))
     with pytest.raises(AccheadError, match="NaN or Inf"):
         SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5", head=nan_head)
+    with pytest.raises(AccheadError, match=r"non-empty \(T,\) or \(1, T\) tensor, got \(0,\)"):
+        dec.generate([], max_new_tokens=4)
+    with pytest.raises(AccheadError, match="decodes one sequence at a time; got batch 2"):
+        dec.generate(torch.ones(2, 3, dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(AccheadError, match="max_new_tokens must be >= 1, got 0"):
+        dec.generate([1, 2], max_new_tokens=0)
+    with pytest.raises(AccheadError, match="top_p"):
+        dec.generate([1, 2], max_new_tokens=2, top_p=1.5)
+    with pytest.raises(AccheadError, match="temperature"):
+        SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True, compile=False).warm_up(16, -1.0)
+    with pytest.raises(AccheadError, match="'specdec:k=2' needs a draft model or drafter"):
+        SpeculativeDecoder(target, None, policy="specdec:k=2")
 
 
 def test_unreachable_hub_id_fails_fast_in_one_line(monkeypatch, tmp_path):

@@ -245,3 +245,26 @@ def test_batched_check_compiles_on_the_device_path(check_argv, tmp_path):
     assert main(argv) == 0
     batched = json.loads(out.read_text())["pairs"]["toy"]["batched"]["sizes"]["2"]["rows"].values()
     assert all(r["warm_up_s"] > 0 and r["equal_to_ar"] for r in batched)
+
+
+def test_the_test_step_runs_pytest_from_the_checkout_and_reports_it(check_argv, tmp_path, monkeypatch):
+    """Step 3 (`run_tests`): pytest in a subprocess from the checkout (on the CPU the device path's twins),
+    its last line as the summary and its verdict in the report's; a checkout without tests/ and a run past
+    its time are each one line."""
+    from acchead.inference.bench import gpu_check
+
+    repo = tmp_path / "checkout"
+    monkeypatch.setattr(gpu_check, "REPO", repo)
+    assert gpu_check.run_tests("cpu")["line"].startswith("tests skipped: no checkout's tests/")
+    (repo / "tests").mkdir(parents=True)
+    (repo / "tests" / "test_gpu.py").write_text("")
+    (repo / "tests" / "test_device_path.py").write_text("def test_a():\n    pass\n\n\n"
+                                                        "def test_b():\n    assert False\n")  # fmt: skip
+    late = gpu_check.run_tests("cpu", timeout=0.01)
+    assert late == {"ran": True, "ok": False, "line": late["line"]} and "timed out after 0 s" in late["line"]
+    md = tmp_path / "gpu-check.md"
+    with_tests = [a for a in check_argv if a != "--no-tests"]
+    assert main([*with_tests, "--out", str(md)]) == 1  # the checks pass, the tests do not
+    text = md.read_text()
+    assert re.search(r"- tests FAILED \([\d.]+ s\): `-m pytest .*-m not slow and not gpu "
+                     r"tests/test_device_path.py`: 1 failed, 1 passed", text), text  # fmt: skip

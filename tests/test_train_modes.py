@@ -222,3 +222,25 @@ def test_sweep_locks_out_resumes_finished_cells_and_refuses_other_flags(gen_data
     assert sweep_main([*argv, "--epochs", "2"]) == 2
     assert "holds a different sweep run (differs in: epochs)" in capsys.readouterr().err
     assert sweep_main([*argv, "--epochs", "2", "--overwrite"]) == 0
+
+
+def test_features_benchmark_times_both_modes_over_the_same_positions(gen_data, capsys):  # noqa: F811
+    """`python -m acchead.train.bench_features` (docs/sweep.md): one epoch cached and one on the fly, on the
+    same training positions; it prints both timings and their ratio, and refuses a draft unlike the data's."""
+    from acchead.train.bench_features import main as bench_main
+
+    args = ["--data", str(gen_data["data"]), "--draft", str(gen_data["draft"]), "--accelerator", "cpu",
+            "--depth", "1", "--batch-sequences", "16"]  # fmt: skip
+    assert bench_main(args) == 0
+    out = capsys.readouterr().out
+    cached = load_gen_data(gen_data["data"], "cached")
+    val = split_by_prompt(cached.prompt_index, 0.1, 0)
+    n = int((~val[cached.row]).sum())  # the training split's Y-positions
+    assert f"one epoch over {n} training Y-positions" in out and "hidden size 32" in out
+    assert "cached features:" in out and "on the fly:" in out and "ratio on-the-fly / cached:" in out
+    other = gen_data["root"] / "other_draft"
+    from gendata_fixture import tiny_draft
+
+    tiny_draft(other, seed=1)  # same shape, other weights: not the data's draft
+    assert bench_main([*args[:2], "--draft", str(other), *args[4:]]) == 2  # a user error: one line
+    assert "--draft" in capsys.readouterr().err
