@@ -127,7 +127,30 @@ def _corrupt(src: Path, dst: Path, how: str) -> Path:
         np.save(dst / "features.npy", np.load(dst / "features.npy")[:-5])
     elif how == "not-gen-data":
         cfg["format"] = "something-else"
-    cfg_file.write_text(json.dumps(cfg))
+    elif how == "old-version":
+        cfg["version"] = -1
+    elif how == "no-sampling":
+        del cfg["sampling"]
+    elif how == "cache-missing":
+        (dst / "features.npy").unlink()
+    elif how == "cache-garbage":
+        (dst / "features.npy").write_bytes(b"not an npy file")
+    elif how.startswith("no-cache"):
+        del cfg["features"]
+    elif how in ("labels-outside", "offsets-past"):
+        column, value = ("accept_prob", 1.5) if how == "labels-outside" else ("feature_offset", 10**6)
+        import datasets
+
+        ds = datasets.load_from_disk(str(src))
+        rows = ds.to_list()
+        rows[0][column] = [value] * len(rows[0][column]) if column == "accept_prob" else value
+        for f in [*dst.glob("*.arrow"), dst / "state.json", dst / "dataset_info.json"]:
+            f.unlink()
+        datasets.Dataset.from_list(rows, features=ds.features).save_to_disk(str(dst))
+    if how == "bad-json":
+        cfg_file.write_text("{not json")
+    else:
+        cfg_file.write_text(json.dumps(cfg))
     return dst
 
 
@@ -138,12 +161,21 @@ def _corrupt(src: Path, dst: Path, how: str) -> Path:
         ("wrong-width", "head/draft hidden-size mismatch"),
         ("stale-cache", "belongs to another gen-data run"),
         ("not-gen-data", "is not an acchead-gen-data output"),
+        ("bad-json", "gen_config.json is not valid JSON"),
+        ("old-version", "gen-data version -1 is not supported"),
+        ("no-sampling", "has no 'sampling' section"),
+        ("cache-missing", "lists a feature cache but features.npy is missing"),
+        ("cache-garbage", "cannot read feature cache"),
+        ("no-cache", "on-the-fly features need the draft 'llama' the data was generated with: pass --draft"),
+        ("no-cache-cached", "has no feature cache; use --features on-the-fly"),
+        ("labels-outside", "accept_prob values outside [0, 1]"),
+        ("offsets-past", "feature_offset does not index features.npy"),
     ],
 )
 def test_bad_data_directories_are_one_line_errors(gen_data, tmp_path, capsys, how, message):  # noqa: F811
     data = _corrupt(gen_data["data"], tmp_path / "data", how)
     argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--kind", "candidate", "--no-progress"]
-    rc, err = _run(argv, capsys)
+    rc, err = _run([*argv, *(["--features", "cached"] if how == "no-cache-cached" else [])], capsys)
     assert rc == 2 and message in err, err
 
 
