@@ -9,7 +9,6 @@ directory form (the default heads: test_hf_generate_heads.py). Built on exact_mo
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -342,36 +341,6 @@ def test_one_decoder_per_arguments(tiny_llama_pair, prompt):
         assert not [k for k in vars(target) if "acchead" in k]
     finally:
         hf_decoders.DECODERS.release(target)
-
-
-def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatch):
-    """`custom_generate=custom_generate_dir(), trust_remote_code=True`, stop strings included (the
-    directory form turns them into a criterion: the callable never gets the tokenizer)."""
-    import transformers.dynamic_module_utils as dynamic
-
-    # transformers copies generate.py into its modules cache and imports it from there: keep both local.
-    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path))
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    target, draft = pair
-    path = hf.custom_generate_dir()
-    assert (Path(path) / "custom_generate" / "generate.py").is_file()
-    t = prompt["input_ids"].shape[1]
-    full = target.generate(**prompt, max_new_tokens=24, do_sample=False)
-    rec = _Record()
-    out = target.generate(**prompt, assistant_model=draft, streamer=rec, custom_generate=path,
-                          trust_remote_code=True, head=head, policy="specdec:k=4", max_new_tokens=24,
-                          do_sample=False)  # fmt: skip
-    assert out.tolist() == full.tolist()
-    # generate's own assistant_model and streamer reach the loop: the prompt streamed once, then the rounds
-    assert rec.puts[0] == prompt["input_ids"][0].tolist() and rec.ends == 1
-    assert [x for chunk in rec.puts[1:] for x in chunk] == out[0, t:].tolist()
-    stop = tiny_tokenizer.decode(full[0, t + 7 : t + 9])
-    ref = target.generate(**prompt, max_new_tokens=24, do_sample=False, stop_strings=[stop],
-                          tokenizer=tiny_tokenizer)  # fmt: skip
-    out = target.generate(**prompt, assistant_model=draft, custom_generate=path, trust_remote_code=True,
-                          head=head, policy="specdec:k=4", max_new_tokens=24, do_sample=False,
-                          stop_strings=[stop], tokenizer=tiny_tokenizer)  # fmt: skip
-    assert out.tolist() == ref.tolist() and ref.shape[1] < full.shape[1]
 
 
 def test_no_frame_reading():
