@@ -305,6 +305,11 @@ def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
         ("--loop-profile-prompts", "-1", "--loop-profile-prompts must be >= 0"),
         ("--batch-size", "4,0", "--batch-size needs B >= 1, got 4,0"),  # before the grid ran, not after
         ("--batch-stop", "gated,foo", "batch stop must be on, off, measured, gated"),
+        ("--paths", "eager,warp", "--paths takes eager and/or fast, got eager,warp"),
+        ("--max-new-tokens", "0", "--max-new-tokens must be >= 1, got 0"),
+        ("--num-prompts", "-1", "--num-prompts must be >= 0, got -1"),
+        ("--overhead-calls", "0", "--overhead-calls must be >= 1, got 0"),
+        ("--temperature", "-1", "temperature must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_error(bench_inputs, tmp_path, capsys, flag, value, message):

@@ -47,7 +47,11 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
     args = resolve_args(build_parser().parse_args(["--config", str(user), "--k-grid", "7"]))
     assert args.k_grid == [7] and args.extra_specs == ["ucb:arms=specdec:k=2|specdecpp:h=0.5,max=8"]
     assert args.prompts == "humaneval"  # keys the user config leaves out keep the shipped defaults
-    for text, message in [("warp: 9\n", "unknown keys warp"), ("top_k: 0.5\n", "bad value for top_k")]:
+    for text, message in [("warp: 9\n", "unknown keys warp"), ("top_k: 0.5\n", "bad value for top_k"),
+                          ("temperature: hot\n", "bad value for temperature: 'hot'"),
+                          ("temperature: true\n", "bad value for temperature: True"),
+                          ("overwrite: 1\n", "bad value for overwrite: 1"),
+                          ("k_grid: [2, x]\n", "bad value for k_grid")]:  # fmt: skip
         user.write_text(text)
         with pytest.raises(AccheadError, match=message):
             resolve_args(build_parser().parse_args(["--config", str(user)]))
