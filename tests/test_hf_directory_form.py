@@ -3,6 +3,8 @@
 the call or a generation config) reaches the loop, and what it cannot honour is refused in one line; the
 model inputs the decoder cannot feed are refused too (`acchead.inference.hf`)."""
 
+# ruff: noqa: F811  (the fixtures imported from hf_pair are test arguments of the same names)
+
 from __future__ import annotations
 
 import sys
@@ -10,45 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from exact_models import _peaked_llama, _perturbed
+from hf_pair import Record, head, pair, prompt  # noqa: F401  (pytest fixtures, used by name)
 from transformers import DynamicCache, GenerationConfig
 
 from acchead.cache_keyword import CACHE_ARG
 from acchead.errors import AccheadError
-from acchead.head import AcceptanceHead
 from acchead.inference import hf
-
-PROMPT = "def f(x):"
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_tokenizer):
-    """(target, draft): peaked tiny Llamas with varied greedy output (as in test_hf_generate.py)."""
-    target = _peaked_llama(len(tiny_tokenizer), seed=3, init=0.3)
-    return target, _perturbed(target, 0.02, seed=5)
-
-
-@pytest.fixture(scope="module")
-def head(pair):
-    return AcceptanceHead(pair[1].config.hidden_size, depth=1)
-
-
-@pytest.fixture
-def prompt(tiny_tokenizer):
-    return tiny_tokenizer(PROMPT, return_tensors="pt")
-
-
-class _Record:
-    """A streamer that records every `put` (as a flat list) and counts `end`s."""
-
-    def __init__(self):
-        self.puts, self.ends = [], 0
-
-    def put(self, value):
-        self.puts.append(value.reshape(-1).tolist())
-
-    def end(self):
-        self.ends += 1
 
 
 def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatch):
@@ -64,7 +33,7 @@ def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatc
     assert (Path(path) / "custom_generate" / "generate.py").is_file()
     t = prompt["input_ids"].shape[1]
     full = target.generate(**prompt, max_new_tokens=24, do_sample=False)
-    rec = _Record()
+    rec = Record()
     out = target.generate(**prompt, assistant_model=draft, streamer=rec, custom_generate=path,
                           trust_remote_code=True, head=head, policy="specdec:k=4", max_new_tokens=24,
                           do_sample=False)  # fmt: skip

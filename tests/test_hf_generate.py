@@ -7,6 +7,8 @@ generation config files, streamers, `return_dict_in_generate`, seeds, the refusa
 directory form (the default heads: test_hf_generate_heads.py). Built on exact_models' peaked tiny Llamas.
 """
 
+# ruff: noqa: F811  (the fixtures imported from hf_pair are test arguments of the same names)
+
 from __future__ import annotations
 
 from collections import Counter
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
+from hf_pair import Record, head, pair, prompt  # noqa: F401  (pytest fixtures, used by name)
 from transformers import (
     GenerationConfig,
     StoppingCriteria,
@@ -29,26 +32,6 @@ from acchead.head import AcceptanceHead
 from acchead.inference import hf, hf_decoders
 from acchead.inference.spec import DecodingSpec
 from acchead.sampling import SamplingConfig, probs_from_logits
-
-PROMPT = "def f(x):"
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_tokenizer):
-    """(target, draft) over the tiny tokenizer's 320 ids: peaked, varied greedy output (the conftest pair's
-    repeats one token), and a close draft, so rounds accept several candidates."""
-    target = _peaked_llama(len(tiny_tokenizer), seed=3, init=0.3)
-    return target, _perturbed(target, 0.02, seed=5)
-
-
-@pytest.fixture(scope="module")
-def head(pair):
-    return AcceptanceHead(pair[1].config.hidden_size, depth=1)
-
-
-@pytest.fixture
-def prompt(tiny_tokenizer):
-    return tiny_tokenizer(PROMPT, return_tensors="pt")
 
 
 def _ours(target, draft, inputs, **kw):
@@ -252,23 +235,10 @@ def test_seed_defaults_to_torchs_global_generator(tiny_llama_pair, prompt):
                                       temperature=1.0).tolist()  # fmt: skip
 
 
-class _Record:
-    """A streamer that records every `put` (as a flat list) and counts `end`s."""
-
-    def __init__(self):
-        self.puts, self.ends = [], 0
-
-    def put(self, value):
-        self.puts.append(value.reshape(-1).tolist())
-
-    def end(self):
-        self.ends += 1
-
-
 def test_streamers(pair, head, prompt, tiny_tokenizer, capsys):
     target, draft = pair
 
-    rec = _Record()
+    rec = Record()
     out = _ours(target, draft, prompt, head=head, policy="specdec:k=4", stream_to=rec)
     t = prompt["input_ids"].shape[1]
     assert rec.puts[0] == prompt["input_ids"][0].tolist() and rec.ends == 1  # the prompt once
