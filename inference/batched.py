@@ -151,7 +151,7 @@ class BatchedDecoder:
         pp = self.policy if isinstance(self.policy, SpecDecPP) else None
         if not isinstance(batch_stop, BatchStop):
             batch_stop = parse_batch_stop(batch_stop, pp.h if pp else None)
-        elif pp is None:
+        if batch_stop is not None and pp is None:  # a ratio c too: no rule is silently left unused
             raise AccheadError("the batch stop rule reads the heads' P̂: it needs a specdecpp policy")
         self.batch_stop: BatchStop | None = batch_stop
         if copy is not None and batch_stop is not None and batch_stop.gate:  # its gains read drafted rounds

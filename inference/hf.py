@@ -43,7 +43,10 @@ What is honoured, and how:
   (greedy decoding draws nothing, and leaves the generator as plain greedy `generate` does).
 - Returns what `generate` returns: (1, T + N) ids, or with `return_dict_in_generate=True` a
   `SpeculativeGenerateOutput` (`GenerateDecoderOnlyOutput` plus the round statistics). Scores, logits,
-  attentions and hidden states are not computed: asking for them is refused. Batch size 1, unpadded.
+  attentions and hidden states are not computed: asking for them is refused.
+- A batch, (B, T) prompts padded on the left, decodes as one ragged batch (`acchead.inference.hf_batched`:
+  each row exact on its own prompt, `batch_stop=` its SpecDec++ batch rule); (B, T + N) comes back, rows
+  that ended early padded with the pad id.
 
 The tokenizer is lost on the way to a callable too, so `stop_strings=` raises in `generate` itself: pass
 `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`, or use the directory form,
@@ -56,42 +59,33 @@ The cache `generate` prepared arrives as `model_kwargs["cache"]` (transformers >
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
-from transformers.generation import (
-    EosTokenCriteria,
-    LogitNormalization,
-    LogitsProcessorList,
-    MaxLengthCriteria,
-    StoppingCriteriaList,
-    StopStringCriteria,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers.generation import LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
+from acchead.inference.batch_stop import BatchStop
 from acchead.inference.drafter_spec import CopySpec
+from acchead.inference.hf_arguments import (
+    check_config,
+    check_inputs,
+    sampling_from,
+    split_criteria,
+    stop_check,
+)
+from acchead.inference.hf_batched import generate_batch, needs_batch, ragged_prompts
 from acchead.inference.hf_decoders import decoder_for, pair_head_default
 from acchead.inference.policies import StopPolicy
 from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec
-from acchead.inference.results import GenerationResult
+from acchead.inference.results import BatchResult, GenerationResult
 from acchead.inference.spec import DecodingSpec, as_policy_spec, spec_arguments, split_copy_rounds
 from acchead.sampling import SamplingConfig
-
-# The warpers S is made of, in the order `acchead.sampling` applies them (generate's order too).
-_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
-# The names generate gives the cache it prepares: `cache` from transformers 5.24, `past_key_values` before.
-_CACHE_NAMES = ("cache", "past_key_values")
-# Model inputs generate prepares for its own loops; the decoder recomputes what it needs of them.
-_PREPARED = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "cache_position", *_CACHE_NAMES}
 
 
 @dataclass
@@ -99,11 +93,11 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
     """`generate`'s output with `return_dict_in_generate=True`, plus the speculative decode's statistics.
 
     Attributes:
-        sequences: (1, T + N) int64, prompt + new tokens, on the prompt's device.
+        sequences: (B, T + N) int64, prompt + new tokens, on the prompt's device.
         scores, logits, attentions, hidden_states, past_key_values: always None (not computed).
         target_calls, draft_calls, drafted, discarded, rounds, head_calls: as in
-            `acchead.inference.decoder.GenerationResult`.
-        accepted_per_round, drafted_per_round: per round, τ and L.
+            `acchead.inference.decoder.GenerationResult` (a batch: its batched forwards, its rows' sums).
+        accepted_per_round, drafted_per_round: per round, τ and L (None for a batch: its rows differ).
     """
 
     target_calls: int | None = None
@@ -131,12 +125,14 @@ def generate(
     seed: int | None = None,
     fast: bool | None = None,
     spec: DecodingSpec | str | None = None,
+    batch_stop: bool | float | str | BatchStop = False,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeGenerateOutput:
     """The decoding loop `model.generate(..., custom_generate=generate)` runs (see the module docstring).
 
     Args:
-        model: the target. input_ids: (1, T) prompt, prepared by `generate`.
+        model: the target. input_ids: (1, T) prompt, or (B, T) left-padded prompts (a batch:
+            `acchead.inference.hf_batched`), prepared by `generate`.
         logits_processor, stopping_criteria, generation_config: as `generate` prepared them.
         draft: the draft model (`generate`'s `assistant_model` never reaches a callable: see above).
         stream_to: a streamer (`put`/`end`), fed as `generate` feeds its `streamer`.
@@ -147,17 +143,19 @@ def generate(
             form) instead of policy, verifier, fast and head: passing both is refused, as are a spec's
             model-free DRAFTER+ (Max-Gram, cascades: `acchead-decode` and the bench decode them) and a
             spec's sampling that differs from the generation config's; `copy+POLICY` adds copy rounds.
-        seed: keys every sampled draw; None draws one from torch's global generator.
+        seed: keys every sampled draw (row b of a batch: seed + b); None draws one from torch's global
+            generator.
+        batch_stop: a batch's stop rule for SpecDec++ (`BatchedDecoder`'s; False: rows stop on their own).
         model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
 
     Returns:
-        (1, T + N) int64 on the prompt's device, or a `SpeculativeGenerateOutput` when the config asks
+        (B, T + N) int64 on the prompt's device, or a `SpeculativeGenerateOutput` when the config asks
         for `return_dict_in_generate`.
     """
     if generation_config is None:
         raise AccheadError("call acchead.inference.hf.generate as model.generate(..., custom_generate=...)")
-    _check_config(generation_config)
-    _check_inputs(input_ids, model_kwargs)
+    check_config(generation_config)
+    check_inputs(input_ids, model_kwargs)
     sampling = sampling_from(logits_processor, generation_config)
     copy_rounds = None
     if spec is not None:
@@ -177,9 +175,21 @@ def generate(
     built = isinstance(policy, StopPolicy)  # a built policy already holds its head
     if head is None and draft is not None and not built and _typed(policy).needs_head:
         head = pair_head_default(draft, sampling)
-    decoder = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds)
     if seed is None:  # as transformers' sampling: repeatable under torch.manual_seed; greedy draws nothing
         seed = 0 if sampling.greedy else int(torch.randint(0, 2**62, ()).item())
+    mask = model_kwargs.get("attention_mask")
+    if needs_batch(input_ids, mask):
+        if stream_to is not None:
+            raise AccheadError("a streamer takes one sequence: stream a batch of one unpadded prompt")
+        prompts = ragged_prompts(input_ids, mask)
+        checks = [stop_check(others, p[None].to(input_ids.device), max_new_tokens) for p in prompts]
+        sequences, batch = generate_batch(
+            model, input_ids, prompts, generation_config, sampling, draft=draft, policy=policy, head=head,
+            verifier=verifier, fast=fast, copy=copy_rounds, batch_stop=batch_stop,
+            max_new_tokens=max_new_tokens, eos=eos, stop_checks=checks if others else None, seed=seed,
+        )  # fmt: skip
+        return _batch_output(sequences, batch) if generation_config.return_dict_in_generate else sequences
+    decoder = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds)
     res = decoder.generate(
         input_ids,
         max_new_tokens=max_new_tokens,
@@ -189,7 +199,7 @@ def generate(
         seed=seed,
         eos_token_id=eos or None,
         streamer=stream_to,
-        stop_check=_stop_check(others, input_ids, max_new_tokens) if others else None,
+        stop_check=stop_check(others, input_ids, max_new_tokens) if others else None,
     )
     sequences = torch.cat([input_ids, res.new_ids.to(input_ids.device)[None]], dim=1)
     if generation_config.return_dict_in_generate:
@@ -243,94 +253,6 @@ def run_directory_form(
     )  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------------------ pieces
-
-
-def sampling_from(processors: LogitsProcessorList | None, config: GenerationConfig) -> SamplingConfig:
-    """S from the processors `generate` built: its temperature, top-k and top-p warpers, in that order.
-
-    Greedy when `do_sample` is off (warpers then cannot move the argmax). `LogitNormalization` is a
-    log-softmax: neither the argmax nor the softmax changes. Anything else is refused (AccheadError).
-    """
-    params: dict[str, float | int] = {}
-    refused, last = [], -1
-    for p in processors or ():
-        kind = type(p)
-        if kind is LogitNormalization:
-            continue
-        if kind not in _WARPERS or getattr(p, "filter_value", -math.inf) != -math.inf:
-            refused.append(kind.__name__)
-            continue
-        if _WARPERS.index(kind) <= last or getattr(p, "min_tokens_to_keep", 1) != 1:
-            refused.append(f"{kind.__name__} (repeated, reordered or min_tokens_to_keep > 1)")
-            continue
-        last = _WARPERS.index(kind)
-        if kind is TemperatureLogitsWarper:
-            params["temperature"] = float(p.temperature)
-        elif kind is TopKLogitsWarper:
-            params["top_k"] = int(p.top_k)
-        else:
-            params["top_p"] = float(p.top_p)
-    if refused:
-        raise AccheadError(f"logits processors the decoder cannot apply exactly: {', '.join(refused)}")
-    if not config.do_sample:
-        return SamplingConfig(0.0)
-    try:
-        return SamplingConfig(**params)
-    except ValueError as e:
-        raise AccheadError(str(e)) from None
-
-
-def split_criteria(criteria: StoppingCriteriaList | None) -> tuple[int | None, list[int], list[Any]]:
-    """(max_length, EOS ids, other criteria): the length and EOS criteria the decoder applies itself, and
-    those it calls token by token. Several max-length criteria: the smallest length wins, as in a loop."""
-    max_length: int | None = None
-    eos: list[int] = []
-    others = []
-    for c in criteria or ():
-        if type(c) is MaxLengthCriteria:
-            max_length = c.max_length if max_length is None else min(max_length, c.max_length)
-        elif type(c) is EosTokenCriteria:
-            eos += [t for t in torch.as_tensor(c.eos_token_id).flatten().tolist() if t not in eos]
-        else:
-            others.append(c)
-    return max_length, eos, others
-
-
-def _check_config(config: GenerationConfig) -> None:
-    if (config.num_beams or 1) > 1:
-        raise AccheadError(f"num_beams={config.num_beams}: speculative decoding is not beam search")
-    if (config.num_return_sequences or 1) > 1:
-        raise AccheadError(
-            f"num_return_sequences={config.num_return_sequences}: one sequence per call (vary seed= instead)"
-        )
-    wanted = [k for k in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
-              if getattr(config, k, False)]  # fmt: skip
-    if wanted:
-        raise AccheadError(f"{', '.join(wanted)}: the decoder computes no scores, logits or states")
-
-
-def _check_inputs(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
-    """Batch 1, a non-empty prompt, no padding, no cache to continue from, no other model inputs."""
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise AccheadError(
-            f"batch size {input_ids.shape[0] if input_ids.dim() == 2 else '?'}: custom_generate decodes one "
-            "sequence; for larger workloads use SpeculativeDecoder per prompt or acchead-bench"
-        )
-    if input_ids.shape[1] == 0:
-        raise AccheadError("the speculative decoder needs input_ids (inputs_embeds are not supported)")
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool((mask == 1).all()):
-        raise AccheadError("the attention mask has zeros: pass one unpadded sequence")
-    for name in _CACHE_NAMES:
-        cache = model_kwargs.get(name)
-        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-            raise AccheadError(f"{name} holds tokens: the speculative decoder starts from the prompt")
-    extra = sorted(k for k, v in model_kwargs.items() if k not in _PREPARED and v is not None)
-    if extra:
-        raise AccheadError(f"model inputs the speculative decoder cannot feed: {', '.join(extra)}")
-
-
 def _from_spec(
     spec: DecodingSpec | str, sampling: SamplingConfig, policy: Any, verifier: Any, fast: Any, head: Any
 ) -> tuple[PolicySpec, str, bool | None, str | None, CopySpec | None]:
@@ -357,24 +279,13 @@ def _spec(policy: str | PolicySpec | StopPolicy) -> str:
     return _typed(policy).to_spec()
 
 
-def _stop_check(criteria: list[Any], prompt: torch.Tensor, max_new_tokens: int):
-    """The decoder's `stop_check`: after each round, the criteria on prompt + tokens so far, one new
-    token at a time; returns how many of the round's tokens to keep when one fires (that token included)."""
-    stopping = StoppingCriteriaList(criteria)
-    ids = torch.empty(1, prompt.shape[1] + max_new_tokens, dtype=torch.long, device=prompt.device)
-    ids[:, : prompt.shape[1]] = prompt
-    length = prompt.shape[1]
-
-    def check(new: list[int]) -> int | None:
-        nonlocal length
-        for i, token in enumerate(new):
-            ids[0, length] = token
-            length += 1
-            if bool(stopping(ids[:, :length], None).any()):
-                return i + 1
-        return None
-
-    return check
+def _batch_output(sequences: torch.Tensor, res: BatchResult) -> SpeculativeGenerateOutput:
+    """A batch's output: its batched forwards and summed counts; no per-round lists (rows differ)."""
+    return SpeculativeGenerateOutput(
+        sequences=sequences, target_calls=res.target_calls, draft_calls=res.draft_calls,
+        drafted=sum(r.drafted for r in res.rows), discarded=sum(r.discarded for r in res.rows),
+        rounds=res.target_calls, head_calls=res.head_calls,
+    )  # fmt: skip
 
 
 def _output(sequences: torch.Tensor, res: GenerationResult) -> SpeculativeGenerateOutput:

@@ -1,9 +1,10 @@
 """Which decoder and which default head transformers' `generate` integration (`acchead.inference.hf`) uses.
 
-`generate(..., custom_generate=hf.generate)` is called once per prompt, and building a decoder per call
-would rebuild its policy and, on the fast path, recompile its units. So the integration reuses one
-`SpeculativeDecoder` per (target, draft, policy, head, verifier, fast). These objects are owned here,
-not stored on the models:
+`generate(..., custom_generate=hf.generate)` is called once per prompt or batch, and building a decoder per
+call would rebuild its policy and, on the fast path, recompile its units. So the integration reuses one
+`SpeculativeDecoder` per (target, draft, policy, head, verifier, fast, copy rounds), and for a batch
+(`acchead.inference.hf_batched`) one `BatchedDecoder` per those and its batch stop rule. These objects are
+owned here, not stored on the models:
 
 - `DecoderCache` keeps the most recently used decoders (8 by default, `DECODERS`). A decoder holds its
   target and draft, so a cache keyed weakly by the model (`weakref.WeakKeyDictionary`) would never let
@@ -24,12 +25,14 @@ from typing import TYPE_CHECKING
 from transformers import PreTrainedModel
 
 from acchead.head import AcceptanceHead
+from acchead.inference.batched import BatchedDecoder
 from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafter_spec import CopySpec
 from acchead.pairs import shipped_head_for
 from acchead.sampling import SamplingConfig
 
 if TYPE_CHECKING:
+    from acchead.inference.batch_stop import BatchStop
     from acchead.inference.policies import StopPolicy
     from acchead.inference.policy_spec import PolicySpec
 
@@ -49,7 +52,7 @@ class DecoderCache:
         if size < 1:
             raise ValueError(f"a decoder cache holds at least one decoder, got size={size}")
         self.size = size
-        self._decoders: OrderedDict[tuple, SpeculativeDecoder] = OrderedDict()
+        self._decoders: OrderedDict[tuple, SpeculativeDecoder | BatchedDecoder] = OrderedDict()
 
     def get(
         self,
@@ -60,21 +63,28 @@ class DecoderCache:
         verifier: str,
         fast: bool | None,
         copy: CopySpec | None = None,
-    ) -> SpeculativeDecoder:
+        batch_stop: bool | float | str | BatchStop | None = None,
+    ) -> SpeculativeDecoder | BatchedDecoder:
         """The decoder for these arguments: the cached one, or a new one (which may evict the least
-        recently used). A head file is keyed by its resolved path; models and objects by identity."""
+        recently used); with `batch_stop` (False included) a `BatchedDecoder` under that batch rule, else a
+        `SpeculativeDecoder`. A head file is keyed by its resolved path; models and objects by identity."""
         head_key = str(Path(head).expanduser().resolve()) if isinstance(head, str | Path) else head
-        key = (target, draft, policy, head_key, verifier, fast, copy)
+        kind = "single" if batch_stop is None else ("batched", batch_stop)
+        key = (target, draft, policy, head_key, verifier, fast, copy, kind)
         decoder = self._decoders.get(key)
         if decoder is None:
-            decoder = SpeculativeDecoder(target, draft, policy, head, verifier, fast, copy=copy)
+            if batch_stop is None:
+                decoder = SpeculativeDecoder(target, draft, policy, head, verifier, fast, copy=copy)
+            else:
+                decoder = BatchedDecoder(target, draft, policy, head, verifier, batch_stop, fast=fast,
+                                         copy=copy)  # fmt: skip
             self._decoders[key] = decoder
             while len(self._decoders) > self.size:
                 self._decoders.popitem(last=False)
         self._decoders.move_to_end(key)
         return decoder
 
-    def decoders(self, model: PreTrainedModel) -> list[SpeculativeDecoder]:
+    def decoders(self, model: PreTrainedModel) -> list[SpeculativeDecoder | BatchedDecoder]:
         """The cached decoders that use `model` as target or draft, least recently used first."""
         return [d for key, d in self._decoders.items() if model is key[0] or model is key[1]]
 
@@ -110,7 +120,26 @@ def decoder_for(
 ) -> SpeculativeDecoder:
     """The `SpeculativeDecoder` `generate` uses for these arguments (`copy`: copy rounds), from `DECODERS`
     (an adaptive policy carrying state between calls sees them as calls of one decoder)."""
-    return DECODERS.get(target, draft, policy, head, verifier, fast, copy)
+    decoder = DECODERS.get(target, draft, policy, head, verifier, fast, copy)
+    assert isinstance(decoder, SpeculativeDecoder)
+    return decoder
+
+
+def batched_decoder_for(
+    target: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    policy: str | PolicySpec | StopPolicy,
+    head: AcceptanceHead | str | Path | None,
+    verifier: str,
+    fast: bool | None,
+    copy: CopySpec | None,
+    batch_stop: bool | float | str | BatchStop,
+) -> BatchedDecoder:
+    """The `BatchedDecoder` a batch through `generate` uses (`acchead.inference.hf_batched`), from
+    `DECODERS` (the round gate and a measured c(B) carry over between calls as between decodes)."""
+    decoder = DECODERS.get(target, draft, policy, head, verifier, fast, copy, batch_stop)
+    assert isinstance(decoder, BatchedDecoder)
+    return decoder
 
 
 def pair_head_default(draft: PreTrainedModel, sampling: SamplingConfig) -> Path | None:

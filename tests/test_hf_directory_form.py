@@ -18,6 +18,7 @@ from transformers import DynamicCache, GenerationConfig
 from acchead.cache_keyword import CACHE_ARG
 from acchead.errors import AccheadError
 from acchead.inference import hf
+from acchead.inference.hf_arguments import check_inputs
 
 
 def test_directory_form(pair, head, prompt, tiny_tokenizer, tmp_path, monkeypatch):
@@ -97,4 +98,4 @@ def test_model_inputs_the_decoder_cannot_feed_are_refused(pair, prompt):
     with pytest.raises(AccheadError, match="inputs the speculative decoder cannot feed: labels"):
         target.generate(**prompt, labels=prompt["input_ids"], **kw)
     with pytest.raises(AccheadError, match="needs input_ids"):
-        hf._check_inputs(torch.zeros(1, 0, dtype=torch.long), {})
+        check_inputs(torch.zeros(1, 0, dtype=torch.long), {})

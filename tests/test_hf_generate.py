@@ -289,18 +289,6 @@ def test_refusals_are_one_line(tiny_llama_pair, prompt, kw, message):
     assert "\n" not in str(e.value)
 
 
-def test_batch_and_padding_are_refused(tiny_llama_pair):
-    target, draft = tiny_llama_pair
-    ids = torch.tensor([[3, 7, 11], [4, 8, 12]])
-    kw = dict(draft=draft, custom_generate=hf.generate, policy="specdec:k=2", max_new_tokens=4)
-    with pytest.raises(AccheadError, match=r"batch size 2: .*SpeculativeDecoder.*acchead-bench"):
-        target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-    with pytest.raises(AccheadError, match="attention mask has zeros"):
-        target.generate(ids[:1], attention_mask=torch.tensor([[0, 1, 1]]), **kw)
-    out = target.generate(ids[:1], attention_mask=torch.ones_like(ids[:1]), **kw)  # an all-ones mask is fine
-    assert out.shape == (1, 7)
-
-
 def test_one_decoder_per_arguments(tiny_llama_pair, prompt):
     target, draft = tiny_llama_pair
     for policy in ("specdec:k=2", "specdec:k=2", "specdec:k=3"):
