@@ -82,7 +82,7 @@ from acchead.inference.hf_arguments import (
 from acchead.inference.hf_batched import generate_batch, needs_batch, ragged_prompts
 from acchead.inference.hf_decoders import decoder_for, pair_head_default
 from acchead.inference.policies import StopPolicy
-from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec
+from acchead.inference.policy_spec import AutoregressiveSpec, PolicySpec, SpecDecPPSpec
 from acchead.inference.results import BatchResult, GenerationResult
 from acchead.inference.spec import DecodingSpec, as_policy_spec, spec_arguments, split_copy_rounds
 from acchead.sampling import SamplingConfig
@@ -125,7 +125,7 @@ def generate(
     seed: int | None = None,
     fast: bool | None = None,
     spec: DecodingSpec | str | None = None,
-    batch_stop: bool | float | str | BatchStop = False,
+    batch_stop: bool | float | str | BatchStop | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | SpeculativeGenerateOutput:
     """The decoding loop `model.generate(..., custom_generate=generate)` runs (see the module docstring).
@@ -145,7 +145,8 @@ def generate(
             spec's sampling that differs from the generation config's; `copy+POLICY` adds copy rounds.
         seed: keys every sampled draw (row b of a batch: seed + b); None draws one from torch's global
             generator.
-        batch_stop: a batch's stop rule for SpecDec++ (`BatchedDecoder`'s; False: rows stop on their own).
+        batch_stop: a batch's stop rule for SpecDec++ (as `BatchedDecoder` takes it; False: rows stop on
+            their own); None: c = 1 − h under SpecDec++ (`acchead-decode`'s default), none otherwise.
         model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
 
     Returns:
@@ -185,7 +186,8 @@ def generate(
         checks = [stop_check(others, p[None].to(input_ids.device), max_new_tokens) for p in prompts]
         sequences, batch = generate_batch(
             model, input_ids, prompts, generation_config, sampling, draft=draft, policy=policy, head=head,
-            verifier=verifier, fast=fast, copy=copy_rounds, batch_stop=batch_stop,
+            verifier=verifier, fast=fast, copy=copy_rounds,
+            batch_stop=isinstance(_typed(policy), SpecDecPPSpec) if batch_stop is None else batch_stop,
             max_new_tokens=max_new_tokens, eos=eos, stop_checks=checks if others else None, seed=seed,
         )  # fmt: skip
         return _batch_output(sequences, batch) if generation_config.return_dict_in_generate else sequences

@@ -13,6 +13,7 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 
 from acchead.errors import AccheadError
 from acchead.inference import hf, hf_decoders
+from acchead.inference.batch_stop import BatchStop
 from acchead.inference.batched import BatchedDecoder
 
 PROMPTS = ["def f(x):", "import os\nfor i in range(3):", "class A:"]
@@ -83,15 +84,17 @@ def test_sampled_rows_are_the_batched_decoders_and_the_dict_counts_the_batch(pai
     assert out.accepted_per_round is None and out.drafted == sum(r.drafted for r in ref.rows)
 
 
-def test_a_batch_reuses_its_decoder(pair, head, batch):
+def test_a_batch_reuses_its_decoder_and_specdecpp_takes_the_batch_rule_by_default(pair, head, batch):
     target, draft = pair
     hf_decoders.DECODERS.release(target)  # the earlier tests' decoders
-    kw = dict(draft=draft, head=head, policy="specdec:k=2", custom_generate=hf.generate, max_new_tokens=4)
+    kw = dict(draft=draft, head=head, custom_generate=hf.generate, max_new_tokens=4, do_sample=False)
     try:
-        for _ in range(2):
-            target.generate(**batch, do_sample=False, **kw)
+        for policy in ("specdec:k=2", "specdec:k=2", "specdecpp:h=0.7,max=6"):
+            target.generate(**batch, policy=policy, **kw)
         decoders = hf_decoders.DECODERS.decoders(target)
-        assert [type(d).__name__ for d in decoders] == ["BatchedDecoder"]
+        assert [type(d).__name__ for d in decoders] == ["BatchedDecoder"] * 2
+        assert decoders[0].batch_stop is None  # fixed K: no batch rule
+        assert decoders[1].batch_stop == BatchStop.from_h(0.7)  # c = 1 - h, acchead-decode's default
     finally:
         hf_decoders.DECODERS.release(target)
 
