@@ -2,6 +2,8 @@
 at a time, and against transformers' own batched greedy `generate`, side by side in one process.
 
     python docs/results/hf-batched-s43/hf_batched_probe.py --pair toy --batch-size 8 --max-new-tokens 64
+    python docs/results/hf-batched-s43/hf_batched_probe.py --pair smollm2 \
+        --head runs/demo-smollm2/head/head.safetensors
 
 Greedy, the pair's shipped head for SpecDec++ (h from the head; batched under each batch rule: none,
 c = 1 - h, c(B) measured, gated), fixed K = 3, 1 torch thread, eager. A measured rule's c(B) is timed in
@@ -32,12 +34,13 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--head", default=None, help="SpecDec++'s head (default: the pair's shipped greedy head)")
     args = p.parse_args()
     torch.set_num_threads(1)
     paths = resolve_pair(args.pair)
     target, draft = load_causal_lm(paths.target), load_causal_lm(paths.draft)
     tok = load_tokenizer(paths.target)
-    head = default_heads(args.pair, SamplingConfig(0.0))[0]
+    head = args.head or default_heads(args.pair, SamplingConfig(0.0))[0]
     prompts = [str(x) for x in load_prompt_set("humaneval")[: args.batch_size]]
     tok.padding_side = "left"
     batch = tok(prompts, return_tensors="pt", padding=True)
