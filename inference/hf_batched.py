@@ -14,10 +14,10 @@ its new tokens, a row that ended early filled with the pad id out to the longest
 (`generation_config.pad_token_id`, else the first EOS id).
 
 What a batch adds to `hf.generate`'s arguments: `batch_stop`, the batch-level stop rule of a SpecDec++
-batch (as `BatchedDecoder` takes it; by default c = 1 − h, `acchead-decode`'s: on the toy pair at B = 8
-rows that stop on their own ran 0.78x that rule, docs/results/hf-batched-s43/). What it refuses, in one
-line each: a streamer (transformers' streamers take one sequence), right padding, and the policies a batch
-cannot run (the bandits, model-free drafters: `BatchedDecoder`'s own refusals).
+batch (as `BatchedDecoder` takes it; by default c = 1 − h, `acchead-decode`'s: at B = 8 rows that stop on
+their own ran 0.77x / 0.71x that rule on the toy / real pair, docs/results/hf-batched-s43/). What it
+refuses, in one line each: a streamer (transformers' streamers take one sequence), right padding, and the
+policies a batch cannot run (the bandits, model-free drafters: `BatchedDecoder`'s own refusals).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def ragged_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None)
     if attention_mask is None:
         return list(input_ids.cpu())
     mask = attention_mask.cpu().bool()  # (B, T)
-    if bool((mask.int().diff(dim=1) < 0).any()):  # a kept token after a padded one
+    if bool((mask.int().diff(dim=1) < 0).any()):  # a padded slot after a kept token
         raise AccheadError(
             "the attention mask pads a row on the right or inside: pad on the left (tokenizer "
             "padding_side='left'), as a decoder-only generate wants"

@@ -118,3 +118,19 @@ def test_what_a_batch_cannot_take_is_one_line(pair, head, batch):
         with pytest.raises(AccheadError, match=message) as e:
             target.generate(**case, **kw)
         assert "\n" not in str(e.value)
+
+
+def test_the_padding_in_and_out():
+    """`ragged_prompts`: the mask's ones, left padding only (no mask: whole rows); `padded_output`: rows
+    that ended early padded, refused in one line when there is no id to pad with."""
+    from acchead.inference.hf_batched import padded_output, ragged_prompts
+
+    ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    assert [p.tolist() for p in ragged_prompts(ids, mask)] == [[5, 6], [1, 2, 3, 4]]
+    assert [p.tolist() for p in ragged_prompts(ids, None)] == ids.tolist()
+    out = padded_output(ids, [torch.tensor([7]), torch.tensor([8, 9, 10])], pad_id=0)
+    assert out.tolist() == [[0, 0, 5, 6, 7, 0, 0], [1, 2, 3, 4, 8, 9, 10]]
+    assert padded_output(ids, [torch.tensor([7]), torch.tensor([8])], pad_id=None).shape == (2, 5)
+    with pytest.raises(AccheadError, match="neither a pad_token_id nor an EOS id"):
+        padded_output(ids, [torch.tensor([7]), torch.tensor([8, 9])], pad_id=None)
