@@ -90,7 +90,7 @@ def test_model_inputs_the_decoder_cannot_feed_are_refused(pair, prompt):
     """A cache that already holds tokens, model inputs beside input_ids, an empty prompt: one line each."""
     target, draft = pair
     kw = dict(draft=draft, custom_generate=hf.generate, policy="specdec:k=2", max_new_tokens=4)
-    cache = DynamicCache(config=target.config)
+    cache = DynamicCache()
     with torch.no_grad():
         target(prompt["input_ids"], **{CACHE_ARG: cache})
     with pytest.raises(AccheadError, match=f"{CACHE_ARG} holds tokens: the speculative decoder starts"):
