@@ -41,7 +41,7 @@ What is honoured, and how:
 - Sampled draws are keyed by `seed` (`acchead.inference.device_random`); `generate` takes no seed, so by
   default one is drawn from torch's global generator: `torch.manual_seed(s)` makes a call repeatable
   (greedy decoding draws nothing, and leaves the generator as plain greedy `generate` does).
-- Returns what `generate` returns: (1, T + N) ids, or with `return_dict_in_generate=True` a
+- Returns what `generate` returns: (B, T + N) ids, or with `return_dict_in_generate=True` a
   `SpeculativeGenerateOutput` (`GenerateDecoderOnlyOutput` plus the round statistics). Scores, logits,
   attentions and hidden states are not computed: asking for them is refused.
 - A batch, (B, T) prompts padded on the left, decodes as one ragged batch (`acchead.inference.hf_batched`:
