@@ -71,6 +71,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.batch_stop import BatchStop
+from acchead.inference.batched import BatchedDecoder
+from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.hf_arguments import (
     check_config,
@@ -184,14 +186,15 @@ def generate(
             raise AccheadError("a streamer takes one sequence: stream a batch of one unpadded prompt")
         prompts = ragged_prompts(input_ids, mask)
         checks = [stop_check(others, p[None].to(input_ids.device), max_new_tokens) for p in prompts]
-        sequences, batch = generate_batch(
-            model, input_ids, prompts, generation_config, sampling, draft=draft, policy=policy, head=head,
-            verifier=verifier, fast=fast, copy=copy_rounds,
-            batch_stop=isinstance(_typed(policy), SpecDecPPSpec) if batch_stop is None else batch_stop,
-            max_new_tokens=max_new_tokens, eos=eos, stop_checks=checks if others else None, seed=seed,
-        )  # fmt: skip
+        rule = isinstance(_typed(policy), SpecDecPPSpec) if batch_stop is None else batch_stop
+        batched = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds, rule)
+        assert isinstance(batched, BatchedDecoder)
+        sequences, batch = generate_batch(batched, input_ids, prompts, generation_config, sampling,
+                                          max_new_tokens=max_new_tokens, eos=eos,
+                                          stop_checks=checks if others else None, seed=seed)  # fmt: skip
         return _batch_output(sequences, batch) if generation_config.return_dict_in_generate else sequences
     decoder = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds)
+    assert isinstance(decoder, SpeculativeDecoder)
     res = decoder.generate(
         input_ids,
         max_new_tokens=max_new_tokens,

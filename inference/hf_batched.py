@@ -22,19 +22,13 @@ policies a batch cannot run (the bandits, model-free drafters: `BatchedDecoder`'
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig
 
 from acchead.errors import AccheadError
-from acchead.head import AcceptanceHead
-from acchead.inference.batch_stop import BatchStop
-from acchead.inference.drafter_spec import CopySpec
-from acchead.inference.hf_decoders import batched_decoder_for
-from acchead.inference.policies import StopPolicy
-from acchead.inference.policy_spec import PolicySpec
+from acchead.inference.batched import BatchedDecoder
 from acchead.inference.results import BatchResult
 from acchead.sampling import SamplingConfig
 
@@ -77,27 +71,19 @@ def padded_output(input_ids: torch.Tensor, new: list[torch.Tensor], pad_id: int 
 
 
 def generate_batch(
-    model: PreTrainedModel,
+    decoder: BatchedDecoder,
     input_ids: torch.Tensor,
     prompts: list[torch.Tensor],
     config: GenerationConfig,
     sampling: SamplingConfig,
     *,
-    draft: PreTrainedModel | None,
-    policy: str | PolicySpec | StopPolicy,
-    head: AcceptanceHead | str | Path | None,
-    verifier: str,
-    fast: bool | None,
-    copy: CopySpec | None,
-    batch_stop: bool | float | str | BatchStop,
     max_new_tokens: int,
     eos: list[int],
     stop_checks: list[Any] | None,
     seed: int,
 ) -> tuple[torch.Tensor, BatchResult]:
-    """Decode `generate`'s batch (see the module docstring), `prompts` its rows unpadded (`ragged_prompts`):
-    (B, T + N) sequences and the batch's result. `stop_checks`: one per row, or None."""
-    decoder = batched_decoder_for(model, draft, policy, head, verifier, fast, copy, batch_stop)
+    """Decode `generate`'s batch (see the module docstring) with `decoder`, `prompts` its rows unpadded
+    (`ragged_prompts`): (B, T + N) sequences and the batch's result. `stop_checks`: one per row, or None."""
     res = decoder.generate(prompts, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
                            top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
                            eos_token_id=eos or None, stop_checks=stop_checks)  # fmt: skip

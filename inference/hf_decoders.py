@@ -117,29 +117,13 @@ def decoder_for(
     verifier: str,
     fast: bool | None,
     copy: CopySpec | None = None,
-) -> SpeculativeDecoder:
-    """The `SpeculativeDecoder` `generate` uses for these arguments (`copy`: copy rounds), from `DECODERS`
-    (an adaptive policy carrying state between calls sees them as calls of one decoder)."""
-    decoder = DECODERS.get(target, draft, policy, head, verifier, fast, copy)
-    assert isinstance(decoder, SpeculativeDecoder)
-    return decoder
-
-
-def batched_decoder_for(
-    target: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    policy: str | PolicySpec | StopPolicy,
-    head: AcceptanceHead | str | Path | None,
-    verifier: str,
-    fast: bool | None,
-    copy: CopySpec | None,
-    batch_stop: bool | float | str | BatchStop,
-) -> BatchedDecoder:
-    """The `BatchedDecoder` a batch through `generate` uses (`acchead.inference.hf_batched`), from
-    `DECODERS` (the round gate and a measured c(B) carry over between calls as between decodes)."""
-    decoder = DECODERS.get(target, draft, policy, head, verifier, fast, copy, batch_stop)
-    assert isinstance(decoder, BatchedDecoder)
-    return decoder
+    batch_stop: bool | float | str | BatchStop | None = None,
+) -> SpeculativeDecoder | BatchedDecoder:
+    """The decoder `generate` uses for these arguments (`copy`: copy rounds), from `DECODERS`: a
+    `SpeculativeDecoder`, or with `batch_stop` (False included) the `BatchedDecoder` of a batch
+    (`acchead.inference.hf_batched`). An adaptive policy carrying state between calls, a round gate's memory
+    and a measured c(B) see them as calls of one decoder."""
+    return DECODERS.get(target, draft, policy, head, verifier, fast, copy, batch_stop)
 
 
 def pair_head_default(draft: PreTrainedModel, sampling: SamplingConfig) -> Path | None:
