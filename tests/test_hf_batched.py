@@ -134,3 +134,18 @@ def test_the_padding_in_and_out():
     assert padded_output(ids, [torch.tensor([7]), torch.tensor([8])], pad_id=None).shape == (2, 5)
     with pytest.raises(AccheadError, match="neither a pad_token_id nor an EOS id"):
         padded_output(ids, [torch.tensor([7]), torch.tensor([8, 9])], pad_id=None)
+
+
+@pytest.mark.slow
+def test_a_batch_on_the_fast_path_decodes_the_eager_rows(pair, head, batch):
+    """`fast=True` reaches the `BatchedDecoder` (static caches, compiled forwards): the same greedy rows."""
+    target, draft = pair
+    kw = dict(draft=draft, head=head, policy="specdecpp:h=0.5,max=4", custom_generate=hf.generate,
+              max_new_tokens=12, do_sample=False)  # fmt: skip
+    try:
+        eager = target.generate(**batch, **kw)
+        fast = target.generate(**batch, fast=True, **kw)
+        assert torch.equal(fast, eager)
+        assert [d.fast for d in hf_decoders.DECODERS.decoders(target)][-1] is True
+    finally:
+        hf_decoders.DECODERS.release(target)
