@@ -5,7 +5,8 @@ The decoding loop is `decoder` (a round: `draft_round`, then `round_verifier`; w
 `bandit_policy`), its drafters `drafters`, `mag` and `cascade`, its verifiers `verification`; `cli_decode`
 is `acchead-decode`. What a decoder decodes with is one typed value, `spec.DecodingSpec` (its policy's
 typed spec: `policy_spec`, `bandit_spec`), built by `decoder_factory.build_decoder`;
-`hf` runs the decoder as transformers' own `generate` loop (`custom_generate=acchead.inference.hf.generate`).
+`hf` runs the decoder as transformers' own `generate` loop (`custom_generate=acchead.inference.hf.generate`;
+a left-padded batch as one `BatchedDecoder` batch: `hf_batched`).
 `batched` decodes B prompts at once (autoregressive, fixed K, SpecDec++ with a batch stop rule).
 The benchmark that measures them, `acchead-bench`, is the subpackage `acchead.inference.bench`.
 """
