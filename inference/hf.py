@@ -185,13 +185,14 @@ def generate(
         if stream_to is not None:
             raise AccheadError("a streamer takes one sequence: stream a batch of one unpadded prompt")
         prompts = ragged_prompts(input_ids, mask)
-        checks = [stop_check(others, p[None].to(input_ids.device), max_new_tokens) for p in prompts]
+        device = input_ids.device
+        checks = [stop_check(others, p[None].to(device), max_new_tokens) for p in prompts] if others else None
         rule = isinstance(_typed(policy), SpecDecPPSpec) if batch_stop is None else batch_stop
         batched = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds, rule)
         assert isinstance(batched, BatchedDecoder)
         sequences, batch = generate_batch(batched, input_ids, prompts, generation_config, sampling,
                                           max_new_tokens=max_new_tokens, eos=eos,
-                                          stop_checks=checks if others else None, seed=seed)  # fmt: skip
+                                          stop_checks=checks, seed=seed)  # fmt: skip
         return _batch_output(sequences, batch) if generation_config.return_dict_in_generate else sequences
     decoder = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds)
     assert isinstance(decoder, SpeculativeDecoder)
