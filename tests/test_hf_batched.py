@@ -32,12 +32,13 @@ def _alone(target, tokenizer, prompt: str, **kw) -> list[int]:
     return out[0, ids["input_ids"].shape[1] :].tolist()
 
 
-@pytest.mark.parametrize(("policy", "extra"), [("specdecpp:h=0.5,max=6", {"batch_stop": 0.2}),
-                                               ("specdec:k=3", {}), ("autoregressive", {})])  # fmt: skip
-def test_rows_equal_their_greedy_output_alone(pair, head, batch, tiny_tokenizer, policy, extra):
+@pytest.mark.parametrize("how", [{"policy": "specdecpp:h=0.5,max=6", "batch_stop": 0.2},
+                                 {"policy": "specdec:k=3", "verifier": "block"}, {"policy": "autoregressive"},
+                                 {"spec": "copy:min=2+specdec:k=2"}], ids=str)  # fmt: skip
+def test_rows_equal_their_greedy_output_alone(pair, head, batch, tiny_tokenizer, how):
     target, draft = pair
-    out = target.generate(**batch, draft=draft, head=head, policy=policy, custom_generate=hf.generate,
-                          max_new_tokens=16, do_sample=False, **extra)  # fmt: skip
+    out = target.generate(**batch, draft=draft, head=head if "policy" in how else None,
+                          custom_generate=hf.generate, max_new_tokens=16, do_sample=False, **how)  # fmt: skip
     t = batch["input_ids"].shape[1]
     assert out.shape == (3, t + 16) and torch.equal(out[:, :t], batch["input_ids"])  # the prompts as given
     for b, prompt in enumerate(PROMPTS):
