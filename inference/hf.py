@@ -148,7 +148,8 @@ def generate(
         seed: keys every sampled draw (row b of a batch: seed + b); None draws one from torch's global
             generator.
         batch_stop: a batch's stop rule for SpecDec++ (as `BatchedDecoder` takes it; False: rows stop on
-            their own); None: c = 1 − h under SpecDec++ (`acchead-decode`'s default), none otherwise.
+            their own); None: c = 1 − h under SpecDec++ (`acchead-decode`'s default), none otherwise. Unused
+            for one unpadded prompt, as by `BatchedDecoder` for a batch of one.
         model_kwargs: the model inputs `generate` prepared (attention mask, cache, ...): checked, not fed.
 
     Returns:
