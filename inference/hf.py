@@ -71,8 +71,6 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from acchead.errors import AccheadError
 from acchead.head import AcceptanceHead
 from acchead.inference.batch_stop import BatchStop
-from acchead.inference.batched import BatchedDecoder
-from acchead.inference.decoder import SpeculativeDecoder
 from acchead.inference.drafter_spec import CopySpec
 from acchead.inference.hf_arguments import (
     check_config,
@@ -190,13 +188,11 @@ def generate(
         checks = [stop_check(others, p[None].to(device), max_new_tokens) for p in prompts] if others else None
         rule = isinstance(_typed(policy), SpecDecPPSpec) if batch_stop is None else batch_stop
         batched = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds, rule)
-        assert isinstance(batched, BatchedDecoder)
         sequences, batch = generate_batch(batched, input_ids, prompts, generation_config, sampling,
                                           max_new_tokens=max_new_tokens, eos=eos,
                                           stop_checks=checks, seed=seed)  # fmt: skip
         return _batch_output(sequences, batch) if generation_config.return_dict_in_generate else sequences
     decoder = decoder_for(model, draft, policy, head, verifier, fast, copy_rounds)
-    assert isinstance(decoder, SpeculativeDecoder)
     res = decoder.generate(
         input_ids,
         max_new_tokens=max_new_tokens,
