@@ -21,6 +21,10 @@ see the candidate, through inputs that cost no forward:
               guesses of the target's states and pass less often (`acchead.feature_chain`); trained on
               gen-data `--feature-chain N` labels, where position j is the depth-(j mod N) candidate
 
+A lookahead head reads any non-empty subset; the state is optional. On the real pair's 7,093 labelled
+positions a head of the draft's statistics alone (`logq+entropy+topk`) ranks its misses better than one that
+also reads the 576-wide state, which it overfits (docs/real-pair.md, "What the head reads").
+
 q_k here is the distribution S(q) the candidate was drawn from; under greedy decoding S(q) is one-hot,
 so `logq`, `entropy` and `topk` read softmax(logits) instead (the draft's real confidence, as the
 confidence rule does). The same function builds the inputs at training time (from cached states, whose
@@ -53,8 +57,8 @@ def check_kind(kind: str, inputs: Sequence[str]) -> tuple[str, ...]:
     if unknown:
         raise AccheadError(f"unknown head inputs {unknown}; choose from {', '.join(LOOKAHEAD_INPUTS)}")
     canon = tuple(x for x in LOOKAHEAD_INPUTS if x in inputs)
-    if "state" not in canon:
-        raise AccheadError("a head's inputs must include 'state'")
+    if not canon:
+        raise AccheadError(f"a head needs at least one input; choose from {', '.join(LOOKAHEAD_INPUTS)}")
     if kind == "candidate" and canon != ("state",):
         raise AccheadError(f"a candidate head reads the state only, got inputs {list(canon)}")
     return canon
@@ -134,9 +138,9 @@ def assemble_inputs(
     stats: torch.Tensor | None,
     depth: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Concatenate the head's inputs in canonical order: state (N, H), token (N,), out_emb (V, H) (read only
-    for "token"), stats (N, W) from `candidate_stats(..., inputs)` (read only for "logq", "entropy" and
-    "topk"), depth (N,) int64 (read only for "depth") -> (N, D) float32.
+    """Concatenate the head's inputs in canonical order: state (N, H) (read only for "state"), token (N,),
+    out_emb (V, H) (read only for "token"), stats (N, W) from `candidate_stats(..., inputs)` (read only for
+    "logq", "entropy" and "topk"), depth (N,) int64 (read only for "depth") -> (N, D) float32.
 
     The one place that lays the vector out; training (`lookahead_inputs`, the cached dataset) goes through
     it, and the decoder's one-row version (`acchead.inference.head_call.HeadCall`) is pinned to it by tests.
@@ -148,9 +152,11 @@ def assemble_inputs(
         cols[x] = slice(lo, lo + input_width(x, 0))
     if "depth" in inputs and depth is None:
         raise AccheadError("a head reading 'depth' needs each candidate's depth in its round")
-    parts = [state.float()]
-    for name in inputs[1:]:
-        if name == "token":
+    parts = []
+    for name in inputs:
+        if name == "state":
+            parts.append(state.float())
+        elif name == "token":
             parts.append(out_emb[token.long()].float())
         elif name == "depth":
             parts.append(depth_one_hot(depth).to(state.device))

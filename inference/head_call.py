@@ -137,7 +137,7 @@ class HeadCall:
             return step.state
         if "token" in inputs and self._out_emb is None:
             raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
-        parts = [step.state.float()]
+        parts = [step.state.float()] if "state" in inputs else []
         if self._needs_stats:
             # feature_logprobs: greedy keeps the logits (q is one-hot), sampling keeps q = S(q).
             source, token = step.logits.float() if step.logits is not None else step.q, step.token

@@ -48,6 +48,8 @@ def _heads(hidden: int) -> dict[str, AcceptanceHead]:
             "narrow": AcceptanceHead(
                 hidden, depth=1, kind="lookahead", inputs=("state", "logq", "token"), width=hidden // 2
             ),
+            # the draft's statistics alone, no state (the real pair's demo head)
+            "stats": AcceptanceHead(hidden, depth=1, kind="lookahead", inputs=("logq", "entropy", "topk")),
         }
 
 
@@ -59,6 +61,7 @@ POLICIES = [
     ("specdecpp:h=0.5,max=6", "candidate"),
     ("specdecpp:h=0.8,max=6,free=0", "candidate"),
     ("specdecpp:h=0.6,max=6", "lookahead"),
+    ("specdecpp:h=0.6,max=6", "stats"),
     ("confidence:tau=0.6,max=6", None),
     ("entropy:tau=1.0,max=6", None),
     ("adaedl:lam=0.6,max=6", None),  # online λ: each row its own, moved after each of its rounds

@@ -152,11 +152,14 @@ def test_compiled_units_make_the_eager_stop_decisions(compiled_pair):
 @pytest.mark.slow
 def test_compiled_units_make_the_eager_decisions_and_draws_for_every_rule(compiled_pair):
     """As above, for every rule judged inside the draft's unit (lookahead heads with log q and entropy
-    inputs, confidence, AdaEDL with its λ as an input) and under sampling: the counter-keyed draws inside
-    the compiled units are the eager ones."""
+    inputs, one reading the draft's statistics alone, confidence, AdaEDL with its λ as an input) and under
+    sampling: the counter-keyed draws inside the compiled units are the eager ones."""
     target, draft = compiled_pair
-    (head,) = _token_heads(draft.config.hidden_size, [("state", "logq", "entropy")])
-    cases = [("specdecpp:h=0.5,max=3", head), ("confidence:tau=0.9,max=3", None)]
+    head, stats_head = _token_heads(
+        draft.config.hidden_size, [("state", "logq", "entropy"), ("logq", "entropy", "topk")]
+    )
+    cases = [("specdecpp:h=0.5,max=3", head), ("specdecpp:h=0.6,max=3", stats_head)]
+    cases.append(("confidence:tau=0.9,max=3", None))
     cases.append(("adaedl:lam=0.9,max=3", None))
     _same_as_eager(target, draft, cases, temperatures=(0.0, 1.0))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -58,9 +59,12 @@ def lookahead_head(
 def test_kinds_and_inputs_are_validated():
     assert parse_inputs("token+state,logq") == ("state", "logq", "token")
     assert input_size(ALL_INPUTS, 16) == 16 + 1 + 1 + 16 + 8
-    for kind, inputs in (("paper", ("state",)), ("candidate", ("state", "logq")), ("lookahead", ("logq",))):
+    for kind, inputs in (("paper", ("state",)), ("candidate", ("state", "logq")), ("lookahead", ())):
         with pytest.raises(AccheadError):
             check_kind(kind, inputs)
+    # a lookahead head may leave the state out (the draft's statistics alone: `logq+entropy+topk`)
+    assert check_kind("lookahead", ("topk", "logq")) == ("logq", "topk")
+    assert input_size(("logq", "entropy", "topk"), 16) == 10
     with pytest.raises(AccheadError):
         parse_inputs("state+bogus")
 
@@ -157,7 +161,8 @@ def test_decoder_inputs_equal_the_training_inputs(tiny_llama_pair, cfg):
 
 @pytest.mark.parametrize("fold", [True, False], ids=["token-table", "no-table"])
 @pytest.mark.parametrize("inputs", [("state", "token"), ALL_INPUTS, ("state", "logq", "topk"),
-                                    ("state", "depth"), (*ALL_INPUTS, "depth")], ids="+".join)  # fmt: skip
+                                    ("state", "depth"), (*ALL_INPUTS, "depth"), ("logq", "entropy", "topk"),
+                                    ("logq", "token")], ids="+".join)  # fmt: skip
 @pytest.mark.parametrize("cfg", [SamplingConfig(0.0), SamplingConfig(1.0, top_k=20)], ids=str)
 @pytest.mark.parametrize("width", [None, 8], ids=["width-hidden", "width-8"])
 def test_head_call_logit_is_the_head_on_the_training_inputs(
@@ -250,7 +255,8 @@ def test_lookahead_head_that_always_accepts_drafts_to_the_cap(tiny_llama_pair):
 
 @pytest.mark.parametrize("world", list(WORLDS), ids=str)
 @pytest.mark.parametrize("verifier", list(VERIFIERS))
-@pytest.mark.parametrize("inputs", [("state",), ("state", "logq", "entropy")], ids="+".join)
+@pytest.mark.parametrize("inputs", [("state",), ("state", "logq", "entropy"), ("logq", "entropy")],
+                         ids="+".join)
 def test_enumeration_exact_lookahead(inputs, verifier, world):
     w = WORLDS[world]
     policy = parse_policy("specdecpp:h=0.4,max=3", head=lookahead_head(4, inputs))
@@ -361,6 +367,26 @@ def test_train_lookahead_head_end_to_end(lookahead_data, tiny_pair_dirs, tmp_pat
     dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=4", head=out / "head.safetensors")
     with pytest.warns(UserWarning, match="labels were computed under"):
         dec.generate(torch.tensor([5, 6, 7]), max_new_tokens=8, temperature=0)
+
+
+def test_train_a_head_of_the_drafts_statistics_alone(lookahead_data, tiny_pair_dirs, tmp_path):
+    """`--inputs logq+entropy+topk` (no state: the real pair's demo head) trains, records its inputs, and a
+    decoder for its draft runs it: greedy tokens equal autoregressive decoding's."""
+    out = tmp_path / "head"
+    args = ["--data", str(lookahead_data), "--out", str(out), "--inputs", "logq+entropy+topk",
+            "--epochs", "2", "--depth", "1", "--width", "4", "--no-progress", "--logger", "none"]  # fmt: skip
+    assert train_cli.main(args) == 0
+    head, meta = load_head(out / "head.safetensors")
+    assert head.inputs == tuple(meta.inputs) == ("logq", "entropy", "topk") and head.proj.in_features == 10
+    target = acchead.models.load_causal_lm(tiny_pair_dirs[0])
+    draft = acchead.models.load_causal_lm(tiny_pair_dirs[1])
+    prompt = torch.tensor([5, 6, 7])
+    ar = SpeculativeDecoder(target, draft, policy="autoregressive").generate(prompt, 12, temperature=0)
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=4", head=out / "head.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny data's labels were computed under another S
+        got = dec.generate(prompt, 12, temperature=0)
+    assert got.new_ids.tolist() == ar.new_ids.tolist() and dec.policy_run.head_calls > 0
 
 
 def test_cached_and_on_the_fly_lookahead_inputs_agree(lookahead_data, tiny_pair_dirs):
