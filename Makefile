@@ -50,16 +50,16 @@ LOCKED_TORCH := $(shell sed -n 's/^torch==//p' $(LOCK))
 # prompts of each bench set, tokens per prompt, and the bench's methods and grids.
 REAL_DIR ?= runs/demo-smollm2
 REAL_GEN_PROMPTS ?= 128
-# The real pair's head reads the draft's confidence too (log q, entropy, top log-probs): at ~0.5 acceptance
-# it beat state+token by 1-4% in the bench (docs/real-pair.md, "The head's inputs").
-REAL_HEAD_INPUTS ?= state+logq+entropy+topk
-# 24 passes over the demo's 7,893 positions, not acchead-train's 8 (measured on the toy pair): validation AUROC
-# 0.805 against 0.768 over four splits, and SpecDec++ +1.3% / +0.7% in the demo's bench (docs/real-pair.md,
-# "What a head can buy").
-REAL_HEAD_EPOCHS ?= 24
-# A head 32 wide, not the draft's 576: validation AUROC 0.802 against 0.794 over four splits (every width from
-# 8 to 576 within 0.01), and a quarter of the cost per drafted candidate, whose 576-wide weights (5.3 MB)
-# outgrow the L2 cache (docs/real-pair.md, "A narrower head").
+# The real pair's head reads the draft's confidence (log q, entropy, top log-probs) and not its state, which it
+# overfits on the demo's 7,093 training positions: validation AUROC 0.819 against 0.802 over four splits, and
+# SpecDec++ 1.043x / 1.048x the best K in the demo's bench against 1.039x / 0.991x (docs/real-pair.md,
+# "What the head reads").
+REAL_HEAD_INPUTS ?= logq+entropy+topk
+# 64 passes over the demo's positions, not acchead-train's 8 (measured on the toy pair): a head of 10 inputs
+# is still learning at 24 (AUROC 0.801; 0.819 at 64, 0.822 at 128; docs/real-pair.md, "What the head reads").
+REAL_HEAD_EPOCHS ?= 64
+# A head 32 wide: every width from 8 to 576 ranked within 0.01 AUROC of the others, and a narrow one costs
+# a quarter of the 576-wide one per drafted candidate (docs/real-pair.md, "A narrower head").
 REAL_HEAD_WIDTH ?= 32
 # A feature draft's candidates labelled per round by gen-data (1: first candidates only; docs/real-pair.md).
 REAL_FEATURE_CHAIN ?= 1
