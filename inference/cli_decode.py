@@ -240,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         # Resolved here, not in the decoder: without --head, the pair's shipped head trained under the
         # requested S (greedy when no sampling flag is given), else its greedy head.
-        shipped = default_heads(args.pair, _sampling(args, None)) if args.head is None else []
+        sampling = _sampling(args, None)
+        shipped = default_heads(args.pair, sampling) if args.head is None else []
         if args.head is None and not shipped:
             raise AccheadError(
-                f"the {args.pair} pair ships no acceptance head yet: pass --head (acchead-train)"
+                f"the {args.pair} pair ships no acceptance head for {sampling}: pass --head (acchead-train)"
             )
         head_path = Path(args.head) if args.head is not None else shipped[0]
         if not head_path.exists():

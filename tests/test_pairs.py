@@ -67,8 +67,31 @@ def test_every_command_takes_the_flag(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("ACCHEAD_CACHE_DIR", str(tmp_path))
     assert cli_decode.main(["--pair", "smollm2", "--policy", "specdec:k=2"]) == 2
     assert "run `acchead-assets`" in capsys.readouterr().err
-    assert cli_decode.main(["--pair", "smollm2"]) == 2  # specdecpp without a head
-    assert "the smollm2 pair ships no acceptance head yet: pass --head" in capsys.readouterr().err
+    assert cli_decode.main(["--pair", "smollm2"]) == 2  # its shipped greedy head, then the missing target
+    assert "run `acchead-assets`" in capsys.readouterr().err
+    assert cli_decode.main(["--pair", "smollm2", "--temperature", "1"]) == 2  # specdecpp, no head for T = 1
+    err = capsys.readouterr().err
+    assert "the smollm2 pair ships no acceptance head for temperature=1,top_k=0,top_p=1: pass --head" in err
+
+
+def test_the_smollm2_pair_ships_its_demo_head_for_greedy_decoding():
+    """`make demo`'s head (docs/real-pair.md, "What the head reads"), rounded to bfloat16: the commands'
+    default under greedy S, a lookahead head of the draft's statistics alone, recorded for the shipped
+    draft (`test_real_pair.py` loads it against that draft: the fingerprint needs the target's asset)."""
+    import json
+
+    from acchead.head_io import load_head
+    from acchead.pairs import SMOLLM2_DRAFT_DIR, SMOLLM2_HEADS_DIR
+
+    (path,) = default_heads("smollm2", SamplingConfig(0.0))
+    assert path == SMOLLM2_HEADS_DIR / "greedy-lookahead" / "head.safetensors"
+    _, meta = load_head(path)
+    assert (meta.kind, tuple(meta.inputs)) == ("lookahead", ("logq", "entropy", "topk"))
+    assert (meta.width, meta.depth, meta.w_rej) == (32, 3, 6.0)
+    assert meta.sampling_config == SamplingConfig(0.0) and meta.draft["name"] == SMOLLM2_DRAFT_DIR.name
+    cfg = json.loads((SMOLLM2_DRAFT_DIR / "config.json").read_text())
+    assert (meta.draft["hidden_size"], meta.draft["vocab_size"]) == (cfg["hidden_size"], cfg["vocab_size"])
+    assert default_heads("smollm2", SamplingConfig(1.0)) == []  # trained under greedy only
 
 
 def test_the_shipped_smollm2_draft_fits_the_repos_weight_budget():

@@ -78,3 +78,22 @@ def test_greedy_equals_the_targets_greedy(real_pair, spec):
         ref = target.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=tok.eos_token_id)
         res = dec.generate(prompt, max_new_tokens=32, temperature=0)
         assert res.new_ids.tolist() == ref[0, prompt.shape[1] :].tolist()
+
+
+def test_the_shipped_head_is_for_the_shipped_draft(real_pair):
+    """The real pair's shipped greedy head loads against the shipped draft (its fingerprint reads the
+    target's embedding, hence here) and `acchead-decode --pair smollm2`'s default SpecDec++ decodes with it
+    the target's own greedy text."""
+    from acchead.head_io import load_head
+    from acchead.pairs import SMOLLM2_DRAFT_DIR, default_heads
+
+    if not (SMOLLM2_DRAFT_DIR / "config.json").is_file():
+        pytest.skip("no shipped draft")
+    target, draft, tok = real_pair
+    (path,) = default_heads("smollm2", SamplingConfig(0.0))
+    head, _ = load_head(path, draft=draft)  # AccheadError if recorded for another draft
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.7", head=head, fast=False)
+    prompt = torch.tensor([encode_prompt(tok, "Write a haiku about the sea.", chat=True)])
+    ref = target.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=tok.eos_token_id)
+    res = dec.generate(prompt, max_new_tokens=32, temperature=0)
+    assert res.new_ids.tolist() == ref[0, prompt.shape[1] :].tolist() and dec.policy_run.head_calls > 0

@@ -5,7 +5,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 mkdir -p ~/.cache/acchead/assets/mtbench && cp .xfer/mtbench/* ~/.cache/acchead/assets/mtbench/
 rm -rf acchead/pair_files && cp -r .xfer/pair_files acchead/pair_files
 S=$(date +%s)
-timeout ${CT:-150} python3 -m acchead.inference.bench.gpu_check --pairs smollm2 --head .xfer/head.safetensors --no-tests \
+timeout ${CT:-150} python3 -m acchead.inference.bench.gpu_check --pairs smollm2 --no-tests \
   --speed-first --exact-dtypes float32 --k-grid 2,3 --h-grid 0.5,0.7 --budget-s ${CB:-90} --path fast --backend ${B:-cudagraphs} \
   --out $OUT/gpu-check-smollm2.md 2>&1 | grep -v "it/s\]" | tee $OUT/c3-check.log
 echo "check took $(( $(date +%s) - S )) s"; S=$(date +%s)
