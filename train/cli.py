@@ -64,8 +64,8 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--inputs",
                    help="a lookahead head's inputs joined by +, from state, logq, entropy, token, topk, "
                         "depth (the candidate's place in its round: needs data from gen-data "
-                        "--feature-chain N > 1 and cached states) (default: state+token for a lookahead "
-                        "head, state for a candidate head)")
+                        "--feature-chain N > 1 and cached states); any non-empty set, the state too is "
+                        "optional (default: state+token for a lookahead head, state for a candidate head)")
     p.add_argument("--default-h", type=float,
                    help="stop threshold h recorded in the head, used by `specdecpp` without h= "
                         "(default 0.8, measured best for the shipped heads)")
