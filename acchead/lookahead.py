@@ -21,9 +21,10 @@ see the candidate, through inputs that cost no forward:
               guesses of the target's states and pass less often (`acchead.feature_chain`); trained on
               gen-data `--feature-chain N` labels, where position j is the depth-(j mod N) candidate
 
-A lookahead head reads any non-empty subset; the state is optional. On the real pair's 7,093 labelled
-positions a head of the draft's statistics alone (`logq+entropy+topk`) ranks its misses better than one that
-also reads the 576-wide state, which it overfits (docs/real-pair.md, "What the head reads").
+A lookahead head reads any non-empty subset; the state is optional. On the real pair's 7,093 greedy labels a
+head of the draft's statistics alone (`logq+entropy+topk`) ranks its misses better than one that also reads
+the 576-wide state, which it overfits; on T = 1 labels the state helps (docs/real-pair.md, "What the head
+reads").
 
 q_k here is the distribution S(q) the candidate was drawn from; under greedy decoding S(q) is one-hot,
 so `logq`, `entropy` and `topk` read softmax(logits) instead (the draft's real confidence, as the
