@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import torch
-from torchmetrics.functional.classification import binary_auroc
+from probe_fit import fit_auroc
 
 from acchead.train.data import load_gen_data, split_by_prompt
 from acchead.train.datamodule import CachedPositions
@@ -41,34 +41,15 @@ def history(lag: int, alpha: float) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def fit_auroc(x: torch.Tensor, train: torch.Tensor, val: torch.Tensor) -> float:
-    mu, sd = x[train].mean(0), x[train].std(0) + 1e-6
-    x = (x - mu) / sd
-    w = torch.zeros(x.shape[1], requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], max_iter=200)
-
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(x[train] @ w + b, y[train])
-        loss = loss + 1e-3 * (w * w).sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    with torch.no_grad():
-        return float(binary_auroc(x[val] @ w + b, y[val].long()))
-
-
 hist = {(lag, a): history(lag, a) for lag in (1, 2, 3) for a in (0.1, 0.3, 0.6)}
 rows_prompt = d.prompt_index
 for seed in range(4):
     val_rows = split_by_prompt(rows_prompt, 0.1, seed)
     val = torch.from_numpy(val_rows[d.row])
     train = ~val
-    line = [f"seed {seed}: stats {fit_auroc(stats, train, val):.3f}"]
+    line = [f"seed {seed}: stats {fit_auroc(stats, y, train, val):.3f}"]
     for (lag, a), h in hist.items():
-        line.append(f"L{lag}a{a} {fit_auroc(torch.cat([stats, h], 1), train, val):.3f}")
+        line.append(f"L{lag}a{a} {fit_auroc(torch.cat([stats, h], 1), y, train, val):.3f}")
         if a == 0.3:
-            line.append(f"(hist only {fit_auroc(h, train, val):.3f})")
+            line.append(f"(hist only {fit_auroc(h, y, train, val):.3f})")
     print("  ".join(line), flush=True)

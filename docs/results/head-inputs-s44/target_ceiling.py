@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import torch
 from datasets import load_from_disk
+from probe_fit import fit_auroc
 from torchmetrics.functional.classification import binary_auroc
 from transformers import AutoModelForCausalLM
 
@@ -55,24 +56,6 @@ def lagged(lag: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def fit_auroc(x, train, val):
-    mu, sd = x[train].mean(0), x[train].std(0) + 1e-6
-    x = (x - mu) / sd
-    w = torch.zeros(x.shape[1], requires_grad=True)
-    b = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], max_iter=200)
-
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(x[train] @ w + b, y[train])
-        (loss + 1e-3 * (w * w).sum()).backward()
-        return loss
-
-    opt.step(closure)
-    with torch.no_grad():
-        return float(binary_auroc(x[val] @ w + b, y[val].long()))
-
-
 t0 = torch.from_numpy(tstats)
 sets = {
     "draft stats": stats,
@@ -85,7 +68,7 @@ res = {k: [] for k in sets}
 for seed in range(4):
     val = torch.from_numpy(split_by_prompt(d.prompt_index, 0.1, seed)[d.row])
     for k, x in sets.items():
-        res[k].append(fit_auroc(x, ~val, val))
+        res[k].append(fit_auroc(x, y, ~val, val))
 for k, v in res.items():
     print(f"{k:28s}", " / ".join(f"{a:.3f}" for a in v), f"mean {np.mean(v):.3f}")
 
