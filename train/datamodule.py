@@ -151,8 +151,11 @@ class CachedPositions(Dataset):
 
     def __getitem__(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
         idx = np.sort(idx)  # ascending cache rows: the memory map is read front to back
-        rows = self.data.feature_index[idx]
-        feats = torch.from_numpy(np.ascontiguousarray(self.data.features[rows]))
+        if "state" in self.inputs:
+            rows = self.data.feature_index[idx]
+            feats = torch.from_numpy(np.ascontiguousarray(self.data.features[rows]))  # (N, H) float16
+        else:  # the head reads only what `_stats` computed once: no state is read from the memory map
+            feats = torch.empty(len(idx), 0)
         if self.inputs != ("state",):
             token = torch.from_numpy(self.data.candidate[idx])
             stats = None if self.stats is None else self.stats[torch.from_numpy(idx)]
