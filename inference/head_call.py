@@ -122,7 +122,8 @@ class HeadCall:
 
     def input(self, step: DraftStep) -> torch.Tensor:
         """The head's input for a candidate: (input_size,), as `acchead.lookahead` lays it out (a
-        candidate head reads `step.hidden`, a lookahead head `step.state` and its extra inputs)."""
+        candidate head reads `step.hidden`, a lookahead head what it names of `step.state`, `step.logits` or
+        `step.q`, the token and its depth)."""
         return self._input(step, with_token=True)
 
     def _input(self, step: DraftStep, with_token: bool) -> torch.Tensor:
@@ -130,11 +131,12 @@ class HeadCall:
             if step.hidden is None:
                 raise AccheadError("specdecpp needs the drafter's hidden states; this drafter returns none")
             return step.hidden
-        if step.state is None:
-            raise AccheadError("a lookahead head needs the drafter's states; this drafter returns none")
         inputs = self.inputs
+        if "state" in inputs and step.state is None:
+            raise AccheadError("a head reading 'state' needs the drafter's states; this drafter returns none")
         if inputs == ("state",):
             return step.state
+        device = self._w_out.device  # the head's: a state-free head reads no state to take it from
         if "token" in inputs and self._out_emb is None:
             raise AccheadError("a lookahead head reading 'token' needs the draft's output embedding")
         parts = [step.state.float()] if "state" in inputs else []
@@ -145,7 +147,7 @@ class HeadCall:
                 source = source.index_select(-1, self._vocab[0])  # on the draft's device (`to`)
                 token = self._vocab[2][token] if isinstance(token, int) else rows(self._vocab[1], token)[0]
             logq = torch.log_softmax(source, -1) if step.logits is not None else source.log()
-            logq = logq.clamp_min_(-LOGQ_FLOOR).to(step.state.device)  # (V,) or (V_d,)
+            logq = logq.clamp_min_(-LOGQ_FLOOR).to(device)  # (V,) or (V_d,)
             if "logq" in inputs:  # a host int's entry is a view (no kernel); a tensor's is gathered
                 parts.append(logq[token : token + 1] if isinstance(token, int) else rows(logq, token))
             if "entropy" in inputs:
@@ -155,7 +157,7 @@ class HeadCall:
         if "topk" in inputs:
             parts.append(top_values(logq, TOPK_WIDTH))
         if "depth" in inputs:  # step.index is a host int (1-based): a row of a cached table, no kernel
-            parts.append(self._depth_rows[min(step.index, DEPTH_WIDTH) - 1].to(step.state.device))
+            parts.append(self._depth_rows[min(step.index, DEPTH_WIDTH) - 1])
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def logit(self, step: DraftStep) -> torch.Tensor:
