@@ -69,9 +69,11 @@ def test_every_command_takes_the_flag(capsys, tmp_path, monkeypatch):
     assert "run `acchead-assets`" in capsys.readouterr().err
     assert cli_decode.main(["--pair", "smollm2"]) == 2  # its shipped greedy head, then the missing target
     assert "run `acchead-assets`" in capsys.readouterr().err
-    assert cli_decode.main(["--pair", "smollm2", "--temperature", "1"]) == 2  # specdecpp, no head for T = 1
+    assert cli_decode.main(["--pair", "smollm2", "--temperature", "1"]) == 2  # its shipped T = 1 head
+    assert "run `acchead-assets`" in capsys.readouterr().err
+    assert cli_decode.main(["--pair", "smollm2", "--temperature", "0.7"]) == 2  # specdecpp, no head for S
     err = capsys.readouterr().err
-    assert "the smollm2 pair ships no acceptance head for temperature=1,top_k=0,top_p=1: pass --head" in err
+    assert "the smollm2 pair ships no acceptance head for temperature=0.7,top_k=0,top_p=1: pass --head" in err
 
 
 def test_the_smollm2_pair_ships_its_demo_head_for_greedy_decoding():
@@ -91,7 +93,22 @@ def test_the_smollm2_pair_ships_its_demo_head_for_greedy_decoding():
     assert meta.sampling_config == SamplingConfig(0.0) and meta.draft["name"] == SMOLLM2_DRAFT_DIR.name
     cfg = json.loads((SMOLLM2_DRAFT_DIR / "config.json").read_text())
     assert (meta.draft["hidden_size"], meta.draft["vocab_size"]) == (cfg["hidden_size"], cfg["vocab_size"])
-    assert default_heads("smollm2", SamplingConfig(1.0)) == []  # trained under greedy only
+    assert default_heads("smollm2", SamplingConfig(0.7)) == []  # no head trained under that S
+
+
+def test_the_smollm2_pair_ships_a_head_for_sampling_at_temperature_one():
+    """A head on gen-data's T = 1 labels (docs/real-pair.md, "A head for T = 1"): the default under T = 1,
+    8 wide so that it reads the draft's state within the repo's weight budget (the state ranks T = 1's
+    accepts better than the statistics alone, unlike greedy's)."""
+    from acchead.head_io import load_head
+    from acchead.pairs import SMOLLM2_DRAFT_DIR, SMOLLM2_HEADS_DIR
+
+    (path,) = default_heads("smollm2", SamplingConfig(1.0))
+    assert path == SMOLLM2_HEADS_DIR / "t1-lookahead" / "head.safetensors"
+    _, meta = load_head(path)
+    assert (meta.kind, tuple(meta.inputs)) == ("lookahead", ("state", "logq", "entropy", "topk"))
+    assert (meta.width, meta.depth, meta.w_rej) == (8, 3, 6.0)
+    assert meta.sampling_config == SamplingConfig(1.0) and meta.draft["name"] == SMOLLM2_DRAFT_DIR.name
 
 
 def test_the_shipped_smollm2_draft_fits_the_repos_weight_budget():

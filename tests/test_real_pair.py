@@ -81,9 +81,9 @@ def test_greedy_equals_the_targets_greedy(real_pair, spec):
 
 
 def test_the_shipped_head_is_for_the_shipped_draft(real_pair):
-    """The real pair's shipped greedy head loads against the shipped draft (its fingerprint reads the
-    target's embedding, hence here) and `acchead-decode --pair smollm2`'s default SpecDec++ decodes with it
-    the target's own greedy text."""
+    """The real pair's shipped heads load against the shipped draft (its fingerprint reads the target's
+    embedding, hence here): `acchead-decode --pair smollm2`'s default SpecDec++ decodes with the greedy one
+    the target's own greedy text, and with the T = 1 one samples."""
     from acchead.head_io import load_head
     from acchead.pairs import SMOLLM2_DRAFT_DIR, default_heads
 
@@ -97,3 +97,10 @@ def test_the_shipped_head_is_for_the_shipped_draft(real_pair):
     ref = target.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=tok.eos_token_id)
     res = dec.generate(prompt, max_new_tokens=32, temperature=0)
     assert res.new_ids.tolist() == ref[0, prompt.shape[1] :].tolist() and dec.policy_run.head_calls > 0
+    # the T = 1 head too: recorded for this draft, and it reads the draft's state as it decodes
+    (path,) = default_heads("smollm2", SamplingConfig(1.0))
+    head, meta = load_head(path, draft=draft)
+    assert "state" in meta.inputs
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5", head=head, fast=False)
+    res = dec.generate(prompt, max_new_tokens=32, temperature=1.0, seed=0)
+    assert len(res.new_ids) > 0 and dec.policy_run.head_calls > 0
