@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --batch-size B: B different prompts, the first of a set (humaneval, mtbench, ...) or a "
         ".jsonl file, cycled if fewer",
     )  # fmt: skip
+    p.add_argument(
+        "--chat", action="store_true", help="the prompt is a user's turn: put it through the target "
+        "tokenizer's chat template (an instruct model, the smollm2 pair's target among them, then answers "
+        "it; --prompts .jsonl lines say {\"chat\": true} themselves); default: plain text",
+    )  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=128, help="generate at most this many tokens")
     p.add_argument(
         "--truncate-prompt",
@@ -218,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     texts = None
     if args.prompts is not None:  # checked before any model loads
+        if args.chat:
+            raise AccheadError("--chat applies to --prompt / --prompt-file: a set's chat prompts and "
+                               "{\"chat\": true} lines of a --prompts file go through the template already")
         if args.batch_size is None:
             raise AccheadError("--prompts decodes a batch of different prompts: add --batch-size B")
         from acchead.prompt_sources import load_prompts
@@ -260,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from acchead.inference.decoder_factory import build_decoder
     from acchead.models import check_tokenizers_match, load_causal_lm, load_tokenizer
+    from acchead.prompting import encode_prompt
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -279,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.truncate_prompt)  # fmt: skip
         rows = [enc[b % len(enc)][0] for b in range(args.batch_size)]
         return _decode_batch(args, target, draft, spec, tok, rows)
-    ids = tok(prompt, return_tensors="pt").input_ids[0]
+    ids = torch.tensor(encode_prompt(tok, prompt, chat=args.chat), dtype=torch.long)
     if ids.numel() == 0:
         raise AccheadError("the prompt encodes to no tokens")
     ids, truncated_from = _fit_prompt(ids, args.max_new_tokens, [target, draft], args.truncate_prompt)

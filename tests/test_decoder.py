@@ -214,6 +214,29 @@ def test_cli_streams_and_prints_stats(tiny_pair_dirs, capsys):
     assert stats["tokens"] == 12 and stats["sampling"]["temperature"] == 0.8
 
 
+def test_cli_chat_puts_the_prompt_through_the_chat_template(tiny_pair_dirs, tmp_path, capsys):
+    """`--chat`: the prompt as a user's turn of the target tokenizer's template; one line without one, and
+    with --prompts (whose lines and sets say which prompts are chat)."""
+    import shutil
+
+    from acchead.models import load_tokenizer
+    from acchead.prompting import encode_prompt
+
+    assert _cli(tiny_pair_dirs, "--chat", "--policy", "specdec:k=2") == 2
+    assert "has no chat template" in capsys.readouterr().err
+    assert decode_main(["--target", str(tiny_pair_dirs[0]), "--draft", str(tiny_pair_dirs[1]), "--chat",
+                        "--prompts", "humaneval", "--batch-size", "2"]) == 2  # fmt: skip
+    assert "--chat applies to --prompt / --prompt-file" in capsys.readouterr().err
+    target = shutil.copytree(tiny_pair_dirs[0], tmp_path / "target")
+    tok = load_tokenizer(target)
+    tok.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
+    tok.save_pretrained(target)
+    assert _cli((target, tiny_pair_dirs[1]), "--chat", "--policy", "specdec:k=2", "--json") == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    chat_ids = encode_prompt(load_tokenizer(target), "def f(x):", chat=True)
+    assert stats["prompt_tokens"] == len(chat_ids) > len(tok("def f(x):").input_ids) and stats["tokens"] == 12
+
+
 def test_cli_specdecpp_with_head_file(tiny_pair_dirs, tmp_path, capsys):
     from acchead.models import load_causal_lm
 
