@@ -3,9 +3,11 @@ bfloat16 (the repo keeps the pair's weights bf16, issue 31), its metadata and me
 name in `defaults.json` under S (the other entries kept).
 
     python docs/results/smollm2-t1-head-s45/ship_head.py runs/s45/t1/sweep/NAME t1-lookahead
+    python docs/results/smollm2-t1-head-s45/ship_head.py runs/s44/demo-smollm2/head greedy-lookahead
 
 Prints the validation AUROC of the float32 head and of the rounded one on the same positions (as training
-computes it: against the realised accept events, a Bernoulli draw of each soft label).
+computes it: against the realised accept events, a Bernoulli draw of each soft label; under greedy S the
+labels are 0 or 1 and the events are the labels).
 """
 
 from __future__ import annotations
