@@ -92,9 +92,13 @@ def _own_frame(fn: Callable) -> Callable:
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def compile_units(fn: Callable, path: DevicePath) -> Callable[..., Any]:
+def compile_units(
+    fn: Callable, path: DevicePath, regions: Callable[[], contextlib.AbstractContextManager] | None = None
+) -> Callable[..., Any]:
     """`fn` compiled for `path` (`fullgraph`, static shapes), called as `call(key, *args)`: `key` names
     everything the graph of these arguments is specialised on (shapes, constants, the cache's size).
+    `regions`: a context that marks the model's repeated layers while a unit compiles (regional
+    compilation, `acchead.inference.compile_regions.regions_for`), on the CPU only (not yet run on a GPU).
 
     The first call with a key compiles, with dynamo's recompile limits raised around that call only (the
     process's own settings are left as they are) and, on the CPU, Inductor's weight freezing and C++
@@ -130,13 +134,17 @@ def compile_units(fn: Callable, path: DevicePath) -> Callable[..., Any]:
         # Inductor's on-disk cache and each process compiled it again; without it a later process
         # loads the graph (AR's warm-up in a second process: 11 s instead of 38 s, demo pair) at equal
         # speed (toy and real targets, interleaved A/B; docs/speed.md, sixteenth session).
+        # A regional unit goes without the C++ wrapper, which cannot call a subgraph (torch 2.13: "codegen
+        # invoke_subgraph is not implemented for cpp wrapper"); its step time: docs/speed.md.
         inductor = functools.partial(
-            inductor_config.patch, {"freezing": True, "cpp_wrapper": True, "cpp.weight_prepack": False}
+            inductor_config.patch,
+            {"freezing": True, "cpp_wrapper": regions is None, "cpp.weight_prepack": False},
         )
+        marks = regions or contextlib.nullcontext
 
         @contextlib.contextmanager
         def compiling():
-            with limits(), inductor():
+            with limits(), inductor(), marks():
                 yield
 
     seen: set[Hashable] = set()

@@ -42,6 +42,7 @@ from transformers import PreTrainedModel
 from acchead.errors import AccheadError
 from acchead.feature_chain import install_output_hooks
 from acchead.feature_draft import is_feature_draft
+from acchead.inference.compile_regions import regions_for
 from acchead.inference.compiled_units import arg_key, compile_units
 from acchead.inference.device_path import DevicePath
 from acchead.inference.ragged_cache import Post
@@ -293,7 +294,7 @@ class StaticRaggedCache:
                                       if not isinstance(c, torch.Tensor)))  # fmt: skip
             call = self._calls.get(unit)
             if call is None:
-                call = self._calls[unit] = compile_units(ragged_forward, self.path)
+                call = self._calls[unit] = compile_units(ragged_forward, self.path, regions_for(self.model))
             out = call(key, *args)
             if self.path.copy_outputs:
                 out = copy_out(out)
