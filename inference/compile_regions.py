@@ -21,9 +21,10 @@ cold, at a step time 0.94-0.98x the whole graph's (medians); the demo target's 2
 instead of 52-59 s, but each step 1.14-1.21x slower. So by default (`regional=None`) only layers of at
 least `MIN_REGION_LAYER_PARAMS` parameters (about their multiply-adds per token) are marked.
 
-Where it is never used: models with one layer (a draft; nothing is reused), layers whose `forward` the
-instance already overrides (hooks such as accelerate's device maps, which the mark would bypass), and the
-device path, where it has not run on a GPU yet.
+Where it is never used: torch releases without `nested_compile_region` (older ones), models with one
+layer (a draft; nothing is reused), layers whose `forward` the instance already overrides (hooks such as
+accelerate's device maps, which the mark would bypass), and the device path, where it has not run on a
+GPU yet.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ from torch import nn
 # By default a layer is compiled as a region from this many parameters up: between the demo target's 0.32M
 # (its regional steps ran 1.14-1.21x slower) and SmolLM2's 3.5M (0.94-0.98x), measured (module docstring).
 MIN_REGION_LAYER_PARAMS = 1 << 20
+
+# None in torch releases without it (every unit then compiles as one graph).
+_NESTED = getattr(torch.compiler, "nested_compile_region", None)
 
 
 def decoder_layers(model: nn.Module, min_params: int = MIN_REGION_LAYER_PARAMS) -> list[nn.Module] | None:
@@ -64,7 +68,7 @@ def _region(cls: type[nn.Module]) -> Callable:
     def layer_forward(self, *args, **kwargs):
         return forward(self, *args, **kwargs)
 
-    return torch.compiler.nested_compile_region(layer_forward)
+    return _NESTED(layer_forward)
 
 
 _REGIONS: dict[type, Callable] = {}
@@ -93,7 +97,7 @@ def regions_for(
     (`decoder_layers`), True marks layers of any size, False never. The factory holds the model weakly,
     as the runners do, and finds its layers when called: once the model is gone it marks nothing."""
     min_params = MIN_REGION_LAYER_PARAMS if regional is None else 0
-    if regional is False or decoder_layers(model, min_params) is None:
+    if regional is False or _NESTED is None or decoder_layers(model, min_params) is None:
         return None
     model_ref = weakref.ref(model)
 
