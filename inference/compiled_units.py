@@ -98,7 +98,7 @@ def compile_units(
     """`fn` compiled for `path` (`fullgraph`, static shapes), called as `call(key, *args)`: `key` names
     everything the graph of these arguments is specialised on (shapes, constants, the cache's size).
     `regions`: a context that marks the model's repeated layers while a unit compiles (regional
-    compilation, `acchead.inference.compile_regions.regions_for`), on the CPU only (not yet run on a GPU).
+    compilation, `acchead.inference.compile_regions.regions_for`), off the device path only.
 
     The first call with a key compiles, with dynamo's recompile limits raised around that call only (the
     process's own settings are left as they are) and, on the CPU, Inductor's weight freezing and C++
@@ -135,10 +135,13 @@ def compile_units(
         # loads the graph (AR's warm-up in a second process: 11 s instead of 38 s, demo pair) at equal
         # speed (toy and real targets, interleaved A/B; docs/speed.md, sixteenth session).
         # A regional unit goes without the C++ wrapper, which cannot call a subgraph (torch 2.13: "codegen
-        # invoke_subgraph is not implemented for cpp wrapper"); its step time: docs/speed.md.
+        # invoke_subgraph is not implemented for cpp wrapper"), and without the Python wrapper's checks of
+        # every subgraph input's size and alignment, a cost per layer per step (the units' inputs are
+        # static, named by their key); its step time: docs/speed.md.
         inductor = functools.partial(
             inductor_config.patch,
-            {"freezing": True, "cpp_wrapper": regions is None, "cpp.weight_prepack": False},
+            {"freezing": True, "cpp_wrapper": regions is None, "cpp.weight_prepack": False,
+             **({} if regions is None else {"size_asserts": False, "alignment_asserts": False})},
         )
         marks = regions or contextlib.nullcontext
 

@@ -45,16 +45,23 @@ class DevicePath:
             24-86 s compiling each decoder (docs/speed.md). "cudagraphs": torch's `cudagraphs` backend,
             the traced graph's own (unfused) kernels captured as CUDA graphs, with no Inductor code
             generation: a short warm-up for slower kernels (on the CPU the graph runs uncaptured, eagerly).
+        regional: off the device path, compile a model's repeated decoder layers once per unit rather than
+            once per layer (`acchead.inference.compile_regions`): None where the layers are wide enough
+            to run about as fast (the real target's, not the demo target's), True for any model, False
+            never. Not on the device path, where it has not run on a GPU yet.
     """
 
     on: bool
     backend: str = "inductor"
+    regional: bool | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown compile backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
         if self.backend != "inductor" and not self.on:
             raise ValueError(f"the {self.backend!r} backend is a device-path choice: pass on=True")
+        if self.regional and self.on:
+            raise ValueError("regional compilation is a CPU-path choice (untried on a GPU): pass on=False")
 
     @classmethod
     def resolve(cls, device: torch.device, device_path: bool | DevicePath | None) -> DevicePath:

@@ -294,7 +294,9 @@ class StaticRaggedCache:
                                       if not isinstance(c, torch.Tensor)))  # fmt: skip
             call = self._calls.get(unit)
             if call is None:
-                call = self._calls[unit] = compile_units(ragged_forward, self.path, regions_for(self.model))
+                call = self._calls[unit] = compile_units(
+                    ragged_forward, self.path, regions_for(self.model, self.path.regional)
+                )
             out = call(key, *args)
             if self.path.copy_outputs:
                 out = copy_out(out)

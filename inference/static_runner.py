@@ -128,9 +128,6 @@ class StaticRunner:
         device_path: compile the units as the CUDA default does (`acchead.inference.device_path`: graph
             replay, weights not frozen, outputs copied out); None: on CUDA only; a `DevicePath` also
             picks its compile backend.
-        regional: compile the model's repeated decoder layers once per unit rather than once per layer
-            (`acchead.inference.compile_regions`; CPU only): None where its layers are wide enough to run
-            as fast, True always, False never (every unit one graph).
     """
 
     def __init__(
@@ -139,10 +136,8 @@ class StaticRunner:
         capacity: int = 256,
         compile: bool = True,
         device_path: bool | DevicePath | None = None,
-        regional: bool | None = None,
     ) -> None:
         self._model = weakref.ref(model)
-        self.regional = regional
         self.device: torch.device = model.device
         self.path = DevicePath.resolve(self.device, device_path)
         self.compile = compile
@@ -217,7 +212,7 @@ class StaticRunner:
     def _make_compiled(self) -> Callable:
         """`step_forward` compiled for this runner's device, as a function of the same arguments (one graph
         per token count, outputs and capacity: `compile_units`)."""
-        call = compile_units(step_forward, self.path, regions_for(self.model, self.regional))
+        call = compile_units(step_forward, self.path, regions_for(self.model, self.path.regional))
 
         def run(model, cache, ids, keep, want_hidden, post, *post_args, features=None):
             # Everything a graph was specialised on: a key seen before may skip the guards.

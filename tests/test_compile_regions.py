@@ -12,6 +12,7 @@ from acchead.inference import compile_regions
 from acchead.inference.batched import BatchedDecoder
 from acchead.inference.compile_regions import decoder_layers, marked_regions, regions_for
 from acchead.inference.decoder import SpeculativeDecoder
+from acchead.inference.device_path import DevicePath
 from acchead.inference.static_runner import StaticRunner
 
 
@@ -35,6 +36,14 @@ def test_layers_are_marked_by_size_and_only_where_the_mark_cannot_bypass_anythin
     hooked = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
     hooked.model.layers[1].forward = hooked.model.layers[1].forward  # an instance's own forward
     assert decoder_layers(hooked, min_params=0) is None
+
+
+def test_regional_compilation_is_a_choice_of_the_cpu_path():
+    """`DevicePath.regional`: None (by size) and False anywhere; True off the device path only."""
+    assert DevicePath(False).regional is None and DevicePath(False, regional=True).regional
+    assert DevicePath(True, regional=False).on
+    with pytest.raises(ValueError, match="CPU-path choice"):
+        DevicePath(True, regional=True)
 
 
 def test_the_marks_last_only_while_the_block_runs():
@@ -62,7 +71,7 @@ def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width():
     from torch._inductor.utils import run_and_get_code
 
     target = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=1)
-    runner = StaticRunner(target, capacity=128, regional=True)
+    runner = StaticRunner(target, capacity=128, device_path=DevicePath(False, regional=True))
     eager = StaticRunner(target, capacity=128, compile=False)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(1, 300, (9,), generator=g)
