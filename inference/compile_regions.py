@@ -2,7 +2,7 @@
 
 A fast-path unit (`acchead.inference.static_runner.step_forward`) is one graph over the whole model, and
 Inductor compiles every decoder layer in it as new code: on a 2-core CPU a 30-layer target's unit took
-~80 s from an empty Inductor cache and ~25 s from a warm one, once per token count a decoder verifies
+80-114 s from an empty Inductor cache and 19-25 s from a warm one, once per token count it verifies
 (docs/speed.md). The layers are the same code with other weights and other cache tensors, so
 `torch.compiler.nested_compile_region` can stand for each of them: dynamo traces the layer as a subgraph
 (`invoke_subgraph`) whose weights and cache tensors are its inputs, and Inductor compiles that subgraph
@@ -15,11 +15,12 @@ code, pickling). A graph traced with the marks computes what the unmarked model 
 (`acchead.inference.compiled_units`), and a call that must compile again marks the layers again first.
 
 What it costs: Inductor's C++ wrapper cannot call a subgraph, so a regional unit runs its kernels from
-Python, a fixed cost per kernel that a narrow layer does not hide. Measured on a 2-core CPU, 1 thread
-(docs/speed.md): SmolLM2's 30 layers of 3.5M parameters compiled a unit in 22-23 s instead of 91-95 s
-cold, at a step time 0.94-0.98x the whole graph's (medians); the demo target's 21 layers of 0.32M in 16 s
-instead of 52-59 s, but each step 1.14-1.21x slower. So by default (`regional=None`) only layers of at
-least `MIN_REGION_LAYER_PARAMS` parameters (about their multiply-adds per token) are marked.
+Python, 40-50 µs more per layer and step, which a narrow layer does not hide. Measured on a 2-core CPU, 1
+thread (docs/speed.md): SmolLM2's 30 layers of 3.5M parameters compiled a unit in 19-23 s instead of 80-114
+s cold, at a step time 0.92-1.11x the whole graph's (geometric mean 1.008x); the demo target's 21 layers of
+0.32M in 14-19 s instead of 50-70 s, but each step 1.09-1.15x slower. So by default (`regional=None` of
+`DevicePath`) only layers of at least `MIN_REGION_LAYER_PARAMS` parameters (about their multiply-adds per
+token) are marked.
 
 Where it is never used: torch releases without `nested_compile_region` (older ones), models with one
 layer (a draft; nothing is reused), layers whose `forward` the instance already overrides (hooks such as
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 # By default a layer is compiled as a region from this many parameters up: between the demo target's 0.32M
-# (its regional steps ran 1.14-1.21x slower) and SmolLM2's 3.5M (0.94-0.98x), measured (module docstring).
+# (its regional steps ran 1.09-1.15x slower) and SmolLM2's 3.5M (level), measured (module docstring).
 MIN_REGION_LAYER_PARAMS = 1 << 20
 
 # None in torch releases without it (every unit then compiles as one graph).
