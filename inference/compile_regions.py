@@ -31,6 +31,7 @@ GPU yet.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -62,6 +63,7 @@ def decoder_layers(model: nn.Module, min_params: int = MIN_REGION_LAYER_PARAMS) 
     return list(layers)
 
 
+@functools.cache
 def _region(cls: type[nn.Module]) -> Callable:
     """One marked function for every layer of class `cls` (dynamo reuses a region by its function)."""
     forward = cls.forward
@@ -72,15 +74,11 @@ def _region(cls: type[nn.Module]) -> Callable:
     return _NESTED(layer_forward)
 
 
-_REGIONS: dict[type, Callable] = {}
-
-
 @contextlib.contextmanager
 def marked_regions(layers: list[nn.Module]) -> Iterator[None]:
     """Each of `layers` (one class; `decoder_layers`) runs as a compile region while the block runs; its
     `forward` is the class's again afterwards, whatever the block raised."""
-    cls = type(layers[0])
-    region = _REGIONS.get(cls) or _REGIONS.setdefault(cls, _region(cls))
+    region = _region(type(layers[0]))
     for layer in layers:
         layer.forward = types.MethodType(region, layer)
     try:
