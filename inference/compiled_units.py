@@ -102,10 +102,10 @@ def compile_units(
 
     The first call with a key compiles, with dynamo's recompile limits raised around that call only (the
     process's own settings are left as they are) and, on the CPU, Inductor's weight freezing and C++
-    wrapper. Later calls with a seen key skip dynamo's guard evaluation (0.5 ms of a 5.9 ms target step on
-    the CPU, measured): the guards that tell the graphs apart (input shapes, the constants, the cache's
-    size) are still checked, the others (the model's parameters) cannot change between calls
-    (`skip_guard_eval_unsafe`; torch >= 2.7, else every guard runs).
+    wrapper (a regional unit neither: see below). Later calls with a seen key skip dynamo's guard
+    evaluation (0.5 ms of a 5.9 ms target step on the CPU, measured): the guards that tell the graphs apart
+    (input shapes, the constants, the cache's size) are still checked, the others (the model's parameters)
+    cannot change between calls (`skip_guard_eval_unsafe`; torch >= 2.7, else every guard runs).
     """
     import torch._dynamo
     import torch._inductor.config as inductor_config
@@ -135,12 +135,14 @@ def compile_units(
         # loads the graph (AR's warm-up in a second process: 11 s instead of 38 s, demo pair) at equal
         # speed (toy and real targets, interleaved A/B; docs/speed.md, sixteenth session).
         # A regional unit goes without the C++ wrapper, which cannot call a subgraph (torch 2.13: "codegen
-        # invoke_subgraph is not implemented for cpp wrapper"), and without the Python wrapper's checks of
+        # invoke_subgraph is not implemented for cpp wrapper"), without the Python wrapper's checks of
         # every subgraph input's size and alignment, a cost per layer per step (the units' inputs are
-        # static, named by their key); its step time: docs/speed.md.
+        # static, named by their key), and without freezing, whose constant weights keep dynamo from
+        # reusing one traced layer for the others (acchead.inference.compile_regions); its step time:
+        # docs/speed.md.
         inductor = functools.partial(
             inductor_config.patch,
-            {"freezing": True, "cpp_wrapper": regions is None, "cpp.weight_prepack": False,
+            {"freezing": regions is None, "cpp_wrapper": regions is None, "cpp.weight_prepack": False,
              **({} if regions is None else {"size_asserts": False, "alignment_asserts": False})},
         )
         marks = regions or contextlib.nullcontext

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 from torch._dynamo.utils import counters
+from transformers.cache_utils import StaticLayer
 
 from acchead.inference import compile_regions
 from acchead.inference.batched import BatchedDecoder
@@ -36,6 +37,44 @@ def test_layers_are_marked_by_size_and_only_where_the_mark_cannot_bypass_anythin
     hooked = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
     hooked.model.layers[1].forward = hooked.model.layers[1].forward  # an instance's own forward
     assert decoder_layers(hooked, min_params=0) is None
+    shared = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
+    shared.model.layers[1].self_attn.layer_idx = 0  # reads another layer's cache
+    assert decoder_layers(shared, min_params=0) is None
+
+
+def test_a_layer_slot_updates_the_cache_tensors_as_their_static_layer_does():
+    """`_LayerSlot` over a `StaticLayer`'s own tensors, called as the attention calls its cache (with a layer
+    index), writes what the layer's `update` writes, in place, and moves the same write position."""
+    g = torch.Generator().manual_seed(0)
+    first, more = (torch.randn(1, 2, n, 4, generator=g) for n in (3, 2))
+    layers = [StaticLayer(max_cache_len=8), StaticLayer(max_cache_len=8)]
+    for layer in layers:
+        layer.update(first, first + 1)
+    keys, values = layers[0].update(more, more + 1)
+    slot = compile_regions._LayerSlot(layers[1].keys, layers[1].values, layers[1].cumulative_length)
+    got_keys, got_values = slot.update(more, more + 1, 7)
+    assert got_keys is layers[1].keys and got_values is layers[1].values
+    torch.testing.assert_close(got_keys, keys, rtol=0, atol=0)
+    torch.testing.assert_close(got_values, values, rtol=0, atol=0)
+    assert int(layers[1].cumulative_length) == int(layers[0].cumulative_length) == 5
+
+
+def test_only_attention_nobody_kernelized_runs_without_the_kernels_wrapper():
+    """Where transformers' attention sits under the `kernels` package's `use_kernelized_func` wrapper (a side
+    effect per call that keeps dynamo from reusing a traced layer), a marked layer's attention runs the
+    forward under it while the block runs; not once a kernel function of it is replaced (kernelized)."""
+    model = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
+    attn = model.model.layers[0].self_attn
+    inner = compile_regions._unwrapped_forward(attn)
+    if inner is None:
+        pytest.skip("transformers' Llama attention has no kernels wrapper here")
+    assert inner is type(attn).forward.__wrapped__
+    with marked_regions(list(model.model.layers)):
+        assert attn.forward.__func__ is inner
+    assert "forward" not in vars(attn)
+    kernel_func = next(iter(vars(attn)["_kernel_funcs"].values()))
+    kernel_func.forward = kernel_func.forward  # what `kernels.kernelize` does: an instance's own forward
+    assert compile_regions._unwrapped_forward(attn) is None
 
 
 def test_regional_compilation_is_a_choice_of_the_cpu_path():
@@ -63,12 +102,17 @@ def test_the_marks_last_only_while_the_block_runs():
 
 
 @torch.inference_mode()
-def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width():
+def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width(monkeypatch):
     """A target compiled with its layers as regions (forced: the tiny model is below the default size):
-    each width compiles one graph whose Inductor code calls the layer's subgraph, its logits equal the
-    eager static cache's within float32 rounding, a second call compiles nothing, and the model is left
-    unmarked between compiles."""
+    each width compiles one graph whose Inductor code calls the layer's subgraph, which dynamo traced once
+    and reused for the other two layers, its logits equal the eager static cache's within float32 rounding,
+    a second call compiles nothing, and the model is left unmarked between compiles."""
+    from torch._dynamo.variables import invoke_subgraph
     from torch._inductor.utils import run_and_get_code
+
+    stamped = []  # a layer dynamo did not trace: it stamped out a traced one's subgraph
+    stamp_out = invoke_subgraph.stamp_out_subgraph
+    monkeypatch.setattr(invoke_subgraph, "stamp_out_subgraph", lambda *a: stamped.append(1) or stamp_out(*a))
 
     target = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=1)
     runner = StaticRunner(target, capacity=128, device_path=DevicePath(False, regional=True))
@@ -80,8 +124,10 @@ def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width():
         r.feed(prompt)
     for width in (1, 3):
         tokens = torch.randint(1, 300, (width,), generator=g)
+        stamped.clear()
         (logits, _), code = run_and_get_code(runner.feed, tokens, keep=width)
         assert any("subgraph" in c for c in code), "the unit's code calls no subgraph"
+        assert len(stamped) == 2, "dynamo traced every layer anew"
         torch.testing.assert_close(logits, eager.feed(tokens, keep=width)[0], rtol=1e-5, atol=1e-5)
         assert _marked(target) == [False] * 3
         graphs = counters["stats"]["unique_graphs"]
