@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 from torch._dynamo.utils import counters
+from transformers import DynamicCache
 from transformers.cache_utils import StaticLayer
 
 from acchead.inference import compile_regions
@@ -57,6 +58,8 @@ def test_a_layer_slot_updates_the_cache_tensors_as_their_static_layer_does():
     torch.testing.assert_close(got_keys, keys, rtol=0, atol=0)
     torch.testing.assert_close(got_values, values, rtol=0, atol=0)
     assert int(layers[1].cumulative_length) == int(layers[0].cumulative_length) == 5
+    # only a full-attention static layer has a slot
+    assert compile_regions._slot_of(DynamicCache(), 0) is None and compile_regions._slot_of(None, 0) is None
 
 
 def test_only_attention_nobody_kernelized_runs_without_the_kernels_wrapper():
@@ -101,11 +104,13 @@ def test_the_marks_last_only_while_the_block_runs():
     assert _marked(model) == [False, False]
 
 
+@pytest.mark.parametrize("slots", [True, False], ids=["cache-slots", "no-slots"])
 @torch.inference_mode()
-def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width(monkeypatch):
+def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width(monkeypatch, slots):
     """A target compiled with its layers as regions (forced: the tiny model is below the default size):
     each width compiles one graph whose Inductor code calls the layer's subgraph, which dynamo traced once
-    and reused for the other two layers, its logits equal the eager static cache's within float32 rounding,
+    and reused for the other two layers (without cache slots, as for a cache that is no full-attention
+    `StaticLayer`, it may trace each), its logits equal the eager static cache's within float32 rounding,
     a second call compiles nothing, and the model is left unmarked between compiles."""
     from torch._dynamo.variables import invoke_subgraph
     from torch._inductor.utils import run_and_get_code
@@ -113,6 +118,8 @@ def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width(monk
     stamped = []  # a layer dynamo did not trace: it stamped out a traced one's subgraph
     stamp_out = invoke_subgraph.stamp_out_subgraph
     monkeypatch.setattr(invoke_subgraph, "stamp_out_subgraph", lambda *a: stamped.append(1) or stamp_out(*a))
+    if not slots:
+        monkeypatch.setattr(compile_regions, "_slot_of", lambda cache, index: None)
 
     target = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=1)
     runner = StaticRunner(target, capacity=128, device_path=DevicePath(False, regional=True))
@@ -127,7 +134,7 @@ def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width(monk
         stamped.clear()
         (logits, _), code = run_and_get_code(runner.feed, tokens, keep=width)
         assert any("subgraph" in c for c in code), "the unit's code calls no subgraph"
-        assert len(stamped) == 2, "dynamo traced every layer anew"
+        assert len(stamped) == 2 or not slots, "dynamo traced every layer anew"
         torch.testing.assert_close(logits, eager.feed(tokens, keep=width)[0], rtol=1e-5, atol=1e-5)
         assert _marked(target) == [False] * 3
         graphs = counters["stats"]["unique_graphs"]
