@@ -7,8 +7,9 @@ the decoder's work on its output, `feed(..., post=...)`; `acchead.inference.unit
 with `torch.compile` (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph
 (`mode="reduce-overhead"`), on the CPU as Inductor's fused C++ kernels with the weights frozen into the
 graph (kept in Inductor's on-disk cache, so a later process loads it rather than compiling it again;
-docs/speed.md); a wide model's decoder layers compile as regions there, one layer's code for all of them
-(`acchead.inference.compile_regions`). The prompt (a new length every call) runs eager on the same cache.
+docs/speed.md); a wide model's decoder layers compile as regions there, one layer traced and compiled for
+all of them, its weights not frozen (`acchead.inference.compile_regions`). The prompt (a new length
+every call) runs eager on the same cache.
 
 Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
 graph has fixed shapes. The decoders use few counts (1 and 2 for a draft; 1..cap + 1 for the target), so

@@ -50,40 +50,41 @@ runners["s47"] = StaticRunner(b_model, capacity=512, device_path=DevicePath(Fals
 eager = StaticRunner(e_model, capacity=512, compile=False)
 prompt = torch.randint(0, 4000, (30,))
 times = {(n, w): [] for n in runners for w in widths}
+
+
+def timed_feed(runner: StaticRunner, width: int) -> tuple[torch.Tensor, float]:
+    """One unit of `width` random tokens after the prompt, rolled back: its logits and seconds."""
+    start = time.perf_counter()
+    logits = runner.feed(torch.randint(0, 4000, (width,)), keep=width)[0]
+    seconds = time.perf_counter() - start
+    runner.rollback(len(prompt))
+    return logits, seconds
+
+
 with torch.inference_mode():
     for name, r in [*runners.items(), ("eager", eager)]:
         r.reset(512)
         r.feed(prompt)
         for w in widths:
-            x = torch.randint(0, 4000, (w,))
-            t = time.perf_counter()
-            r.feed(x, keep=w)
+            seconds = timed_feed(r, w)[1]
             if name != "eager":
-                print(f"{name} compile width {w}: {time.perf_counter() - t:.1f} s", flush=True)
-            r.rollback(30)
+                print(f"{name} compile width {w}: {seconds:.1f} s", flush=True)
     for w in widths:
-        x = torch.randint(0, 4000, (w,))
-        ref = eager.feed(x, keep=w)[0]
-        eager.rollback(30)
+        state = torch.random.get_rng_state()
+        ref = timed_feed(eager, w)[0]
         for n, r in runners.items():
-            out = r.feed(x, keep=w)[0]
-            r.rollback(30)
+            torch.random.set_rng_state(state)  # the same tokens as the eager cache's
+            out = timed_feed(r, w)[0]
             print(f"width {w} {n}: max |logit - eager| {(out - ref).abs().max().item():.2e}, "
                   f"argmax equal {bool((out.argmax(-1) == ref.argmax(-1)).all())}")
-    for i in range(rounds):
-        order = list(runners.items()) if i % 2 == 0 else list(runners.items())[::-1]
+    for i in range(rounds):  # each round every width once per runner, the runners' order alternating
         for w in widths:
-            x = torch.randint(0, 4000, (w,))
-            for name, r in order:
-                t = time.perf_counter()
-                r.feed(x, keep=w)
-                times[(name, w)].append(time.perf_counter() - t)
-                r.rollback(30)
-ratios = []
-for w in widths:
-    med = {n: sorted(times[(n, w)])[len(times[(n, w)]) // 2] * 1000 for n in runners}
-    low = {n: min(times[(n, w)]) * 1000 for n in runners}
-    ratios.append(med["s47"] / med["s46"])
-    print(f"width {w}: median s46 {med['s46']:.2f} ms, s47 {med['s47']:.2f} ms (ratio {ratios[-1]:.3f}); "
-          f"fastest {low['s46']:.2f} / {low['s47']:.2f} ms")
+            for name in list(runners)[:: 1 if i % 2 == 0 else -1]:
+                times[(name, w)].append(timed_feed(runners[name], w)[1])
+medians = {k: sorted(v)[len(v) // 2] * 1000 for k, v in times.items()}
+ratios = [medians[("s47", w)] / medians[("s46", w)] for w in widths]
+for w, ratio in zip(widths, ratios, strict=True):
+    fastest = [min(times[(n, w)]) * 1000 for n in ("s46", "s47")]
+    print(f"width {w}: median s46 {medians[('s46', w)]:.2f} ms, s47 {medians[('s47', w)]:.2f} ms (ratio "
+          f"{ratio:.3f}); fastest {fastest[0]:.2f} / {fastest[1]:.2f} ms")
 print(f"geometric mean ratio s47/s46 {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
