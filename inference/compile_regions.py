@@ -27,10 +27,11 @@ What it costs: Inductor's C++ wrapper cannot call a subgraph, so a regional unit
 Python, 40-50 µs more per layer and step, which a narrow layer does not hide. Measured on a 2-core CPU, 1
 thread (docs/speed.md): SmolLM2's 30 layers of 3.5M parameters, each layer traced anew, compiled a unit in
 19-23 s instead of 80-114 s cold, at a step time 0.92-1.11x the whole graph's (geometric mean 1.008x);
-with one traced layer reused, 12-19 s cold and 6-7 s from a warm cache (13-15 s before); the demo
-target's 21 layers of 0.32M in 14-19 s instead of 50-70 s, but each step 1.09-1.15x slower. So by default
-(`regional=None` of `DevicePath`) only layers of at least `MIN_REGION_LAYER_PARAMS` parameters (about
-their multiply-adds per token) are marked.
+with one traced layer reused, 12-19 s cold and 6-7 s from a warm cache (13-15 s before), each step
+1.011-1.013x the frozen, per-layer-traced units' (two runs); the demo target's 21 layers of 0.32M in
+14-19 s instead of 50-70 s, but each step 1.09-1.15x slower. So by default (`regional=None` of
+`DevicePath`) only layers of at least `MIN_REGION_LAYER_PARAMS` parameters (about their multiply-adds per
+token) are marked.
 
 Where it is never used: torch releases without `nested_compile_region` (older ones), models with one
 layer (a draft; nothing is reused), layers whose `forward` the instance already overrides (hooks such as
