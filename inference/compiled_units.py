@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from acchead.inference.device_path import DevicePath
+from acchead.inference.unit_store import UnitStore
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,11 @@ def compile_units(
     # process: the full suite saw decodes compile after a complete warm-up (docs/speed.md, issue 32).
     # `symbolic` feeds mark their token count dynamic (`torch._dynamo.mark_dynamic`), which dynamic=False
     # still honours: one graph for the longer verifications, static shapes everywhere else.
-    compiled = torch.compile(_own_frame(fn), **path.compile_options, fullgraph=True, dynamic=False)
+    settings = {**path.compile_options, "fullgraph": True, "dynamic": False}
+    compiled = torch.compile(_own_frame(fn), **settings)
+    # A regional unit's weights are inputs, not constants: a later process may load it from the store.
+    store = UnitStore.default() if regions is not None and not path.on else None
+    stored: dict[Hashable, Callable] = {}  # key -> a unit the store loaded or captured
     dynamo = torch._dynamo.config
 
     def limits() -> contextlib.AbstractContextManager:
@@ -156,6 +161,9 @@ def compile_units(
 
     def call(key: Hashable, *args: Any, **kwargs: Any) -> Any:
         key = (key, global_state())
+        unit = stored.get(key)
+        if unit is not None:
+            return unit(*args, **kwargs)
         if key in seen:
             try:
                 with _SKIP_GUARDS() if _SKIP_GUARDS is not None else contextlib.nullcontext():
@@ -168,8 +176,13 @@ def compile_units(
                 log.debug("%s: unit %s is compiled again: a guard outside its key failed", fn.__name__, key)
         start = time.perf_counter()
         with compiling():
-            out = compiled(*args, **kwargs)
-        seen.add(key)
+            unit = store.unit(fn, settings, args, kwargs) if store is not None else None
+            if unit is not None:
+                stored[key] = unit
+                out = unit(*args, **kwargs)
+            else:
+                out = compiled(*args, **kwargs)
+                seen.add(key)
         log.debug("%s: unit %s ready in %.1f s", fn.__name__, key, time.perf_counter() - start)
         return out
 

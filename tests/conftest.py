@@ -100,9 +100,13 @@ def real_assets(monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def _acchead_cache_dir(tmp_path_factory):
     """The user cache (`acchead.cache`: built prompt sets) goes to one temporary directory per session, never
-    ~/.cache/acchead; subprocesses the tests start inherit it."""
+    ~/.cache/acchead, and the store of compiled units to another; subprocesses the tests start inherit
+    them."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ACCHEAD_CACHE_DIR", str(tmp_path_factory.mktemp("acchead-cache")))
+        # Compiled units a test stores (`acchead.inference.unit_store`) are loaded within this session only,
+        # never from an earlier run's.
+        mp.setenv("ACCHEAD_UNIT_STORE", str(tmp_path_factory.mktemp("acchead-units")))
         yield
 
 

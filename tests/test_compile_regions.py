@@ -106,15 +106,17 @@ def test_the_marks_last_only_while_the_block_runs():
 
 @pytest.mark.parametrize("slots", [True, False], ids=["cache-slots", "no-slots"])
 @torch.inference_mode()
-def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width(monkeypatch, slots):
+def test_a_regional_unit_gives_the_eager_logits_and_compiles_once_per_width(monkeypatch, slots, tmp_path):
     """A target compiled with its layers as regions (forced: the tiny model is below the default size):
     each width compiles one graph whose Inductor code calls the layer's subgraph, which dynamo traced once
     and reused for the other two layers (without cache slots, as for a cache that is no full-attention
     `StaticLayer`, it may trace each), its logits equal the eager static cache's within float32 rounding,
-    a second call compiles nothing, and the model is left unmarked between compiles."""
+    a second call compiles nothing, and the model is left unmarked between compiles. (An empty store of
+    compiled units: each unit is traced, not loaded.)"""
     from torch._dynamo.variables import invoke_subgraph
     from torch._inductor.utils import run_and_get_code
 
+    monkeypatch.setenv("ACCHEAD_UNIT_STORE", str(tmp_path))
     stamped = []  # a layer dynamo did not trace: it stamped out a traced one's subgraph
     stamp_out = invoke_subgraph.stamp_out_subgraph
     monkeypatch.setattr(invoke_subgraph, "stamp_out_subgraph", lambda *a: stamped.append(1) or stamp_out(*a))
