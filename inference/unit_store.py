@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 STORE_ENV = "ACCHEAD_UNIT_STORE"
 _FORMAT = 1  # raised whenever what a stored file holds, or how it is keyed, changes
 _OFF = {"0", "off", "false", "no"}
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_PLAIN = (type(None), type(Ellipsis), bool, int, float, complex, str, bytes)
 
 
 class Unstable(Exception):
@@ -115,14 +115,16 @@ def _type_name(obj: Any) -> str:
 
 
 def _code_form(code: types.CodeType) -> tuple:
-    consts = tuple(_code_form(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    # (a frozenset constant, `x in {"a", "b"}`, is ordered by string hashes, which differ per process)
+    consts = tuple(_code_form(c) if isinstance(c, types.CodeType) else stable_form(c) for c in code.co_consts)
     return (code.co_name, code.co_code.hex(), consts, code.co_names, code.co_varnames)
 
 
 @functools.cache
 def _environment() -> tuple:
     """What a unit's code depends on beyond its arguments: versions, acchead's source, the machine."""
-    import transformers
+    from importlib import metadata
+
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     import acchead
@@ -135,7 +137,13 @@ def _environment() -> tuple:
             source.update(f"{package.__name__}/{file.name}".encode())
             source.update(file.read_bytes())
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCH") and "CACHE_DIR" not in k)
-    return (_FORMAT, torch.__version__, transformers.__version__, source.hexdigest(), platform.machine(),
+    versions = []
+    for name in ("torch", "transformers", "kernels"):  # kernels: the attention's wrapper (compile_regions)
+        try:
+            versions.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            versions.append((name, None))
+    return (_FORMAT, torch.__version__, tuple(versions), source.hexdigest(), platform.machine(),
             str(pick_vec_isa()), tuple(env))  # fmt: skip
 
 

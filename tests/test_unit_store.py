@@ -26,7 +26,9 @@ from conftest import make_tiny_llama
 from acchead.inference.static_runner import new_static_cache
 from acchead.inference.unit_store import digest
 model = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=1)
-print(digest(model, new_static_cache(model.config, 64), model.config))
+def rule(x):
+    return x in {"alpha", "beta", "gamma", "delta"}  # a frozenset constant, ordered by string hashes
+print(digest(model, new_static_cache(model.config, 64), model.config, rule))
 """
 
 
@@ -38,9 +40,9 @@ def _digest_in_a_new_process(seed: str) -> str:
 
 
 def test_the_digest_is_the_same_in_every_process_and_tells_apart_what_a_graph_bakes():
-    """Equal in two processes of different hash seeds (a model's generation config keeps a hash of itself)
-    and for equal models in one; apart for another config, shape, dtype, constant or function; the same
-    for other weights (a regional unit reads them)."""
+    """Equal in two processes of different hash seeds (a model's generation config keeps a hash of itself,
+    a set constant's order follows string hashes) and for equal models in one; apart for another config,
+    shape, dtype, constant or function; the same for other weights (a regional unit reads them)."""
     assert _digest_in_a_new_process("1") == _digest_in_a_new_process("2")
     a = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=1)
     b = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=2)  # other weights
@@ -144,3 +146,30 @@ def test_the_store_is_switched_off_or_moved_by_its_variable_and_skips_what_it_ca
     again = later.unit(double, settings, (torch.zeros(4, 2),), {})
     assert later.hits == 1 and later.saves == 0
     torch.testing.assert_close(again(torch.ones(4, 2)), torch.full((4, 2), 2.0))
+
+
+@pytest.mark.slow
+def test_a_decoder_on_loaded_units_decodes_the_eager_tokens(tiny_llama_pair, monkeypatch, tmp_path):
+    """A fast SpeculativeDecoder on regional units (the size rule lowered to mark the tiny pair) stores its
+    target's units at `warm_up`; a second decoder, on copies of the models, loads every one of them, stores
+    nothing, and decodes the eager decoder's greedy tokens."""
+    from acchead.inference import compile_regions
+    from acchead.inference.decoder import SpeculativeDecoder
+
+    monkeypatch.setattr(compile_regions, "MIN_REGION_LAYER_PARAMS", 0)
+    monkeypatch.setenv(STORE_ENV, str(tmp_path))
+    loads = []
+    load = torch.compiler.load_compiled_function
+    monkeypatch.setattr(torch.compiler, "load_compiled_function", lambda f: loads.append(1) or load(f))
+    target, draft = tiny_llama_pair
+    SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=True).warm_up(48)
+    stored = sorted(tmp_path.glob("*.unit"))
+    assert stored and not loads
+    target2, draft2 = copy.deepcopy(target), copy.deepcopy(draft)
+    fast = SpeculativeDecoder(target2, draft2, policy="specdec:k=2", fast=True)
+    fast.warm_up(48)
+    assert len(loads) == len(stored) and sorted(tmp_path.glob("*.unit")) == stored
+    eager = SpeculativeDecoder(target, draft, policy="specdec:k=2", fast=False)
+    for prompt in (torch.tensor([5, 9, 17, 33, 2]), torch.tensor([7, 1, 4])):
+        got, ref = (d.generate(prompt, max_new_tokens=24, temperature=0.0) for d in (fast, eager))
+        assert got.new_ids.tolist() == ref.new_ids.tolist()
