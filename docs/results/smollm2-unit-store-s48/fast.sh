@@ -5,4 +5,5 @@
 # the Inductor cache (and store) that units.sh's two runs filled, so its warm-up is a later bench's; then
 # on an empty one.
 #   TORCHINDUCTOR_CACHE_DIR=runs/s48/inductor bash docs/results/smollm2-unit-store-s48/fast.sh runs/s48/warm
+. .venv/bin/activate
 exec bash "$(dirname "$0")/../smollm2-fast-rerun-s45/fast.sh" "${1:-runs/s48/fast}"
