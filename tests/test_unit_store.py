@@ -142,6 +142,16 @@ def test_the_store_is_switched_off_or_moved_by_its_variable_and_skips_what_it_ca
     unit = store.unit(double, settings, (torch.zeros(4, 2),), {})
     assert unit is not None and store.saves == 1
     torch.testing.assert_close(unit(torch.ones(4, 2)), torch.full((4, 2), 2.0))
+
+    def branches(x):
+        return x * 2 if x.sum() > 0 else x  # data-dependent control flow: no full graph to capture
+
+    assert store.unit(branches, settings, (torch.ones(4, 2),), {}) is None and store.saves == 1
+    unwritable = UnitStore(tmp_path / "a-file")
+    unwritable.root.write_text("")  # the store's directory cannot be made: the unit runs all the same
+    unit = unwritable.unit(double, settings, (torch.zeros(3),), {})
+    assert unit is not None and unwritable.saves == 0
+    torch.testing.assert_close(unit(torch.ones(3)), torch.full((3,), 2.0))
     later = UnitStore(store.root)
     again = later.unit(double, settings, (torch.zeros(4, 2),), {})
     assert later.hits == 1 and later.saves == 0
