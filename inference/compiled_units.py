@@ -180,7 +180,7 @@ def compile_units(
                 log.debug("%s: unit %s is compiled again: a guard outside its key failed", fn.__name__, key)
         start = time.perf_counter()
         with compiling():
-            unit = store.unit(fn, settings, args, kwargs) if store is not None else None
+            unit = store.unit(fn, settings, args, kwargs, key[1]) if store is not None else None
             if unit is not None:
                 stored[key] = unit
                 out = unit(*args, **kwargs)

@@ -48,7 +48,9 @@ class DevicePath:
         regional: off the device path, compile a model's repeated decoder layers once per unit rather than
             once per layer (`acchead.inference.compile_regions`): None where the layers are wide enough
             to run about as fast (the real target's, not the demo target's), True for any model, False
-            never. Not on the device path, where it has not run on a GPU yet.
+            never; a model of one such layer (the real pair's draft) compiles its units as regional ones,
+            weights as inputs. Regional units are kept in the store of compiled units
+            (`acchead.inference.unit_store`). Not on the device path, where it has not run on a GPU yet.
     """
 
     on: bool

@@ -128,13 +128,13 @@ def _environment() -> tuple:
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     import acchead
-    import acchead.inference
 
     source = hashlib.sha256()
-    for package in (acchead, acchead.inference):  # the code a unit traces: the decoder's and the models'
-        root = Path(package.__file__).parent
+    # the code a unit traces: the models' (acchead's core) and the decoder's (this package)
+    packages = (("acchead", Path(acchead.__file__).parent), ("acchead.inference", Path(__file__).parent))
+    for name, root in packages:
         for file in sorted(root.glob("*.py")):
-            source.update(f"{package.__name__}/{file.name}".encode())
+            source.update(f"{name}/{file.name}".encode())
             source.update(file.read_bytes())
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCH") and "CACHE_DIR" not in k)
     versions = []
@@ -182,10 +182,13 @@ class UnitStore:
 
         return cls(Path(cache_dir()) / "acchead-units")
 
-    def unit(self, fn: Callable, settings: Any, args: tuple, kwargs: dict[str, Any]) -> Callable | None:
+    def unit(
+        self, fn: Callable, settings: Any, args: tuple, kwargs: dict[str, Any], state: Any = None
+    ) -> Callable | None:
         """`fn` (a plain function, compiled with `settings`: `torch.compile`'s keyword arguments) for these
         arguments: loaded if stored, else captured ahead of time and stored; None where it cannot be, and
-        the caller compiles it the usual way. Call it in the context the unit compiles in (the regions'
+        the caller compiles it the usual way. `state`: the process-wide settings dynamo guards every graph
+        on (`compiled_units.global_state`). Call it in the context the unit compiles in (the regions'
         marks, Inductor's settings)."""
         import torch._inductor.config as inductor_config
 
@@ -195,7 +198,7 @@ class UnitStore:
             return None  # one graph for many token counts: dynamo's own cache serves those
         try:
             name = digest(fn.__module__, fn.__qualname__, _code_form(fn.__code__), settings, args, kwargs,
-                          _global_state(), _inductor_settings())  # fmt: skip
+                          state, _inductor_settings())  # fmt: skip
         except Unstable as err:
             log.debug("%s: not stored: %s", fn.__name__, err)
             return None
@@ -224,12 +227,6 @@ class UnitStore:
         except Exception as err:  # unwritable, unpicklable: the unit still runs
             log.warning("compiled unit %s not stored: %s", file, err)
         return captured
-
-
-def _global_state() -> Any:
-    from acchead.inference.compiled_units import global_state
-
-    return global_state()
 
 
 def _inductor_settings() -> dict[str, Any]:
