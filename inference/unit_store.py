@@ -11,13 +11,18 @@ What the digest holds (`stable_form` of the call's arguments, and `_environment`
 and contents down to plain values (numbers, strings, functions by module, name and code, a closure's
 cells, objects by their attributes, modules by their submodules, parameters' names, shapes and dtypes,
 configs), each tensor's metadata (shape, strides, dtype, device: its values are the graph's inputs), the
-global state dynamo guards on, the compile settings, the versions of torch and transformers, acchead's own
-source, the machine's CPU instruction set and the TORCH* environment. A unit whose weights are frozen into
-the graph (Inductor's freezing bakes their values) is never stored: only regional units, whose weights are
-inputs (a loaded unit reads the model it is given; tests/test_unit_store.py changes the weights between
-store and load). Anything the digest cannot describe stably (an object without attributes, a symbolic
-token count) leaves the unit to the usual compilation; so does any failure to capture, save or load,
-logged: a store is a cache, and a decode never fails for it.
+global state dynamo guards on, the compile settings, the versions of torch, transformers and kernels,
+acchead's own source, the machine's CPU instruction set and the TORCH* environment. A unit whose weights
+are frozen into the graph (Inductor's freezing bakes their values; torch 2.13 cannot capture it either) is
+never stored: only units compiled as regional ones, whose weights are inputs (a loaded unit reads the model
+it is given; tests/test_unit_store.py changes the weights between store and load). Anything the digest
+cannot describe stably (an object without attributes, a symbolic token count) leaves the unit to the usual
+compilation; so does any failure to capture, save or load, logged: a store is a cache, and a decode never
+fails for it.
+
+What it gives up: dynamo's in-process cache serves one traced graph to every key whose guards pass (the
+bench's SpecDec++ policies that differ only in a threshold the graph reads as a tensor), while the store
+captures each key it has not seen (in a first process, a few seconds more per such key; docs/speed.md).
 
 `ACCHEAD_UNIT_STORE`: a directory for the store (default: `acchead-units` inside Inductor's cache
 directory, so that a new `TORCHINDUCTOR_CACHE_DIR` starts both empty), or `0` to switch it off.
