@@ -71,10 +71,8 @@ def decoder_layers(model: nn.Module, min_params: int = MIN_REGION_LAYER_PARAMS) 
     each of at least `min_params` parameters and reading the cache's layer at its own position (the
     `layer_idx` of its modules, where they have one: a region is given that layer of the cache); else
     None."""
-    get_decoder = getattr(model, "get_decoder", None)
-    decoder = get_decoder() if callable(get_decoder) else None
-    layers = getattr(decoder, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or len(layers) < 2:
+    layers = _layer_list(model)
+    if layers is None or len(layers) < 2:
         return None
     if len({type(layer) for layer in layers}) != 1 or any("forward" in vars(layer) for layer in layers):
         return None
@@ -85,13 +83,17 @@ def decoder_layers(model: nn.Module, min_params: int = MIN_REGION_LAYER_PARAMS) 
     return list(layers)
 
 
-def _one_layer_params(model: nn.Module) -> int:
-    """The parameters of the decoder's one layer; 0 unless the decoder has exactly one."""
+def _layer_list(model: nn.Module) -> nn.ModuleList | None:
+    """The decoder's `layers` (transformers' public `get_decoder()`), or None where it has none."""
     get_decoder = getattr(model, "get_decoder", None)
     layers = getattr(get_decoder() if callable(get_decoder) else None, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or len(layers) != 1:
-        return 0
-    return sum(p.numel() for p in layers[0].parameters())
+    return layers if isinstance(layers, nn.ModuleList) else None
+
+
+def _one_layer_params(model: nn.Module) -> int:
+    """The parameters of the decoder's one layer; 0 unless the decoder has exactly one."""
+    layers = _layer_list(model)
+    return sum(p.numel() for p in layers[0].parameters()) if layers is not None and len(layers) == 1 else 0
 
 
 class _LayerSlot(StaticLayer):

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from acchead.inference.device_path import DevicePath
-from acchead.inference.unit_store import UnitStore
+from acchead.inference.unit_store import UnitStore, tensor_key
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,10 @@ _SKIP_GUARDS = _skip_guards_stance()
 
 def arg_key(arg: Any) -> Hashable:
     """What tells two calls' extra arguments apart for the compiled-graph bookkeeping: a tensor's
-    properties that dynamo's tensor guard checks (shape, strides, dtype, device, requires_grad, and whether
-    it is an inference tensor: each of them, changed, fails the guard; its values are graph inputs), any
-    other argument itself (a constant the graph was traced with)."""
+    properties that dynamo's tensor guard checks (`tensor_key`), any other argument itself (a constant the
+    graph was traced with)."""
     if isinstance(arg, torch.Tensor):
-        return ("tensor", tuple(arg.shape), arg.stride(), arg.dtype, arg.device, arg.requires_grad,
-                arg.is_inference())  # fmt: skip
+        return ("tensor", *tensor_key(arg))
     try:
         hash(arg)
     except TypeError:

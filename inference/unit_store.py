@@ -52,6 +52,12 @@ _OFF = {"0", "off", "false", "no"}
 _PLAIN = (type(None), type(Ellipsis), bool, int, float, complex, str, bytes)
 
 
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What dynamo's tensor guard checks of a tensor (shape, strides, dtype, device, requires_grad, whether it
+    is an inference tensor: each of them, changed, fails the guard; its values are graph inputs)."""
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_inference())
+
+
 class Unstable(Exception):
     """An argument the digest cannot describe the same way in another process."""
 
@@ -64,8 +70,7 @@ def stable_form(obj: Any, _path: tuple[int, ...] = ()) -> Any:
     if isinstance(obj, (torch.dtype, torch.device, torch.Size, enum.Enum)):
         return (type(obj).__name__, str(obj))
     if isinstance(obj, torch.Tensor):
-        return ("tensor", tuple(obj.shape), obj.stride(), str(obj.dtype), str(obj.device), obj.requires_grad,
-                obj.is_inference(), type(obj).__name__)  # fmt: skip
+        return ("tensor", type(obj).__name__, stable_form(tensor_key(obj), _path))
     if id(obj) in _path:  # a cycle (a module's parent reference, a config's back link)
         return ("cycle", _path.index(id(obj)))
     path = (*_path, id(obj))
