@@ -59,6 +59,10 @@ class AdaEDL(StopPolicy):
     """AdaEDL's stop rule and its online λ (see the module docstring); λ and AR live in `AdaEDLRun`."""
 
     judge_at = SAMPLE
+    # `judge` reads λ from the round's stats and γ as a constant; the rest moves λ between rounds
+    untraced_attributes = (
+        *StopPolicy.untraced_attributes, "lam0", "adapt", "target", "eps", "beta1", "beta2"
+    )  # fmt: skip
 
     def __init__(
         self,

@@ -74,6 +74,9 @@ class StopPolicy:
     needs_reference = False
     fixed_length = False
     judge_at: str | None = None
+    # Attributes `judge` never reads (its thresholds reach it as tensors): policies that differ only in them
+    # share the draft's stored units (`acchead.inference.unit_store`). Extend it in a subclass.
+    untraced_attributes: tuple[str, ...] = ("config",)
 
     def __init__(self, config: PolicySpec) -> None:
         self.config = config
@@ -226,6 +229,7 @@ class Confidence(StopPolicy):
     kept, as in Hugging Face's `assistant_confidence_threshold`)."""
 
     judge_at = SAMPLE
+    untraced_attributes = (*StopPolicy.untraced_attributes, "tau")  # judge reads `_tau`
 
     def __init__(self, tau: float, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
         super().__init__(ConfidenceSpec(tau=tau, max=max_draft))
@@ -268,6 +272,7 @@ class Entropy(StopPolicy):
     """
 
     judge_at = SAMPLE
+    untraced_attributes = (*StopPolicy.untraced_attributes, "tau")  # judge reads `_tau`
 
     def __init__(self, tau: float, max_draft: int = DEFAULT_MAX_DRAFT) -> None:
         super().__init__(EntropySpec(tau=tau, max=max_draft))

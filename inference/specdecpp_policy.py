@@ -82,6 +82,9 @@ class SpecDecPP(StopPolicy):
     `HeadCall`, which keeps its per-call overhead to a few kernels and equals `head(x)` (pinned by tests).
     """
 
+    # `judge` reads the thresholds from `_log_keep`: every h, priced or not, shares the draft's stored units
+    untraced_attributes = (*StopPolicy.untraced_attributes, "h", "priced", "_unpriced")
+
     def __init__(
         self, head: AcceptanceHead, h: float, max_draft: int = DEFAULT_MAX_DRAFT, free: bool = True,
         priced: bool = False,

@@ -20,9 +20,12 @@ cannot describe stably (an object without attributes, a symbolic token count) le
 compilation; so does any failure to capture, save or load, logged: a store is a cache, and a decode never
 fails for it.
 
-What it gives up: dynamo's in-process cache serves one traced graph to every key whose guards pass (the
-bench's SpecDec++ policies that differ only in a threshold the graph reads as a tensor), while the store
-captures each key it has not seen (in a first process, a few seconds more per such key; docs/speed.md).
+Objects that differ only in what no unit reads share a unit: a class names such attributes in
+`untraced_attributes` (a stop policy's threshold kept as a float beside the tensor its traced `judge` reads,
+and its spec), and the digest leaves them out, as dynamo's guards, which check only what a graph read, let
+one traced graph serve such objects in a process. A name left off the list costs only a capture of its own;
+a name on it that a unit reads would serve a stale constant, so tests/test_unit_store.py runs each policy's
+stored judge on the arguments of another policy with the same digest against that policy's own.
 
 `ACCHEAD_UNIT_STORE`: a directory for the store (default: `acchead-units` inside Inductor's cache
 directory, so that a new `TORCHINDUCTOR_CACHE_DIR` starts both empty), or `0` to switch it off.
@@ -47,6 +50,8 @@ import torch
 log = logging.getLogger(__name__)
 
 STORE_ENV = "ACCHEAD_UNIT_STORE"
+# A class attribute: the names of an object's attributes that no compiled unit reads (module docstring).
+UNTRACED = "untraced_attributes"
 _FORMAT = 1  # raised whenever what a stored file holds, or how it is keyed, changes
 _OFF = {"0", "off", "false", "no"}
 _PLAIN = (type(None), type(Ellipsis), bool, int, float, complex, str, bytes)
@@ -110,6 +115,8 @@ def stable_form(obj: Any, _path: tuple[int, ...] = ()) -> Any:
     if state is None and not slots:
         raise Unstable(f"cannot describe a {_type_name(obj)} stably")
     attrs = {**(state or {}), **{s: getattr(obj, s) for s in slots}}
+    for name in getattr(type(obj), UNTRACED, ()):
+        attrs.pop(name, None)
     return ("object", _type_name(obj), stable_form(attrs, path))
 
 
@@ -223,12 +230,9 @@ class UnitStore:
             except Exception as err:  # a cache: an unreadable file is compiled again
                 log.warning("compiled unit %s could not be loaded (%s); compiling it again", file, err)
         try:
-            options = {**settings.get("options", {}), "guard_filter_fn": _no_guards}
-            compiled = torch.compile(fn, **{**settings, "options": options})
-            captured = compiled.aot_compile((args, kwargs))
-            captured.disable_guard_check()
+            captured = _capture(fn, settings, args, kwargs)
         except Exception as err:  # an experimental capture: the usual path serves
-            log.warning("%s: ahead-of-time capture failed (%s); compiling the usual way", fn.__name__, err)
+            log.warning("%s: ahead-of-time capture failed (%r); compiling the usual way", fn.__name__, err)
             return None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -237,6 +241,25 @@ class UnitStore:
         except Exception as err:  # unwritable, unpicklable: the unit still runs
             log.warning("compiled unit %s not stored: %s", file, err)
         return captured
+
+
+def _capture(fn: Callable, settings: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """`fn` traced and compiled ahead of time for these arguments, with no guards kept (`_no_guards`).
+    Once more where Inductor asks dynamo to trace again (a float it could not turn into a tensor, which
+    the second trace keeps as a constant: dynamo restarts so itself, but `aot_compile` does not)."""
+    import torch._dynamo.exc
+
+    restart = getattr(torch._dynamo.exc, "TensorifyScalarRestartAnalysis", ())
+    options = {**settings.get("options", {}), "guard_filter_fn": _no_guards}
+    for attempt in range(2):
+        try:
+            captured = torch.compile(fn, **{**settings, "options": options}).aot_compile((args, kwargs))
+            break
+        except restart:
+            if attempt:
+                raise
+    captured.disable_guard_check()
+    return captured
 
 
 def _inductor_settings() -> dict[str, Any]:

@@ -183,3 +183,69 @@ def test_a_decoder_on_loaded_units_decodes_the_eager_tokens(tiny_llama_pair, mon
     for prompt in (torch.tensor([5, 9, 17, 33, 2]), torch.tensor([7, 1, 4])):
         got, ref = (d.generate(prompt, max_new_tokens=24, temperature=0.0) for d in (fast, eager))
         assert got.new_ids.tolist() == ref.new_ids.tolist()
+
+
+def _judged(judge, q, token, logits, state, stats):
+    """A draft step's stop rule as a unit of its own (`units.draft_post` calls it so after the forward)."""
+    from acchead.inference.units import DraftStep
+
+    return judge(DraftStep(token=token, q=q, hidden=None, index=0, logits=logits, state=state), stats)
+
+
+def test_policies_that_differ_only_in_untraced_attributes_share_a_stored_judge(tmp_path):
+    """Stop policies whose thresholds differ (a SpecDec++ h, priced or not, with another head's weights; a
+    confidence threshold; AdaEDL's starting λ) share a digest, and the judge one stored, loaded and called
+    with the other's arguments, gives the other's own flags and stats; what a judge reads as a constant
+    (AdaEDL's γ) keeps digests apart."""
+    from test_lookahead import lookahead_head
+
+    from acchead.inference.adaedl import AdaEDL
+    from acchead.inference.policies import Confidence
+    from acchead.inference.specdecpp_policy import SpecDecPP
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(10, 50, generator=g) * 2
+    states = torch.randn(10, 16, generator=g)
+    tokens = torch.randint(0, 50, (10,), generator=g)
+    log_p = torch.linspace(-3.0, 0.0, 10, dtype=torch.float64)
+
+    def calls(policy):
+        if isinstance(policy, AdaEDL):  # stats: the round's λ, which starts at the policy's
+            lams = [policy.lam0 + d for d in (-0.2, -0.1, 0.0, 0.1, 0.2) * 2]
+            stats = [torch.tensor(lam, dtype=torch.float64) for lam in lams]
+        elif isinstance(policy, SpecDecPP):  # stats: [log P̂, judged count]
+            counts = torch.arange(10, dtype=torch.float64) % 4
+            stats = [torch.stack([log_p[i], counts[i]]) for i in range(10)]
+        else:
+            stats = [None] * 10
+        return [(policy.judge, torch.softmax(logits[i], -1), tokens[i], logits[i], states[i], stats[i])
+                for i in range(10)]  # fmt: skip
+
+    head_b = lookahead_head(16)
+    with torch.no_grad():
+        head_b.out.weight.mul_(-1.5)
+    priced = SpecDecPP(head_b, 0.9, max_draft=4, priced=True)
+    priced.price_widths({1: 10.0, 2: 10.0, 3: 14.0, 4: 14.0, 5: 19.0, 6: 19.0})
+    pairs = [
+        (SpecDecPP(lookahead_head(16), 0.7, max_draft=4), priced),
+        (Confidence(0.02), Confidence(0.2)),
+        (AdaEDL(0.3), AdaEDL(0.6, adapt=False)),
+    ]
+    assert digest(AdaEDL(0.3).judge) != digest(AdaEDL(0.3, gamma=0.4).judge)
+    assert digest(SpecDecPP(lookahead_head(16), 0.7, max_draft=6).judge) != digest(pairs[0][0].judge)
+    settings = {"fullgraph": True, "dynamic": False}
+    for a, b in pairs:
+        assert digest(a.judge) == digest(b.judge), (a, b)
+        first, later = UnitStore(tmp_path), UnitStore(tmp_path)
+        unit = first.unit(_judged, settings, calls(a)[0], {})
+        assert unit is not None and first.saves == 1, a
+        loaded = later.unit(_judged, settings, calls(b)[0], {})
+        assert loaded is not None and later.hits == 1 and later.saves == 0
+        flags_a = [_judged(*args)[0].item() for args in calls(a)]
+        for args in calls(b):
+            got, want = loaded(*args), _judged(*args)
+            assert got[0].item() == want[0].item(), (b, args[-1])
+            if want[1] is not None:
+                torch.testing.assert_close(got[1], want[1])
+        flags_b = [_judged(*args)[0].item() for args in calls(b)]
+        assert flags_b != flags_a, (a, b)  # else the loaded judge could be a's baked in and pass
