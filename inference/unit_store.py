@@ -29,10 +29,13 @@ stored judge on the arguments of another policy with the same digest against tha
 
 `ACCHEAD_UNIT_STORE`: a directory for the store (default: `acchead-units` inside Inductor's cache
 directory, so that a new `TORCHINDUCTOR_CACHE_DIR` starts both empty), or `0` to switch it off.
+`ACCHEAD_UNIT_STORE_GB` (default 2): past that size a save removes the units used least recently (a load
+marks a unit used), so the units of older versions of acchead or torch, never loaded again, go first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -47,9 +50,13 @@ from typing import Any
 
 import torch
 
+from acchead.errors import AccheadError
+
 log = logging.getLogger(__name__)
 
 STORE_ENV = "ACCHEAD_UNIT_STORE"
+LIMIT_ENV = "ACCHEAD_UNIT_STORE_GB"
+DEFAULT_LIMIT_GB = 2.0  # ~1,000 of the real target's units: a bench needs 55, ~90 MB
 # A class attribute: the names of an object's attributes that no compiled unit reads (module docstring).
 UNTRACED = "untraced_attributes"
 _FORMAT = 1  # raised whenever what a stored file holds, or how it is keyed, changes
@@ -182,10 +189,12 @@ def _symbolic(x: Any) -> bool:
 class UnitStore:
     """Compiled units on disk (see the module docstring). `hits` and `saves` count what this store did."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, limit_bytes: int | None = None) -> None:
         self.root = Path(root)
+        self.limit_bytes = limit_bytes if limit_bytes is not None else _limit_from_env()
         self.hits = 0
         self.saves = 0
+        self.evicted = 0
 
     @classmethod
     def default(cls) -> UnitStore | None:
@@ -220,15 +229,18 @@ class UnitStore:
             log.debug("%s: not stored: %s", fn.__name__, err)
             return None
         file = self.root / f"{name}.unit"
-        if file.exists():
-            try:
-                with open(file, "rb") as f:
-                    loaded = torch.compiler.load_compiled_function(f)
-                loaded.disable_guard_check()
-                self.hits += 1
-                return loaded
-            except Exception as err:  # a cache: an unreadable file is compiled again
-                log.warning("compiled unit %s could not be loaded (%s); compiling it again", file, err)
+        try:
+            with open(file, "rb") as f:
+                loaded = torch.compiler.load_compiled_function(f)
+            loaded.disable_guard_check()
+            with contextlib.suppress(OSError):  # (a store another user shares, read-only)
+                os.utime(file)  # used now: eviction removes the least recently used first
+            self.hits += 1
+            return loaded
+        except FileNotFoundError:
+            pass  # not stored (or evicted by another process meanwhile)
+        except Exception as err:  # a cache: an unreadable file is compiled again
+            log.warning("compiled unit %s could not be loaded (%s); compiling it again", file, err)
         try:
             captured = _capture(fn, settings, args, kwargs)
         except Exception as err:  # an experimental capture: the usual path serves
@@ -238,9 +250,30 @@ class UnitStore:
             self.root.mkdir(parents=True, exist_ok=True)
             captured.save_compiled_function(str(file))  # atomic: a temporary file, then a rename
             self.saves += 1
+            self._evict(keep=file)
         except Exception as err:  # unwritable, unpicklable: the unit still runs
             log.warning("compiled unit %s not stored: %s", file, err)
         return captured
+
+    def _evict(self, keep: Path) -> None:
+        """Remove the least recently used units until the store fits `limit_bytes` (never `keep`, the unit
+        just saved). Another process may remove or add files meanwhile: a missing file is skipped."""
+        files = []
+        for file in self.root.glob("*.unit"):
+            try:
+                stat = file.stat()
+            except FileNotFoundError:
+                continue
+            files.append((stat.st_mtime, stat.st_size, file))
+        total = sum(size for _, size, _ in files)
+        for _, size, file in sorted(files, key=lambda x: x[0]):
+            if total <= self.limit_bytes:
+                break
+            if file == keep:
+                continue
+            file.unlink(missing_ok=True)
+            total -= size
+            self.evicted += 1
 
 
 def _capture(fn: Callable, settings: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -260,6 +293,19 @@ def _capture(fn: Callable, settings: Any, args: tuple, kwargs: dict[str, Any]) -
                 raise
     captured.disable_guard_check()
     return captured
+
+
+def _limit_from_env() -> int:
+    """`ACCHEAD_UNIT_STORE_GB` in bytes (default `DEFAULT_LIMIT_GB`); a value that is not a number is
+    refused in one line (`AccheadError`)."""
+    value = os.environ.get(LIMIT_ENV, "")
+    try:
+        gb = float(value) if value else DEFAULT_LIMIT_GB
+    except ValueError:
+        raise AccheadError(f"{LIMIT_ENV} must be a number of gigabytes, got {value!r}") from None
+    if not gb >= 0:
+        raise AccheadError(f"{LIMIT_ENV} must be a number of gigabytes >= 0, got {value!r}")
+    return int(gb * 2**30)
 
 
 def _inductor_settings() -> dict[str, Any]:

@@ -15,9 +15,10 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 
+from acchead.errors import AccheadError
 from acchead.inference.device_path import DevicePath
 from acchead.inference.static_runner import StaticRunner
-from acchead.inference.unit_store import STORE_ENV, UnitStore, Unstable, digest, stable_form
+from acchead.inference.unit_store import LIMIT_ENV, STORE_ENV, UnitStore, Unstable, digest, stable_form
 
 _DIGEST_SCRIPT = """
 import sys
@@ -249,3 +250,33 @@ def test_policies_that_differ_only_in_untraced_attributes_share_a_stored_judge(t
                 torch.testing.assert_close(got[1], want[1])
         flags_b = [_judged(*args)[0].item() for args in calls(b)]
         assert flags_b != flags_a, (a, b)  # else the loaded judge could be a's baked in and pass
+
+
+def test_past_its_limit_the_store_removes_the_units_used_least_recently(monkeypatch, tmp_path):
+    """Three units of ~equal size under a limit of two and a half: saving the third removes the one
+    neither saved nor loaded most recently (a load marks a unit used); the limit comes from
+    `ACCHEAD_UNIT_STORE_GB`, refused in one line when it is not a number."""
+    settings = {"fullgraph": True, "dynamic": False}
+
+    def double(x):
+        return x * 2
+
+    store = UnitStore(tmp_path)
+    store.unit(double, settings, (torch.zeros(3),), {})
+    size = next(tmp_path.glob("*.unit")).stat().st_size
+    store.limit_bytes = int(size * 2.5)
+    store.unit(double, settings, (torch.zeros(4),), {})
+    first, second = sorted(tmp_path.glob("*.unit"), key=lambda f: f.stat().st_mtime_ns)
+    os.utime(first, (1, 1))  # both used long ago, the first before the second...
+    os.utime(second, (2, 2))
+    assert store.unit(double, settings, (torch.zeros(3),), {}) is not None  # ...and the first again now
+    assert store.hits == 1
+    store.unit(double, settings, (torch.zeros(5),), {})
+    assert store.saves == 3 and store.evicted == 1
+    assert first.exists() and not second.exists() and len(list(tmp_path.glob("*.unit"))) == 2
+
+    monkeypatch.setenv(LIMIT_ENV, "0.5")
+    assert UnitStore(tmp_path).limit_bytes == 2**29
+    monkeypatch.setenv(LIMIT_ENV, "lots")
+    with pytest.raises(AccheadError, match="gigabytes"):
+        UnitStore(tmp_path)
