@@ -14,7 +14,7 @@ and calls it per layer, and dynamo itself reuses the traced layer for the others
   `use_kernelized_func` wrapper, which sets a context variable on every call, so while a unit compiles a
   module nobody kernelized runs the forward under that wrapper (`_unwrapped_forward`);
 - the weights must be inputs, not constants: Inductor's weight freezing makes them constants (dynamo then
-  fails to map them to the reused layer's), so a regional unit compiles without freezing
+  fails to map them to the reused layer's), so no unit compiles with freezing
   (`acchead.inference.compiled_units`).
 
 The marks are functions set as each layer's `forward` (and the unwrapped attention's) for exactly as long
@@ -33,9 +33,8 @@ with one traced layer reused, 12-19 s cold and 6-7 s from a warm cache (13-15 s 
 `DevicePath`) only layers of at least `MIN_REGION_LAYER_PARAMS` parameters (about their multiply-adds per
 token) are marked.
 
-A model of one layer that wide (the real pair's feature draft) has nothing to reuse, but compiles as a
-regional unit does, its weights inputs: its steps ran 0.92-0.95x the frozen units' (no C++ wrapper either),
-and such a unit goes through the store of compiled units (`acchead.inference.unit_store`).
+A model of one layer (the real pair's feature draft) has nothing to reuse: its units compile whole, with
+Inductor's C++ wrapper, as a narrow model's do.
 
 Where it is never used: torch releases without `nested_compile_region` (older ones), layers whose
 `forward` the instance already overrides (hooks such as accelerate's device maps, which the mark would
@@ -88,12 +87,6 @@ def _layer_list(model: nn.Module) -> nn.ModuleList | None:
     get_decoder = getattr(model, "get_decoder", None)
     layers = getattr(get_decoder() if callable(get_decoder) else None, "layers", None)
     return layers if isinstance(layers, nn.ModuleList) else None
-
-
-def _one_layer_params(model: nn.Module) -> int:
-    """The parameters of the decoder's one layer; 0 unless the decoder has exactly one."""
-    layers = _layer_list(model)
-    return sum(p.numel() for p in layers[0].parameters()) if layers is not None and len(layers) == 1 else 0
 
 
 class _LayerSlot(StaticLayer):
@@ -198,17 +191,11 @@ def regions_for(
 ) -> Callable[[], contextlib.AbstractContextManager] | None:
     """A context factory that marks `model`'s layers while a unit compiles (`compile_units`' `regions`), or
     None where regional compilation does not apply. `regional`: None decides by the layers' size
-    (`decoder_layers`), True marks layers of any size, False never. A decoder of one layer that size
-    gets a factory that marks nothing: its units compile as regional ones do (weights as inputs). The
-    factory holds the model weakly, as the runners do, and finds its layers when called: once the model
-    is gone it marks nothing."""
+    (`decoder_layers`), True marks layers of any size, False never. The factory holds the model weakly,
+    as the runners do, and finds its layers when called: once the model is gone it marks nothing."""
     min_params = MIN_REGION_LAYER_PARAMS if regional is None else 0
-    if regional is False or _NESTED is None:
+    if regional is False or _NESTED is None or decoder_layers(model, min_params) is None:
         return None
-    if decoder_layers(model, min_params) is None:
-        # One wide layer (the real pair's draft): nothing to mark, but it compiles as a regional unit does,
-        # its weights as inputs, which ran its steps 0.92-0.95x the frozen units' time (docs/speed.md).
-        return contextlib.nullcontext if _one_layer_params(model) >= max(min_params, 1) else None
     model_ref = weakref.ref(model)
 
     def regions() -> contextlib.AbstractContextManager:

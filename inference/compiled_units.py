@@ -6,9 +6,9 @@ unit's bookkeeping: the key of everything its graph was specialised on (`arg_key
 process-wide settings dynamo guards every graph on, `global_state`), dynamo's recompile limits raised only
 around the calls that compile, Inductor's CPU options, and `skip_guard_eval_unsafe` on calls whose key was
 seen. A seen key whose graph must compile again all the same (something outside the key changed: dynamo
-raises before it runs anything) is compiled with every guard evaluated, never an error. A regional unit
-(weights as inputs) goes through the store of compiled units (`acchead.inference.unit_store`): a later
-process loads it in ~0.3 s rather than tracing it again in ~5 s.
+raises before it runs anything) is compiled with every guard evaluated, never an error. Every unit
+goes through the store of compiled units (`acchead.inference.unit_store`) on the CPU: a later process
+loads it in ~0.1-0.6 s rather than tracing it again (5-15 s with Inductor's cache warm).
 """
 
 from __future__ import annotations
@@ -102,13 +102,14 @@ def compile_units(
     compilation, `acchead.inference.compile_regions.regions_for`), off the device path only.
 
     The first call with a key compiles, with dynamo's recompile limits raised around that call only (the
-    process's own settings are left as they are) and, on the CPU, Inductor's weight freezing and C++
-    wrapper (a regional unit neither: see below). Later calls with a seen key skip dynamo's guard
-    evaluation (0.5 ms of a 5.9 ms target step on the CPU, measured): the guards that tell the graphs apart
-    (input shapes, the constants, the cache's size) are still checked, the others (the model's parameters)
-    cannot change between calls (`skip_guard_eval_unsafe`; torch >= 2.7, else every guard runs). A
-    regional unit is loaded from the store of compiled units where an earlier process stored it, else
-    captured ahead of time and stored (`UnitStore.unit`; it runs without guards, under its key as here).
+    process's own settings are left as they are) and, on the CPU, Inductor's C++ wrapper (not for a
+    regional unit: see below), the weights graph inputs, never frozen. Later calls with a seen key skip
+    dynamo's guard evaluation (0.5 ms of a 5.9 ms target step on the CPU, measured): the guards that tell
+    the graphs apart (input shapes, the constants, the cache's size) are still checked, the others (the
+    model's parameters) cannot change between calls (`skip_guard_eval_unsafe`; torch >= 2.7, else every
+    guard runs). On the CPU a unit is loaded from the store of compiled units where an earlier process
+    stored it, else captured ahead of time and stored (`UnitStore.unit`; it runs without guards, under its
+    key as here).
     """
     import torch._dynamo
     import torch._inductor.config as inductor_config
@@ -120,8 +121,8 @@ def compile_units(
     # still honours: one graph for the longer verifications, static shapes everywhere else.
     settings = {**path.compile_options, "fullgraph": True, "dynamic": False}
     compiled = torch.compile(_own_frame(fn), **settings)
-    # A regional unit's weights are inputs, not constants: a later process may load it from the store.
-    store = UnitStore.default() if regions is not None and not path.on else None
+    # A CPU unit's weights are inputs, not constants: a later process may load it from the store.
+    store = UnitStore.default() if not path.on else None
     stored: dict[Hashable, Callable] = {}  # key -> a unit the store loaded or captured
     dynamo = torch._dynamo.config
 
@@ -133,23 +134,21 @@ def compile_units(
 
     compiling = limits
     if not path.on:
-        # Inductor reads these from its global config when it compiles (passing them in `options=`
-        # left the weights unfrozen), so they are set around the call that compiles a new shape:
-        # freezing folds the weights into the graph (4.9 instead of 5.6 ms per target step, measured);
-        # the C++ wrapper drops the Python wrapper's per-kernel overhead (4.3-4.7 instead of 4.9 ms).
-        # No MKL weight prepacking: its packed tensors cannot be pickled, so every graph bypassed
-        # Inductor's on-disk cache and each process compiled it again; without it a later process
-        # loads the graph (AR's warm-up in a second process: 11 s instead of 38 s, demo pair) at equal
-        # speed (toy and real targets, interleaved A/B; docs/speed.md, sixteenth session).
+        # Inductor reads these from its global config when it compiles, so they are set around the call
+        # that compiles a new shape. The C++ wrapper drops the Python wrapper's per-kernel overhead
+        # (4.3-4.7 instead of 4.9 ms per demo target step). No weight freezing: frozen weights are the
+        # graph's constants, which a unit in the store cannot hold (torch 2.13 cannot capture one) and
+        # which keep dynamo from reusing one traced layer for the others (compile_regions); unfrozen units
+        # with the C++ wrapper ran the demo target's steps 0.945-0.957x the frozen ones' time and the real
+        # draft's 0.919-0.946x, measured (docs/speed.md, forty-ninth session). No MKL weight prepacking:
+        # its packed tensors cannot be pickled, so every graph bypassed Inductor's on-disk cache.
         # A regional unit goes without the C++ wrapper, which cannot call a subgraph (torch 2.13: "codegen
-        # invoke_subgraph is not implemented for cpp wrapper"), without the Python wrapper's checks of
+        # invoke_subgraph is not implemented for cpp wrapper"), and without the Python wrapper's checks of
         # every subgraph input's size and alignment, a cost per layer per step (the units' inputs are
-        # static, named by their key), and without freezing, whose constant weights keep dynamo from
-        # reusing one traced layer for the others (acchead.inference.compile_regions); its step time:
-        # docs/speed.md.
+        # static, named by their key); its step time: docs/speed.md.
         inductor = functools.partial(
             inductor_config.patch,
-            {"freezing": regions is None, "cpp_wrapper": regions is None, "cpp.weight_prepack": False,
+            {"freezing": False, "cpp_wrapper": regions is None, "cpp.weight_prepack": False,
              **({} if regions is None else {"size_asserts": False, "alignment_asserts": False})},
         )
         marks = regions or contextlib.nullcontext

@@ -3,8 +3,6 @@ only while a unit compiles, and that a regional unit computes what the eager mod
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from conftest import make_tiny_llama
@@ -26,8 +24,8 @@ def _marked(model) -> list[bool]:
 
 def test_layers_are_marked_by_size_and_only_where_the_mark_cannot_bypass_anything():
     """Default: layers of 1M parameters and more (the real target's 3.5M, not the demo target's 0.32M);
-    `regional=True` marks any size, False none; never a single layer (one that wide compiles as a region
-    that marks nothing: weights as inputs), nor layers with a forward of their own instance (hooks)."""
+    `regional=True` marks any size, False none; never a single layer, however wide (compiled whole), nor
+    layers with a forward of their own instance (hooks)."""
     small = make_tiny_llama(64, hidden_size=32, num_layers=3, seed=0)
     assert decoder_layers(small) is None and regions_for(small) is None
     assert decoder_layers(small, min_params=0) == list(small.model.layers)
@@ -38,10 +36,9 @@ def test_layers_are_marked_by_size_and_only_where_the_mark_cannot_bypass_anythin
     assert decoder_layers(wide) == list(wide.model.layers)
     one = make_tiny_llama(64, hidden_size=32, num_layers=1, seed=0)
     assert decoder_layers(one, min_params=0) is None  # one layer: nothing to mark, nothing to reuse
-    assert regions_for(one) is None  # narrow: compiled whole, frozen
-    assert regions_for(one, regional=True) is not None  # as wide: a regional unit that marks nothing
+    assert regions_for(one) is None and regions_for(one, regional=True) is None  # compiled whole
     one_wide = make_tiny_llama(64, hidden_size=336, num_layers=1, seed=0)
-    assert regions_for(one_wide) is contextlib.nullcontext and regions_for(one_wide, regional=False) is None
+    assert regions_for(one_wide) is None
     hooked = make_tiny_llama(64, hidden_size=32, num_layers=2, seed=0)
     hooked.model.layers[1].forward = hooked.model.layers[1].forward  # an instance's own forward
     assert decoder_layers(hooked, min_params=0) is None

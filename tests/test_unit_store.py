@@ -82,7 +82,7 @@ def _feeds(runner: StaticRunner, prompt: torch.Tensor, steps: list[torch.Tensor]
 def test_a_later_runner_loads_the_stored_units_and_runs_them_on_its_own_weights(monkeypatch, tmp_path):
     """A regional runner stores a unit per width; a runner of another model object, other weights, loads
     them (nothing traced, nothing stored) and gives its own eager logits; a corrupt file is compiled
-    again; a frozen unit is never stored."""
+    again; a runner of whole-model units (the C++ wrapper) stores and loads its own."""
     monkeypatch.setenv(STORE_ENV, str(tmp_path))
     loads = []
     load = torch.compiler.load_compiled_function
@@ -114,9 +114,16 @@ def test_a_later_runner_loads_the_stored_units_and_runs_them_on_its_own_weights(
         torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
     assert stored[0].stat().st_size > 100  # stored again
 
-    frozen = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=3)
-    _feeds(StaticRunner(frozen, capacity=64, device_path=DevicePath(False, regional=False)), prompt, steps)
-    assert sorted(tmp_path.glob("*.unit")) == stored
+    whole = DevicePath(False, regional=False)  # units of the whole model, with the C++ wrapper: stored too
+    before = len(loads)
+    other = make_tiny_llama(300, hidden_size=64, num_layers=3, seed=3)  # (held: a runner holds it weakly)
+    _feeds(StaticRunner(other, capacity=64, device_path=whole), prompt, steps)
+    assert len(list(tmp_path.glob("*.unit"))) == 4 and len(loads) == before
+    fourth = copy.deepcopy(second)
+    got = _feeds(StaticRunner(fourth, capacity=64, device_path=whole), prompt, steps)
+    assert len(loads) == before + 2 and len(list(tmp_path.glob("*.unit"))) == 4  # on the copy's weights
+    for g_, w_ in zip(got, want, strict=True):
+        torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
 
 
 def test_the_store_is_switched_off_or_moved_by_its_variable_and_skips_what_it_cannot_hold(
