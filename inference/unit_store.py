@@ -61,6 +61,8 @@ DEFAULT_LIMIT_GB = 2.0  # ~1,000 of the real target's units: a bench needs 55, ~
 UNTRACED = "untraced_attributes"
 _FORMAT = 1  # raised whenever what a stored file holds, or how it is keyed, changes
 _OFF = {"0", "off", "false", "no"}
+# Where transformers loaded a model or config from: not what it computes (a copy elsewhere, the same graph)
+_PATHS = ("_name_or_path", "name_or_path")
 _PLAIN = (type(None), type(Ellipsis), bool, int, float, complex, str, bytes)
 
 
@@ -108,12 +110,14 @@ def stable_form(obj: Any, _path: tuple[int, ...] = ()) -> Any:
     if isinstance(obj, torch.nn.Module):
         # Its submodules, parameters and buffers through the public iterators; the rest of its state (the
         # config, flags, hooks) as attributes.
-        state = {k: v for k, v in vars(obj).items() if k not in ("_parameters", "_buffers", "_modules")}
+        skip = ("_parameters", "_buffers", "_modules", *_PATHS)
+        state = {k: v for k, v in vars(obj).items() if k not in skip}
         tensors = [*obj.named_parameters(recurse=False), *obj.named_buffers(recurse=False)]
         return ("module", _type_name(obj), stable_form(state, path), stable_form(tensors, path),
                 stable_form(list(obj.named_children()), path))  # fmt: skip
     if isinstance(obj, _configs()):  # by their public dict, which leaves out a per-process hash
-        return ("config", _type_name(obj), stable_form(obj.to_dict(), path))
+        fields = {k: v for k, v in obj.to_dict().items() if k not in _PATHS}
+        return ("config", _type_name(obj), stable_form(fields, path))
     if dataclasses.is_dataclass(obj):
         fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         return ("dataclass", _type_name(obj), stable_form(fields, path))

@@ -256,16 +256,17 @@ print(out, dict(counters["inductor"]))
 
 
 def test_a_compiled_unit_is_loaded_from_inductors_cache_by_a_later_compile(tmp_path):
-    """The CPU fast path's frozen graphs go through Inductor's on-disk FX graph cache (MKL-prepacked
-    weights cannot be pickled, so with them every process compiled everything again): after dynamo forgets
-    a unit, the same unit of a new model object is a cache hit, and a cached graph run with other weights
-    of the same shape still gives that model's own eager tokens (the frozen weights are not in the cache)."""
+    """With the store of compiled units off (or for a unit it cannot hold), the CPU fast path's graphs go
+    through Inductor's on-disk FX graph cache (MKL-prepacked weights cannot be pickled, so with them every
+    process compiled everything again): after dynamo forgets a unit, the same unit of a new model object
+    is a cache hit, and a cached graph run with other weights of the same shape still gives that model's
+    own eager tokens (the weights are inputs, not in the cache)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "ACCHEAD_UNIT_STORE": "0"}
     code = _CACHE_PROBE.format(tests=str(Path(__file__).parent))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
