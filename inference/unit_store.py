@@ -1,24 +1,24 @@
 """An on-disk store of compiled units: a later process loads a unit instead of tracing it again.
 
-With Inductor's on-disk cache warm, what a regional unit (`acchead.inference.compile_regions`) still spends
-is dynamo's tracing: ~5-7 s a unit of the real target on the CPU, 63 s for the real pair's 10 target units
-(docs/speed.md). torch's ahead-of-time capture (`torch.compile(...).aot_compile`, experimental in 2.13)
-serializes a traced and compiled function, its bytecode included; loading one takes ~0.1-0.5 s. So the
-first process to compile a unit stores it, under a digest of everything the unit was specialised on, and
-later processes load it.
+With Inductor's on-disk cache warm, what a CPU unit still spends is dynamo's tracing: ~5-7 s a unit of
+the real target (`acchead.inference.compile_regions`), 63 s for the real pair's 10 target units, ~14 s a
+unit of the demo target (docs/speed.md). torch's ahead-of-time capture (`torch.compile(...).aot_compile`,
+experimental in 2.13) serializes a traced and compiled function, its bytecode included; loading one takes
+~0.1-0.6 s. So the first process to compile a unit stores it, under a digest of everything the unit was
+specialised on, and later processes load it.
 
 What the digest holds (`stable_form` of the call's arguments, and `_environment`): every argument's type
 and contents down to plain values (numbers, strings, functions by module, name and code, a closure's
 cells, objects by their attributes, modules by their submodules, parameters' names, shapes and dtypes,
 configs), each tensor's metadata (shape, strides, dtype, device: its values are the graph's inputs), the
 global state dynamo guards on, the compile settings, the versions of torch, transformers and kernels,
-acchead's own source, the machine's CPU instruction set and the TORCH* environment. A unit whose weights
-are frozen into the graph (Inductor's freezing bakes their values; torch 2.13 cannot capture it either) is
-never stored: only units compiled as regional ones, whose weights are inputs (a loaded unit reads the model
-it is given; tests/test_unit_store.py changes the weights between store and load). Anything the digest
-cannot describe stably (an object without attributes, a symbolic token count) leaves the unit to the usual
-compilation; so does any failure to capture, save or load, logged: a store is a cache, and a decode never
-fails for it.
+acchead's own source, the machine's CPU instruction set and the TORCH* environment; not where a model
+was loaded from. A unit's weights are inputs (a loaded unit reads the model it is given;
+tests/test_unit_store.py changes the weights between store and load): one whose weights are frozen into
+the graph (Inductor's freezing, which `compiled_units` never sets; torch 2.13 cannot capture it either)
+is never stored. Anything the digest cannot describe stably (an object without attributes, a symbolic
+token count) leaves the unit to the usual compilation; so does any failure to capture, save or load,
+logged: a store is a cache, and a decode never fails for it.
 
 Objects that differ only in what no unit reads share a unit: a class names such attributes in
 `untraced_attributes` (a stop policy's threshold kept as a float beside the tensor its traced `judge` reads,
