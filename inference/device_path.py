@@ -15,8 +15,8 @@ same code on both devices:
 - `pinned`: page-locked host memory for a non-blocking upload (a pageable host-to-device copy syncs the
   stream); a CPU tensor is already where it goes;
 - the CUDA graph itself: Inductor skips graph capture for CPU tensors and runs the same compiled kernels,
-  so the CPU twin checks everything around the capture (the unit's tracing without frozen weights, the
-  output copies), not the capture.
+  so the CPU twin checks everything around the capture (the unit's tracing, the output copies), not the
+  capture.
 `acchead.inference.host_reads.read` has the fourth (CUDA's sync debug mode, a test instrument; its CPU twin
 is tests/test_host_reads.py's recorder).
 """
@@ -48,8 +48,8 @@ class DevicePath:
         regional: off the device path, compile a model's repeated decoder layers once per unit rather than
             once per layer (`acchead.inference.compile_regions`): None where the layers are wide enough
             to run about as fast (the real target's, not the demo target's), True for any model, False
-            never; a model of one such layer (the real pair's draft) compiles its units as regional ones,
-            weights as inputs. Regional units are kept in the store of compiled units
+            never (whole-model units, as a model of one layer gets: the real pair's draft). Every CPU
+            unit, regional or whole, is kept in the store of compiled units
             (`acchead.inference.unit_store`). Not on the device path, where it has not run on a GPU yet.
     """
 
@@ -77,8 +77,8 @@ class DevicePath:
     def compile_options(self) -> dict[str, Any]:
         """`torch.compile`'s backend and options: CUDA graphs on the device path (a CPU graph runs
         uncaptured), through Inductor (`mode="reduce-overhead"`'s one option, `triton.cudagraphs`) or the
-        `cudagraphs` backend; else Inductor's default mode (on the CPU the caller adds Inductor's weight
-        freezing and C++ wrapper).
+        `cudagraphs` backend; else Inductor's default mode (on the CPU the caller adds Inductor's C++
+        wrapper to a whole-model unit: `acchead.inference.compiled_units`).
 
         Why no split reductions on the device path: the real target's softmax over its 49,152-token
         vocabulary is one row, which Inductor splits across blocks; torch 2.11's Triton code generation
