@@ -95,9 +95,8 @@ class StaticRaggedCache:
     """`RaggedCache`'s interface (reset, feed, rollback, select; mask, length, slots) on the fast path.
 
     Args:
-        model: the causal LM or feature draft (eval mode); on the CPU a narrow model's weights are frozen
-            into the compiled graphs (changing them afterwards needs a new cache object; a wide model's are
-            the graphs' inputs: `acchead.inference.compile_regions`).
+        model: the causal LM or feature draft (eval mode); its weights are the compiled graphs' inputs,
+            never frozen into them (`acchead.inference.compiled_units`).
         compile: False runs the same static-cache logic eagerly (the CPU twin the suite runs in seconds).
         device_path: as `StaticRunner`'s (`acchead.inference.device_path`): None picks the device's default.
         capacity: the initial slots per row, rounded up (compaction reuses them; a longer row grows them).
