@@ -9,9 +9,9 @@ verification cost 1.75× a one-token step on that pair (docs/speed.md). `head_lo
 form for a bias-free `nn.Linear` head on the CPU in float32 (the case measured); elsewhere it calls the
 head. Either way the values are the head's product, up to float rounding (the order of the sums).
 
-`lm_forward` runs `model.get_decoder()` (public API) and `head_logits`, after checking once per model that
-this equals the model's own forward (no logit scaling or soft-capping after the head, as some
-architectures add); a model where it does not runs its own forward instead.
+`lm_forward` runs `model.get_decoder()` (public API) and `head_logits` (with the logits' soft cap of a model
+that has one, Gemma 2's), after checking once per model that this equals the model's own forward (no other
+logit scaling after the head, as some architectures add); a model where it does not runs its own forward.
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
         and hidden.dtype == weight.dtype == torch.float32
     ):
         flat = hidden.reshape(-1, hidden.shape[-1])  # (M, H)
-        return (weight @ flat.T).T.contiguous().view(*hidden.shape[:-1], weight.shape[0])  # (M, V) → (..., V)
-    return head(hidden)
+        logits = (weight @ flat.T).T.contiguous().view(*hidden.shape[:-1], weight.shape[0])  # (..., V)
+    else:
+        logits = head(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)  # Gemma 2's: cap · tanh(logits / cap)
+    return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 def splits_cleanly(model: PreTrainedModel) -> bool:

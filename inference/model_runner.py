@@ -141,8 +141,8 @@ def make_runner(
 
     Every decoder that runs `model` on the fast path shares that runner (decoders take turns: each
     `generate` resets it). This is not only about compiling once: a captured graph is bound to the cache
-    it was captured with (Inductor's freezing folds the cache's statically-addressed tensors in on the
-    CPU; a CUDA graph records their addresses), and a second cache would silently replay into the first.
+    it was captured with (a CUDA graph records its tensors' addresses; on the CPU a seen key skips the guards
+    that would tell two caches apart), and a second cache would silently replay into the first.
     `compile=False` (tests) gets a private runner. `device_path` (None: on CUDA) picks how the units compile
     (`acchead.inference.device_path`; a `DevicePath` also picks the compile backend); a model's runner
     serves one choice, another is refused.

@@ -26,6 +26,9 @@ Feeds are right-aligned: row b's `counts[b]` real tokens are the last ones of th
 block's first W - counts[b] entries are holes, so the last `keep` positions of every row are its real
 last tokens (the logits a verification or a draft step reads).
 
+A sliding-window model (Mistral, Gemma 2 and 3) measures its window in slots, which holes would stretch: its
+feeds pass a mask built from the rows' positions instead (`acchead.attention_window`).
+
 Only public transformers API is used for the forward (`attention_mask`, `position_ids`, the cache
 keyword `acchead.models.CACHE_ARG`, `DynamicCache.crop`, `batch_select_indices`); compaction reassigns each
 `DynamicLayer`'s `keys`/`values` tensors, the layer's documented storage.
@@ -38,6 +41,7 @@ from collections.abc import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from acchead.attention_window import sliding_windows, window_mask
 from acchead.kv_decode import crop_cache
 from acchead.lm_forward import lm_forward
 from acchead.models import CACHE_ARG
@@ -60,6 +64,9 @@ class RaggedCache:
         self.model = model
         # Resolved once: `PreTrainedModel.device` walks the parameters on every access.
         self.device: torch.device = model.device
+        # A sliding window is measured in a row's tokens, not in slots (holes would shorten it): such a model
+        # gets a prepared mask by position (`acchead.attention_window`); None for every other model.
+        self.windows = sliding_windows(model.config)
         self.reset(0)
 
     def reset(self, batch: int, capacity: int = 0) -> None:
@@ -107,7 +114,12 @@ class RaggedCache:
         mask = torch.cat([self.mask, valid], dim=1)
         # Without holes (B = 1 always: its rejected tail is cropped) the causal mask alone is exact, and the
         # model skips building a (B, 1, W, T) mask from the 2-D one.
-        attention = None if bool(mask.all()) else mask.long()
+        if bool(mask.all()):
+            attention = None
+        elif self.windows is None:
+            attention = mask.long()
+        else:
+            attention = window_mask(self.windows, mask, pos, self.model.dtype)
         # a feature draft's pairs (t_{j+1}, f_j): a pair's position id is its index j, as a token's
         logits, hidden = lm_forward(
             self.model, tokens.to(self.device), keep, want_hidden, hidden_rows, features, state_layers,

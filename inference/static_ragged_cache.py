@@ -19,14 +19,13 @@ graph symbolic in W (as `StaticRunner`'s `symbolic` feeds), captured per width. 
 call) runs eagerly on the same cache.
 
 The batch size stays B for the whole decode: a finished row (`select` drops it) keeps its physical row,
-all holes, and the forwards still run over it. That wastes the finished rows' share of the compute
-until the batch ends, but keeps one graph per (B, W) instead of one per row count. A physical row whose
-every slot is a hole attends to nothing; whatever it computes is never read (its keys are masked for
-every row, as a row only ever attends to its own slots).
+all holes, which the forwards still run over (its share of the compute is wasted until the batch ends,
+for one graph per (B, W) rather than one per row count); whatever it computes is never read.
 
-Exactness is `RaggedCache`'s: a valid token's key depends only on its row's valid tokens and its
-position id (the row's count of valid tokens before it); the causal mask compares slots, which keep
-token order within a row (new tokens take new slots at the end; compaction keeps the order).
+Exactness is `RaggedCache`'s: a valid token's key depends only on its row's valid tokens and its position
+id (the row's count of valid tokens before it); the causal mask compares slots, which keep token order
+within a row (new tokens take new slots at the end; compaction keeps the order); a sliding window is
+masked by position (`acchead.attention_window`).
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from acchead.attention_window import sliding_windows, window_mask
 from acchead.errors import AccheadError
 from acchead.feature_chain import install_output_hooks
 from acchead.feature_draft import is_feature_draft
@@ -77,13 +77,17 @@ def ragged_forward(
     state_layers: tuple[int, ...] = (),
     post: Callable | None = None,
     *post_args: Any,
+    windows: dict[str, int | None] | int | None = None,
 ) -> tuple[torch.Tensor | None, ...]:
     """One batched forward: the unit `torch.compile` captures. ids, positions (B, W); attention (B, C) bool,
     the slots each row may attend to (the block's own included); features (B, W, H) for a feature draft.
     keep / hidden_rows = 0: every fed position (a graph that does not specialise on W). Returns logits
     (B, keep, V) and the final hidden states (B, hidden_rows, H) (with `state_layers`, those decoder layers'
-    outputs after them: (B, hidden_rows, W)) or None; with `post`,
-    `post(logits, hidden, model, cache, *post_args)` instead, traced into the same graph (`Post`)."""
+    outputs after them: (B, hidden_rows, W)) or None; with `post`, `post(logits, hidden, model, cache,
+    *post_args)` instead, traced into the same graph (`Post`). `windows`: the model's sliding windows,
+    masked here by position (`acchead.attention_window`)."""
+    if windows is not None:
+        attention = window_mask(windows, attention, positions, model.dtype)
     kwargs = {CACHE_ARG: cache, "attention_mask": attention, "position_ids": positions, "use_cache": True}
     width = ids.shape[1]
     logits, hidden = lm_forward(model, ids, keep or width, want_hidden, hidden_rows or width, features,
@@ -118,12 +122,11 @@ class StaticRaggedCache:
                 "state, which the fast path computes; use the eager path"
             )
         self.compile = compile
-        # Per batch size and step rule, a compiled function of its own (its own code object, so its own
-        # dynamo cache): with one for all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4 (a
-        # size assert inside Inductor's code caught it; not reproduced on a tiny model); with one for all
-        # rules, two SpecDec++ decoders of one draft with different heads both ran the head compiled last
-        # (a seen key skips dynamo's guards, and those left did not tell the two graphs apart: forty-first
-        # session, tests/test_batched_fast.py).
+        self.windows = sliding_windows(model.config)  # masked by position in `ragged_forward`
+        # Per batch size and step rule, a compiled function of its own (its own dynamo cache): with one for
+        # all sizes, the bench's warm-up at B = 16 once ran a graph of B = 4; with one for all rules, two
+        # SpecDec++ decoders of one draft with different heads both ran the head compiled last (a seen key
+        # skips dynamo's guards: forty-first session, tests/test_batched_fast.py).
         self._calls: dict[Hashable, Callable] = {}
         self.capacity = _rounded(capacity)
         self.cache = None
@@ -275,7 +278,7 @@ class StaticRaggedCache:
         args = (self.model, self.cache, tokens, self._mask, positions, features, keep_arg, want_hidden,
                 rows_arg, layers, fn, *per_row, *constants)  # fmt: skip
         if not self.compile or prefill:
-            out = ragged_forward(*args)
+            out = ragged_forward(*args, windows=self.windows)
         else:
             if self.path.symbolic_shapes:
                 symbolic = width >= SYMBOLIC_FROM
@@ -297,7 +300,7 @@ class StaticRaggedCache:
                 call = self._calls[unit] = compile_units(
                     ragged_forward, self.path, regions_for(self.model, self.path.regional)
                 )
-            out = call(key, *args)
+            out = call(key, *args, windows=self.windows)
             if self.path.copy_outputs:
                 out = copy_out(out)
         self.used += width
@@ -386,9 +389,8 @@ def ragged_cache(
     model: PreTrainedModel, compile: bool = True, device_path: bool | DevicePath | None = None
 ) -> StaticRaggedCache:
     """The `StaticRaggedCache` of `model`: one per model and device path, shared by every batched decoder
-    of that model (its compiled graphs serve all of them; a decode resets it first), as
-    `acchead.inference.model_runner.make_runner` shares a `StaticRunner`. `compile=False` (tests) gets a
-    private one."""
+    of that model (its graphs serve all; a decode resets it first), as `model_runner.make_runner` shares a
+    `StaticRunner`. `compile=False` (tests) gets a private one."""
     if not compile:
         return StaticRaggedCache(model, compile=False, device_path=device_path)
     path = DevicePath.resolve(model.device, device_path)

@@ -5,11 +5,11 @@ preallocated once, so rolling back is moving the write position (stale keys past
 causal mask and overwritten by the next write); and every unit (a forward of a given token count with
 the decoder's work on its output, `feed(..., post=...)`; `acchead.inference.units`) is compiled once
 with `torch.compile` (`fullgraph`, static shapes) and replayed: on CUDA as a CUDA graph
-(`mode="reduce-overhead"`), on the CPU as Inductor's fused C++ kernels with the weights frozen into the
-graph (kept in Inductor's on-disk cache, so a later process loads it rather than compiling it again;
-docs/speed.md); a wide model's decoder layers compile as regions there, one layer traced and compiled for
-all of them, its weights not frozen (`acchead.inference.compile_regions`). The prompt (a new length
-every call) runs eager on the same cache.
+(`mode="reduce-overhead"`), on the CPU as Inductor's fused C++ kernels with the weights as inputs, stored
+on disk the first time (`acchead.inference.unit_store`: a later process loads it rather than compiling it
+again; docs/speed.md); a wide model's decoder layers compile as regions there, one layer traced and
+compiled for all of them (`acchead.inference.compile_regions`). The prompt (a new length every call) runs
+eager on the same cache.
 
 Why one compiled graph per token count: a round verifies L + 1 tokens, L chosen online, and a captured
 graph has fixed shapes. The decoders use few counts (1 and 2 for a draft; 1..cap + 1 for the target), so
@@ -22,7 +22,8 @@ Only transformers' public cache API is used: the write position moves back throu
 stays valid) and a grown cache is refilled through `StaticCache.update`; caches whose position cannot be
 rolled back are refused with one line. Releases whose full-attention `StaticLayer` has no `crop` (5.4-5.23;
 the GPU image's 5.17 is one: the fast path refused it there, 2026-11-26) get our own `RollbackStaticLayer`,
-a subclass that adds the `crop` 5.24 ships, in the cache's public `layers`.
+a subclass that adds the `crop` 5.24 ships, in the cache's public `layers`; a sliding-window layer is built
+as a full one (`new_static_cache`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, StaticCache
-from transformers.cache_utils import StaticLayer
+from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
 from acchead.errors import AccheadError
 from acchead.feature_chain import install_output_hooks, target_states
@@ -99,14 +100,26 @@ class RollbackStaticLayer(StaticLayer):
 
 
 def new_static_cache(config, capacity: int) -> StaticCache:
-    """A `StaticCache` of `capacity` tokens whose every layer can `crop` (see the module docstring)."""
+    """A `StaticCache` of `capacity` tokens whose every attention layer is a full-attention layer that can
+    `crop` (see the module docstring).
+
+    A sliding-window layer (Mistral's, Gemma 2's and 3's local layers) is a buffer of the window alone: once
+    a sequence passes the window it rolls old states out, which a rollback cannot bring back, and it keeps
+    its length as a Python int, which a compiled graph would bake in. Each is built as a full layer of the
+    whole capacity instead; the model's own mask still applies the window, as on the eager path
+    (`acchead.kv_decode`'s `DynamicCache()`). A sliding layer of another kind is refused in one line."""
     cache = StaticCache(config=config, max_cache_len=capacity)
-    if not hasattr(StaticLayer, "crop"):
-        # the layers are allocated lazily, at the first update: swapping them now loses nothing
-        cache.layers = [
-            RollbackStaticLayer(max_cache_len=layer.max_cache_len) if type(layer) is StaticLayer else layer
-            for layer in cache.layers
-        ]
+    full = StaticLayer if hasattr(StaticLayer, "crop") else RollbackStaticLayer
+    # the layers are allocated lazily, at the first update: swapping them now loses nothing
+    cache.layers = [
+        full(max_cache_len=capacity) if type(layer) in (StaticLayer, StaticSlidingWindowLayer) else layer
+        for layer in cache.layers
+    ]
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise AccheadError(
+            f"the fast path cannot roll back the sliding-window cache layers of {type(config).__name__} "
+            "(no full-attention form of them): use fast=False"
+        )
     return cache
 
 
@@ -119,8 +132,8 @@ class StaticRunner:
     keyed by the model, and a strong reference from its value would keep the model alive forever.
 
     Args:
-        model: the causal LM (eval mode). Its weights are frozen into the compiled graphs on the CPU:
-            changing them afterwards needs a new runner.
+        model: the causal LM (eval mode). Its compiled graphs are bound to this runner's cache:
+            replacing the model's weights afterwards needs a new runner.
         capacity: tokens the cache holds, rounded up to a multiple of `_CAPACITY_STEP`; `reset`
             and `feed` grow it when a sequence needs more (the cached keys/values are copied), which
             recompiles: a decoder's `warm_up` with the longest sequence first keeps that out of timed

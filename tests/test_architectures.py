@@ -1,0 +1,164 @@
+"""Pairs of other architectures than Llama decode exactly: tiny random Qwen 2, Mistral, Gemma 2, Phi 3 and
+GPT-2 targets, each with a copy of itself under 10% noise as its draft (rounds then both accept and reject).
+
+Mistral and Gemma 2 are built with a sliding window of 16 tokens and decode 60 past a prompt, so every
+path runs past the window: there the fast path's static cache once held the window alone (a rollback
+could not restore what it had rolled out) and a ragged batch's holes stretched the window, which
+transformers measures in cache slots (`acchead.attention_window`); both decoded other tokens than the
+target's. The fast path runs uncompiled here (the same cache logic); compiled: the slow test below.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+from exact_models import _perturbed
+
+from acchead.attention_window import sliding_windows, window_mask
+from acchead.errors import AccheadError
+from acchead.head import AcceptanceHead
+from acchead.inference import SpeculativeDecoder
+from acchead.inference.batched import BatchedDecoder
+from acchead.lm_forward import head_logits, splits_cleanly
+
+VOCAB, WINDOW, NEW = 96, 16, 60
+PROMPTS = [[5, 9, 17, 33, 2, 44, 61], [7, 1, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+# Sizes as most configs name them; GPT-2 names its own. The initialiser's range is one at which each
+# random model's greedy text varies and a draft with 10% noise agrees with it in some rounds, not all.
+_SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "max_position_embeddings": 256, "initializer_range": 0.3}  # fmt: skip
+_GPT2_SIZES = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 256, "initializer_range": 0.3}
+ARCHS = {
+    "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, _SIZES),
+    "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {**_SIZES, "sliding_window": WINDOW}),
+    "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
+               {**_SIZES, "head_dim": 8, "sliding_window": WINDOW, "initializer_range": 0.05}),
+    "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, _SIZES),
+    "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel, _GPT2_SIZES),
+}
+
+
+def _target(name: str):
+    config_class, model_class, sizes = ARCHS[name]
+    cfg = config_class(vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0, **sizes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        return model_class(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def pair(request):
+    target = _target(request.param)
+    return target, _perturbed(target, 0.1, seed=2)
+
+
+def _head(draft) -> AcceptanceHead:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return AcceptanceHead(draft.config.hidden_size, depth=1)
+
+
+def _greedy(target, prompt: list[int], n: int) -> list[int]:
+    out = target.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["eager", "fast"])
+@pytest.mark.parametrize("policy", ["specdec:k=3", "specdecpp:h=0.5,max=4"])
+def test_greedy_equals_the_targets_one_prompt_and_a_batch(pair, policy, fast):
+    """One prompt and a ragged batch of three: every row is the target's greedy continuation."""
+    target, draft = pair
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = None  # decode all NEW
+    want = [_greedy(target, p, NEW) for p in PROMPTS]
+    one = SpeculativeDecoder(target, draft, policy=policy, head=_head(draft), fast=fast, compile=False)
+    res = one.generate(torch.tensor(PROMPTS[0]), max_new_tokens=NEW, temperature=0)
+    assert res.new_ids.tolist() == want[0]
+    assert res.accepted_per_round.count(0) > 0 < sum(res.accepted_per_round)  # rounds reject and accept
+    batch = BatchedDecoder(target, draft, policy, head=_head(draft), fast=fast, compile=False)
+    res = batch.generate([torch.tensor(p) for p in PROMPTS], max_new_tokens=NEW, temperature=0)
+    assert [r.new_ids.tolist() for r in res.rows] == want
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_a_sampled_batch_row_is_the_row_decoded_alone(name):
+    """At T = 1 a row of a batch (without the batch rule) draws what the single-prompt decoder draws with
+    the same seed, past the window: its mask by position lets it see exactly the keys it sees alone."""
+    target = _target(name)
+    draft = _perturbed(target, 0.1, seed=2)
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = None
+    batch = BatchedDecoder(target, draft, "specdec:k=3")
+    seeds = [3, 4, 5]
+    res = batch.generate([torch.tensor(p) for p in PROMPTS], max_new_tokens=NEW, temperature=1.0, seed=seeds)
+    alone = SpeculativeDecoder(target, draft, policy="specdec:k=3")
+    for row, prompt, seed in zip(res.rows, PROMPTS, seeds, strict=True):
+        want = alone.generate(torch.tensor(prompt), max_new_tokens=NEW, temperature=1.0, seed=seed)
+        assert row.new_ids.tolist() == want.new_ids.tolist()
+
+
+def test_sliding_windows_read_transformers_layer_kinds():
+    """None for full attention everywhere; Mistral's one window for every layer; Gemma 2's per layer type;
+    a layer kind neither full nor sliding (Llama 4's chunks) is one line."""
+    assert sliding_windows(_target("qwen2").config) is None
+    assert sliding_windows(_target("mistral").config) == WINDOW
+    assert sliding_windows(_target("gemma2").config) == {"full_attention": None, "sliding_attention": WINDOW}
+    assert sliding_windows(tf.Qwen2Config(use_sliding_window=False, sliding_window=4096)) is None
+    for chunked in (tf.Llama4TextConfig(num_hidden_layers=2, layer_types=["chunked_attention"] * 2),
+                    tf.LlamaConfig(attention_chunk_size=8)):  # fmt: skip
+        with pytest.raises(AccheadError, match="not supported in a batch"):
+            sliding_windows(chunked)
+
+
+def test_window_mask_follows_each_rows_positions_through_holes():
+    """Brute force: query (b, i) sees valid slot t iff the slot's position k (its count of valid slots
+    before it) has k <= q and q - k < window; a full layer drops the window; holes are never seen."""
+    g = torch.Generator().manual_seed(0)
+    valid = torch.rand(3, 40, generator=g) < 0.6
+    valid[:, -4:] = torch.tensor([False, True, True, True])  # the block: one hole, then 3 real tokens
+    queries = valid.long().cumsum(1)[:, -4:] - 1  # (3, 4): the block's positions (the hole's: any)
+    masks = window_mask({"full_attention": None, "sliding_attention": 5}, valid, queries, torch.float32)
+    for kind, window in (("full_attention", None), ("sliding_attention", 5)):
+        mask = masks[kind]
+        assert mask.shape == (3, 1, 4, 40)
+        for b in range(3):
+            pos = valid[b].long().cumsum(0) - 1
+            for i in range(4):
+                q = int(queries[b, i])
+                for t in range(40):
+                    k = int(pos[t])
+                    seen = bool(valid[b, t]) and k <= q and (window is None or q - k < window)
+                    assert (mask[b, 0, i, t] == 0) == seen, (kind, b, i, t)
+    assert window_mask(7, valid, queries, torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_compiled_sliding_window_pairs_equal_the_targets_greedy(name):
+    """The same past the window with every unit compiled (Inductor on the CPU): one prompt, then a batch."""
+    target = _target(name)
+    draft = _perturbed(target, 0.1, seed=2)
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = None
+    want = [_greedy(target, p, NEW) for p in PROMPTS]
+    one = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=4", head=_head(draft), fast=True)
+    res = one.generate(torch.tensor(PROMPTS[0]), max_new_tokens=NEW, temperature=0)
+    assert res.new_ids.tolist() == want[0]
+    batch = BatchedDecoder(target, draft, "specdecpp:h=0.5,max=4", head=_head(draft), fast=True)
+    res = batch.generate([torch.tensor(p) for p in PROMPTS], max_new_tokens=NEW, temperature=0)
+    assert [r.new_ids.tolist() for r in res.rows] == want
+
+
+def test_the_forward_the_decoders_run_keeps_gemma_2s_soft_capped_logits():
+    """Gemma 2 soft-caps its logits (cap · tanh(logits / cap)) after the head; the decoders' split forward
+    (decoder stack, then the head: `acchead.lm_forward`) does too, so its logits are the model's. On a tiny
+    random model the cap moves the logits by ~1e-4 only: the check's tolerance alone would not see it."""
+    target = _target("gemma2")
+    ids = torch.tensor([[5, 9, 17, 33]])
+    with torch.inference_mode():
+        want = target(input_ids=ids).logits
+        hidden = target.get_decoder()(input_ids=ids).last_hidden_state
+        got = head_logits(target, hidden)
+        uncapped = target.get_output_embeddings()(hidden)
+    assert target.config.final_logit_softcapping and splits_cleanly(target)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(uncapped, want, rtol=1e-6, atol=1e-6)
