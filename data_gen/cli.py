@@ -106,8 +106,12 @@ def _chain(args: GenDataArgs, draft) -> dict:
     return {"feature_chain": args.feature_chain} if args.feature_chain > 1 and is_feature_draft(draft) else {}
 
 
-def _prompts_job(args: GenDataArgs, prompt_ids: list[list[int]], context: int) -> Job:
+def _prompts_job(args: GenDataArgs, prompt_ids: list[list[int]], vocab: int, context: int) -> Job:
     """Online labelling: prompts that leave room for max_new_tokens in the context; the target samples X."""
+    bad = next(((i, t) for i, ids in enumerate(prompt_ids) for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:  # a tokenizer that does not fit the models: one line, not an IndexError mid-run
+        raise AccheadError(f"prompt {bad[0]} has token id {bad[1]}, outside the models' embedding tables "
+                           f"(ids 0..{vocab - 1}): the tokenizer does not fit the models")  # fmt: skip
     kept = fit_to_context(prompt_ids, args.max_new_tokens, context)
     skipped = len(prompt_ids) - len(kept)
     if not kept:
@@ -116,12 +120,8 @@ def _prompts_job(args: GenDataArgs, prompt_ids: list[list[int]], context: int) -
             f"in the {context}-token context"
         )
     digest = prompts_digest(prompt_ids)
-    notes = []
-    if skipped:
-        notes.append(
-            f"skipping {skipped} prompts too long for {args.max_new_tokens} new tokens in a "
-            f"{context}-token context"
-        )
+    notes = [f"skipping {skipped} prompts too long for {args.max_new_tokens} new tokens in a "
+             f"{context}-token context"] if skipped else []  # fmt: skip
     return Job(
         prompt_ids=dict(enumerate(prompt_ids)),
         responses=None,
@@ -252,11 +252,11 @@ def _run(args: GenDataArgs, progress: bool, stack: contextlib.ExitStack) -> dict
         )
     context = min(context_length(target, target_tok), context_length(draft, draft_tok))
     eos = eos_ids(target, target_tok)
+    vocab = min(m.get_input_embeddings().weight.size(0) for m in (target, draft))
     if args.from_responses:
-        vocab = min(m.get_input_embeddings().weight.size(0) for m in (target, draft))
         job = _responses_job(args, data, vocab, eos, context)
     else:
-        job = _prompts_job(args, prompt_ids, context)
+        job = _prompts_job(args, prompt_ids, vocab, context)
     target_id, draft_id = model_identity(target), model_identity(draft)
     hidden = draft_id["hidden_size"]
     # Both head kinds' states: (1 - r) of the positions for candidate heads, all of them for lookahead heads.

@@ -186,3 +186,30 @@ def test_batch_rules_of_each_setting():
     assert rules("copy+specdecpp:h=0.5", ["Gated", "on", "Measured"]) == ["Measured", "on"]
     assert rules("specdec:k=2", ["gated"]) == [None]
     assert rules("specdecpp:h=0.5", []) == [None]
+
+
+def test_decode_fast_warms_up_before_the_timed_decode(tiny_pair_dirs, capsys, monkeypatch):
+    """`acchead-decode --fast` (one prompt) compiles its units before the streamed decode, so the tokens/s
+    it prints is the decode's own, and says how long the warm-up took (the runners uncompiled here: the
+    fast-path tests compile them); the text and counts are the eager decode's."""
+    import acchead.inference.decoder as decoder
+    import acchead.inference.drafters as drafters
+    from acchead.inference.cli_decode import main as decode_main
+    from acchead.inference.model_runner import make_runner
+
+    def uncompiled(model, fast, compile=True, device_path=None):
+        return make_runner(model, fast, False, device_path=device_path)
+
+    for module in (decoder, drafters):
+        monkeypatch.setattr(module, "make_runner", uncompiled)
+    t, d = tiny_pair_dirs
+    base = ["--target", str(t), "--draft", str(d), "--prompt", "def f(x):", "--max-new-tokens", "10",
+            "--policy", "specdec:k=3", "--temperature", "0"]  # fmt: skip
+    assert decode_main([*base, "--json"]) == 0
+    eager = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert decode_main([*base, "--json", "--fast"]) == 0
+    fast = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert eager["warm_up_s"] == 0.0 and fast["warm_up_s"] > 0.0
+    assert fast["text"] == eager["text"] and fast["target_calls"] == eager["target_calls"]
+    assert decode_main([*base, "--fast"]) == 0
+    assert "fast path warmed up in" in capsys.readouterr().out

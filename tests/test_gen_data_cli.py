@@ -241,6 +241,22 @@ def test_tokenizer_mismatch_is_one_line_error(tiny_pair_dirs, prompts_file, tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tokenizer_wider_than_the_models_is_one_line_error(prompts_file, tmp_path, capsys):
+    """Prompt ids past the models' embedding tables (a tokenizer that does not fit them) are refused in one
+    line before any labelling (an IndexError inside the target's forward, with a traceback, before)."""
+    from conftest import make_tiny_llama
+
+    pair = []
+    for name, hidden, seed in (("target", 32, 1), ("draft", 16, 2)):
+        make_tiny_llama(64, hidden_size=hidden, num_layers=1, seed=seed).save_pretrained(tmp_path / name)
+        make_tiny_tokenizer().save_pretrained(tmp_path / name)  # 320 ids for 64 embedding rows
+        pair.append(tmp_path / name)
+    capsys.readouterr()  # (saving's progress bars)
+    assert cli.main(base_args(pair, prompts_file, tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "outside the models' embedding tables (ids 0..63)" in err and len(err.splitlines()) == 1, err
+
+
 @pytest.mark.parametrize(
     ("content", "suffix", "message"),
     [
