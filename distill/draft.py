@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from acchead.distill.responses import ResponseShard
+from acchead.errors import AccheadError
 from acchead.feature_draft import FeatureDraftConfig, FeatureDraftForCausalLM
 from acchead.reduced_vocab import ReducedVocabConfig, ReducedVocabLlamaForCausalLM, embedding_fingerprint
 from acchead.rundir import atomic_write, atomic_write_json
@@ -61,6 +62,22 @@ def coverage(shards: list[ResponseShard], vocab: torch.Tensor) -> float:
     return sum(t in kept for s in shards for r in s.responses for t in r) / max(total, 1)
 
 
+# Targets whose decoder layers a Llama layer loads as they are (the same weights, norms and activation):
+# the draft starts from copies of them. Others (Qwen 2's attention biases, Gemma's extra norms, Phi 3's
+# fused projections, GPT-2) would need a draft class of their own.
+LLAMA_LAYOUT = ("llama", "mistral")
+
+
+def check_llama_layout(target) -> None:
+    """One line unless `target`'s layers are Llama's (`LLAMA_LAYOUT`): the distilled draft copies them."""
+    kind = getattr(target.config, "model_type", None)
+    if kind not in LLAMA_LAYOUT:
+        raise AccheadError(
+            f"acchead-distill starts its draft from copies of the target's layers, which needs a "
+            f"Llama-layout target ({', '.join(LLAMA_LAYOUT)}); this one is {kind!r}: bring your own draft"
+        )
+
+
 def init_from_target(
     target,
     vocab: torch.Tensor,
@@ -72,6 +89,7 @@ def init_from_target(
     (copied), its final norm, and as head the target's head rows of `vocab`. `embedding_source` is recorded
     for loading (see `acchead.reduced_vocab`). `feature`: a feature (EAGLE) draft that also reads the
     target's states (`acchead.feature_draft`)."""
+    check_llama_layout(target)
     tc = target.config
     emb = target.get_input_embeddings().weight.detach()
     config_cls, model_cls = (

@@ -126,6 +126,22 @@ def record_forward_shapes(*models) -> dict:
     return calls
 
 
+@pytest.fixture
+def uncompiled_runners(monkeypatch):
+    """The single-prompt decoders' fast-path runners built uncompiled (the same static-cache logic, in
+    seconds), for tests of a command that builds its own decoders; the fast-path tests compile them."""
+    import acchead.inference.decoder as decoder
+    import acchead.inference.drafters as drafters
+    import acchead.inference.feature_drafter as feature_drafter
+    from acchead.inference.model_runner import make_runner
+
+    def uncompiled(model, fast, compile=True, device_path=None):
+        return make_runner(model, fast, False, device_path=device_path)
+
+    for module in (decoder, drafters, feature_drafter):
+        monkeypatch.setattr(module, "make_runner", uncompiled)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """Byte-level BPE with 320 tokens; EOS `<|endoftext|>` is id 0."""

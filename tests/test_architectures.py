@@ -162,3 +162,38 @@ def test_the_forward_the_decoders_run_keeps_gemma_2s_soft_capped_logits():
     assert target.config.final_logit_softcapping and splits_cleanly(target)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(uncapped, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.usefixtures("uncompiled_runners")
+def test_gen_data_train_and_decode_run_on_a_gemma_2_pair(tiny_tokenizer, tmp_path, capsys):
+    """The design card's commands on a Gemma 2 pair (sliding window, soft-capped logits) saved as
+    directories: gen-data labels it, `acchead-train --w-rej 6 --depth 3` trains a head, and decode on both
+    paths with that head gives the same greedy text and counts (the fast path's runners uncompiled)."""
+    import json
+
+    from acchead.data_gen import cli as gen_cli
+    from acchead.inference.cli_decode import main as decode_main
+    from acchead.train import cli as train_cli
+
+    target = _target("gemma2")
+    target.resize_token_embeddings(len(tiny_tokenizer))
+    pair = {"target": target, "draft": _perturbed(target, 0.1, seed=2)}
+    for name, model in pair.items():
+        model.save_pretrained(tmp_path / name)
+        tiny_tokenizer.save_pretrained(tmp_path / name)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(6)))
+    models = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft")]
+    assert gen_cli.main([*models, "--prompts", str(prompts), "--max-new-tokens", "24",
+                         "--out", str(tmp_path / "data")]) == 0  # fmt: skip
+    assert train_cli.main(["--data", str(tmp_path / "data"), "--w-rej", "6", "--depth", "3", "--epochs", "2",
+                           "--out", str(tmp_path / "head")]) == 0  # fmt: skip
+    capsys.readouterr()
+    args = [*models, "--head", str(tmp_path / "head" / "head.safetensors"), "--prompt", "def g(x):",
+            "--max-new-tokens", "40", "--temperature", "0", "--json"]  # fmt: skip
+    runs = []
+    for path in ("--no-fast", "--fast"):
+        assert decode_main([*args, path]) == 0
+        runs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert runs[0]["text"] == runs[1]["text"] and runs[0]["target_calls"] == runs[1]["target_calls"]
+    assert runs[0]["policy"].startswith("specdecpp")

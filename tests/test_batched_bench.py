@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from test_bench import _argv, bench_inputs  # noqa: F401  (the fixture, shared with the bench's tests)
 
 from acchead.inference.bench.batched_bench import BatchedRow, batched_table
@@ -188,20 +189,13 @@ def test_batch_rules_of_each_setting():
     assert rules("specdecpp:h=0.5", []) == [None]
 
 
-def test_decode_fast_warms_up_before_the_timed_decode(tiny_pair_dirs, capsys, monkeypatch):
+@pytest.mark.usefixtures("uncompiled_runners")
+def test_decode_fast_warms_up_before_the_timed_decode(tiny_pair_dirs, capsys):
     """`acchead-decode --fast` (one prompt) compiles its units before the streamed decode, so the tokens/s
     it prints is the decode's own, and says how long the warm-up took (the runners uncompiled here: the
     fast-path tests compile them); the text and counts are the eager decode's."""
-    import acchead.inference.decoder as decoder
-    import acchead.inference.drafters as drafters
     from acchead.inference.cli_decode import main as decode_main
-    from acchead.inference.model_runner import make_runner
 
-    def uncompiled(model, fast, compile=True, device_path=None):
-        return make_runner(model, fast, False, device_path=device_path)
-
-    for module in (decoder, drafters):
-        monkeypatch.setattr(module, "make_runner", uncompiled)
     t, d = tiny_pair_dirs
     base = ["--target", str(t), "--draft", str(d), "--prompt", "def f(x):", "--max-new-tokens", "10",
             "--policy", "specdec:k=3", "--temperature", "0"]  # fmt: skip

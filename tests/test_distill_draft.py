@@ -27,6 +27,7 @@ from acchead.distill.draft import (
     train_draft,
 )
 from acchead.distill.responses import PlanItem, ResponsesConfig, ResponseShard, run_responses
+from acchead.errors import AccheadError
 from acchead.models import load_causal_lm
 
 SHARD = ResponseShard(
@@ -57,6 +58,17 @@ def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
     short = init_from_target(target, vocab, (0, 2))
     assert short.config.num_hidden_layers == 2
     assert torch.equal(short.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
+
+
+def test_a_target_whose_layers_are_not_llamas_is_one_line():
+    """The draft starts from copies of the target's layers: a target of another layout (Qwen 2's attention
+    biases) is refused in one line naming it, not a state-dict traceback."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    with pytest.raises(AccheadError, match=r"Llama-layout target .* this one is 'qwen2'"):
+        init_from_target(Qwen2ForCausalLM(cfg), torch.arange(8), (0,))
 
 
 @pytest.mark.parametrize("feature", [False, True])
