@@ -23,7 +23,7 @@ from acchead.inference.batched import BatchedDecoder
 from acchead.lm_forward import head_logits, splits_cleanly
 
 VOCAB, WINDOW, NEW = 96, 16, 60
-PROMPTS = [[5, 9, 17, 33, 2, 44, 61], [7, 1, 4], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]]
+PROMPTS = [[5, 9, 17, 33, 2, 44, 61], [7, 1, 4], [*range(11, 31)]]  # the last one longer than the window
 # Sizes as most configs name them; GPT-2 names its own. The initialiser's range is one at which each
 # random model's greedy text varies and a draft with 10% noise agrees with it in some rounds, not all.
 _SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
