@@ -97,6 +97,36 @@ def test_a_sampled_batch_row_is_the_row_decoded_alone(name):
         assert row.new_ids.tolist() == want.new_ids.tolist()
 
 
+def test_chi_square_of_a_sliding_window_row_under_the_batch_rule():
+    """A peaked Mistral of window 4 (12 tokens): row 1 of a ragged batch of three, its prompt past the
+    window, with the batch rule (c = 0.3) ending rounds from every row's head: its 3-token continuations
+    follow the target's exact distribution (transformers' own forward over whole sequences). A mask whose
+    window is 2 tokens too wide fails it (checked once, by hand)."""
+    from collections import Counter
+
+    from exact_models import _chi_square_p_value, _exact_sequences
+
+    from acchead.sampling import SamplingConfig
+
+    cfg = tf.MistralConfig(vocab_size=12, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                           initializer_range=0.3, sliding_window=4, tie_word_embeddings=False)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        target = tf.MistralForCausalLM(cfg).eval()
+    draft = _perturbed(target, 0.5, seed=4)
+    head = AcceptanceHead(draft.config.hidden_size, depth=1)
+    dec = BatchedDecoder(target, draft, "specdecpp:h=0.5,max=3", head=head, batch_stop=0.3)
+    prompts, samples, counts, stops = [[3, 5], [1, 4, 2, 6, 3, 5], [2, 7, 7]], 250, Counter(), 0
+    for s in range(samples):
+        res = dec.generate(prompts, max_new_tokens=[5, 3, 4], temperature=1.0, seed=[7 * s, s, 3 * s + 1])
+        counts[tuple(res.rows[1].new_ids.tolist())] += 1
+        stops += res.batch_stops
+    assert stops > 0  # the rule really ended rounds
+    exact = _exact_sequences(target, prompts[1], 3, SamplingConfig(1.0))
+    assert _chi_square_p_value(counts, exact, samples) > 1e-3
+
+
 def test_sliding_windows_read_transformers_layer_kinds():
     """None for full attention everywhere; Mistral's one window for every layer; Gemma 2's per layer type;
     a layer kind neither full nor sliding (Llama 4's chunks) is one line."""
