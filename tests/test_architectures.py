@@ -227,3 +227,44 @@ def test_gen_data_train_and_decode_run_on_a_gemma_2_pair(tiny_tokenizer, tmp_pat
         runs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     assert runs[0]["text"] == runs[1]["text"] and runs[0]["target_calls"] == runs[1]["target_calls"]
     assert runs[0]["policy"].startswith("specdecpp")
+
+
+def test_layers_of_two_attention_kinds_are_not_compiled_as_one_region():
+    """Regional compilation traces one layer and reuses it for the others, which is right only where they
+    differ in their weights alone: Gemma 2's alternating sliding and full layers are compiled whole (its
+    logits were 0.2-0.7 off as regions), a Gemma 2 of one kind and Mistral as regions."""
+    from acchead.inference.compile_regions import decoder_layers
+
+    config_class, model_class, sizes = ARCHS["gemma2"]
+    one_kind = model_class(config_class(vocab_size=VOCAB, layer_types=["sliding_attention"] * 2, **sizes))
+    assert decoder_layers(_target("gemma2"), 0) is None
+    assert decoder_layers(one_kind, 0) is not None and decoder_layers(_target("mistral"), 0) is not None
+
+
+@pytest.mark.slow
+def test_a_regional_runner_of_a_gemma_2_gives_its_eager_logits():
+    """The runner asked for regions (as a model of wide layers gets them) on Gemma 2, past the window and
+    through rollbacks: every step's logits are the uncompiled static cache's."""
+    from acchead.inference.device_path import DevicePath
+    from acchead.inference.static_runner import StaticRunner
+
+    target = _target("gemma2")
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(1, VOCAB, (20,), generator=g)
+    steps = [torch.randint(1, VOCAB, (w,), generator=g) for w in (1, 3, 1, 3, 1)]
+
+    def feeds(runner: StaticRunner) -> list[torch.Tensor]:
+        out = []
+        with torch.inference_mode():
+            runner.reset(64)
+            runner.feed(prompt)
+            for tokens in steps:
+                out.append(runner.feed(tokens, keep=len(tokens))[0].clone())
+                if len(tokens) == 3:
+                    runner.rollback(runner.length - 2)  # two of them rejected
+        return out
+
+    got = feeds(StaticRunner(target, capacity=64, device_path=DevicePath(False, regional=True)))
+    want = feeds(StaticRunner(target, capacity=64, compile=False))
+    for g_, w_ in zip(got, want, strict=True):
+        torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
