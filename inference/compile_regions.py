@@ -66,20 +66,19 @@ _NESTED = getattr(torch.compiler, "nested_compile_region", None)
 
 def decoder_layers(model: nn.Module, min_params: int = MIN_REGION_LAYER_PARAMS) -> list[nn.Module] | None:
     """The decoder's layers if regional compilation may mark them: two or more modules of one class in the
-    decoder's `layers` (transformers' public `get_decoder()`), of one attention kind (the config's
-    `layer_types`), none with a `forward` of its own instance,
+    decoder's `layers` (transformers' public `get_decoder()`), alike but for their weights and index
+    (`_baked`), none with a `forward` of its own instance,
     each of at least `min_params` parameters and reading the cache's layer at its own position (the
     `layer_idx` of its modules, where they have one: a region is given that layer of the cache); else
     None."""
     layers = _layer_list(model)
     if layers is None or len(layers) < 2:
         return None
-    config = getattr(model, "config", None)
-    kinds = getattr(config.get_text_config(decoder=True), "layer_types", None) if config is not None else None
-    if kinds is not None and len(set(kinds)) > 1:
-        # Layers of two attention kinds (Gemma 2's sliding and full ones) differ in more than their weights,
-        # and dynamo reused one's traced code for the other: a Gemma 2's logits were 0.2-0.7 off (fiftieth
-        # session, tests/test_architectures.py).
+    if len({_baked(layer) for layer in layers}) != 1:
+        # Layers that differ in more than their weights (Gemma 2's sliding and full attention, SmolLM3's
+        # layers without rotary positions) compile whole: dynamo's reuse does not always see it (it ran a
+        # Gemma 2's full layers on a sliding one's trace, logits 0.2-0.7 off; it told SmolLM3's apart),
+        # fiftieth session, tests/test_architectures.py.
         return None
     if len({type(layer) for layer in layers}) != 1 or any("forward" in vars(layer) for layer in layers):
         return None
@@ -88,6 +87,17 @@ def decoder_layers(model: nn.Module, min_params: int = MIN_REGION_LAYER_PARAMS) 
     if any(getattr(m, "layer_idx", i) != i for i, layer in enumerate(layers) for m in layer.modules()):
         return None
     return list(layers)
+
+
+def _baked(layer: nn.Module) -> tuple:
+    """What a traced layer bakes in beside its weights: each of its modules' plain attributes (numbers,
+    strings, flags: a window, whether it applies rotary positions), its own index aside."""
+    return tuple(
+        (name, key, value)
+        for name, module in layer.named_modules()
+        for key, value in sorted(vars(module).items())
+        if key != "layer_idx" and isinstance(value, bool | int | float | str | None)
+    )
 
 
 def _layer_list(model: nn.Module) -> nn.ModuleList | None:

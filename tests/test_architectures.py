@@ -1,5 +1,6 @@
-"""Pairs of other architectures than Llama decode exactly: tiny random Qwen 2, Mistral, Gemma 2, Phi 3 and
-GPT-2 targets, each with a copy of itself under 10% noise as its draft (rounds then both accept and reject).
+"""Pairs of other architectures than Llama decode exactly: tiny random Qwen 2, Mistral, Gemma 2, Phi 3,
+SmolLM3 and GPT-2 targets, each with a copy of itself under 10% noise as its draft (rounds then both
+accept and reject).
 
 Mistral and Gemma 2 are built with a sliding window of 16 tokens and decode 60 past a prompt, so every
 path runs past the window: there the fast path's static cache once held the window alone (a rollback
@@ -35,6 +36,8 @@ ARCHS = {
     "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
                {**_SIZES, "head_dim": 8, "sliding_window": WINDOW, "initializer_range": 0.05}),
     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, _SIZES),
+    # four layers: the last one without rotary positions (SmolLM3's NoPE layers, one in four)
+    "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, {**_SIZES, "num_hidden_layers": 4}),
     "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel, _GPT2_SIZES),
 }
 
@@ -229,26 +232,28 @@ def test_gen_data_train_and_decode_run_on_a_gemma_2_pair(tiny_tokenizer, tmp_pat
     assert runs[0]["policy"].startswith("specdecpp")
 
 
-def test_layers_of_two_attention_kinds_are_not_compiled_as_one_region():
+def test_layers_that_differ_in_more_than_weights_are_not_compiled_as_one_region():
     """Regional compilation traces one layer and reuses it for the others, which is right only where they
-    differ in their weights alone: Gemma 2's alternating sliding and full layers are compiled whole (its
-    logits were 0.2-0.7 off as regions), a Gemma 2 of one kind and Mistral as regions."""
+    differ in their weights alone: Gemma 2's alternating sliding and full layers and SmolLM3's layers with
+    and without rotary positions are compiled whole (Gemma 2's logits were 0.2-0.7 off as regions; dynamo
+    happened to tell SmolLM3's apart); a Gemma 2 of one kind and Mistral as regions."""
     from acchead.inference.compile_regions import decoder_layers
 
     config_class, model_class, sizes = ARCHS["gemma2"]
     one_kind = model_class(config_class(vocab_size=VOCAB, layer_types=["sliding_attention"] * 2, **sizes))
-    assert decoder_layers(_target("gemma2"), 0) is None
+    assert decoder_layers(_target("gemma2"), 0) is None and decoder_layers(_target("smollm3"), 0) is None
     assert decoder_layers(one_kind, 0) is not None and decoder_layers(_target("mistral"), 0) is not None
 
 
 @pytest.mark.slow
-def test_a_regional_runner_of_a_gemma_2_gives_its_eager_logits():
-    """The runner asked for regions (as a model of wide layers gets them) on Gemma 2, past the window and
-    through rollbacks: every step's logits are the uncompiled static cache's."""
+@pytest.mark.parametrize("name", ["gemma2", "smollm3"])
+def test_a_regional_runner_gives_its_eager_logits(name):
+    """The runner asked for regions (as a model of wide layers gets them) on Gemma 2 and SmolLM3, past the
+    window and through rollbacks: every step's logits are the uncompiled static cache's."""
     from acchead.inference.device_path import DevicePath
     from acchead.inference.static_runner import StaticRunner
 
-    target = _target("gemma2")
+    target = _target(name)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(1, VOCAB, (20,), generator=g)
     steps = [torch.randint(1, VOCAB, (w,), generator=g) for w in (1, 3, 1, 3, 1)]
