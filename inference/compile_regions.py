@@ -74,17 +74,17 @@ def decoder_layers(model: nn.Module, min_params: int = MIN_REGION_LAYER_PARAMS) 
     layers = _layer_list(model)
     if layers is None or len(layers) < 2:
         return None
-    if len({_baked(layer) for layer in layers}) != 1:
-        # Layers that differ in more than their weights (Gemma 2's sliding and full attention, SmolLM3's
-        # layers without rotary positions) compile whole: dynamo's reuse does not always see it (it ran a
-        # Gemma 2's full layers on a sliding one's trace, logits 0.2-0.7 off; it told SmolLM3's apart),
-        # fiftieth session, tests/test_architectures.py.
-        return None
     if len({type(layer) for layer in layers}) != 1 or any("forward" in vars(layer) for layer in layers):
         return None
     if sum(p.numel() for p in layers[0].parameters()) < min_params:
         return None
     if any(getattr(m, "layer_idx", i) != i for i, layer in enumerate(layers) for m in layer.modules()):
+        return None
+    if len({_baked(layer) for layer in layers}) != 1:
+        # Layers that differ in more than their weights (Gemma 2's sliding and full attention, SmolLM3's
+        # layers without rotary positions) compile whole: dynamo's reuse does not always see it (it ran a
+        # Gemma 2's full layers on a sliding one's trace, logits 0.2-0.7 off; it told SmolLM3's apart),
+        # fiftieth session, tests/test_architectures.py.
         return None
     return list(layers)
 
