@@ -180,6 +180,52 @@ def test_chi_square_of_a_sliding_window_row_under_the_batch_rule():
     assert _chi_square_p_value(counts, exact, samples) > 1e-3
 
 
+def _peaked_target(name: str):
+    """`name`'s tiny target on 12 tokens, whose next-token laws are peaked enough for a chi-square test of
+    3-token continuations. Gemma 2's logit soft cap is 2 (its default, 30, never binds on these logits and
+    greedy text cannot see it): a decoder that dropped the cap samples another law (p = 0, checked once by
+    hand with `head_logits` uncapped and the split forced)."""
+    config_class, model_class, sizes = ARCHS[name]
+    extra = {"final_logit_softcapping": 2.0} if name == "gemma2" else {}
+    cfg = config_class(vocab_size=12, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                       tie_word_embeddings=False, **{**sizes, "initializer_range": 0.3}, **extra)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        return model_class(cfg).eval()
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_chi_square_of_each_architecture(name):
+    """At T = 1, SpecDec++ with block verification on the fast path (static caches, the split forward):
+    3-token continuations follow the target's exact law (transformers' own forward over whole sequences),
+    and the draft's law, sampled as often, is rejected (the test has power on this pair). The eager path
+    drew the same 250 sequences as the fast one on every architecture (checked once by hand); its greedy
+    text is tested above."""
+    from collections import Counter
+
+    from exact_models import _chi_square_p_value, _exact_sequences
+
+    from acchead.sampling import SamplingConfig
+
+    target = _peaked_target(name)
+    draft = _perturbed(target, 0.5, seed=4)
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = None
+    dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=3", head=_head(draft),
+                             verifier="block", fast=True, compile=False)  # fmt: skip
+    prompt, samples, cfg = [1, 4], 250, SamplingConfig(1.0)
+    counts = Counter(
+        tuple(dec.generate(torch.tensor(prompt), max_new_tokens=3, temperature=1.0, seed=s).new_ids.tolist())
+        for s in range(samples)
+    )
+    exact = _exact_sequences(target, prompt, 3, cfg)
+    assert _chi_square_p_value(counts, exact, samples) > 1e-3
+    drafted = _exact_sequences(draft, prompt, 3, cfg)
+    keys = list(drafted)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.multinomial(torch.tensor([drafted[k] for k in keys]), samples, replacement=True, generator=g)
+    assert _chi_square_p_value(Counter(keys[i] for i in idx.tolist()), exact, samples) < 1e-3
+
+
 def test_sliding_windows_read_transformers_layer_kinds():
     """None for full attention everywhere; Mistral's one window for every layer; Gemma 2's per layer type;
     a layer kind neither full nor sliding (Llama 4's chunks) is one line."""
