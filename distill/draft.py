@@ -62,20 +62,35 @@ def coverage(shards: list[ResponseShard], vocab: torch.Tensor) -> float:
     return sum(t in kept for s in shards for r in s.responses for t in r) / max(total, 1)
 
 
-# Targets whose decoder layers a Llama layer loads as they are (the same weights, norms and activation):
-# the draft starts from copies of them. Others (Qwen 2's attention biases, Gemma's extra norms, Phi 3's
-# fused projections, GPT-2) would need a draft class of their own.
-LLAMA_LAYOUT = ("llama", "mistral")
+# Targets whose decoder layers a Llama layer loads (the same norms, activation and rotary positions), with
+# the Llama config's switches that make it so: the draft starts from copies of them. Qwen 2's attention
+# has biases on q, k and v (a Llama layer with `attention_bias` has one on o too, which starts at zero).
+# Others (Qwen 3's and Gemma's extra norms, Phi 3's fused projections, GPT-2) would need a draft class of
+# their own.
+LLAMA_LAYOUT: dict[str, dict[str, object]] = {"llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}}
 
 
-def check_llama_layout(target) -> None:
-    """One line unless `target`'s layers are Llama's (`LLAMA_LAYOUT`): the distilled draft copies them."""
+def check_llama_layout(target) -> dict[str, object]:
+    """The Llama config's switches for `target`'s layers (`LLAMA_LAYOUT`); one line unless they are
+    Llama's: the distilled draft copies them."""
     kind = getattr(target.config, "model_type", None)
     if kind not in LLAMA_LAYOUT:
         raise AccheadError(
             f"acchead-distill starts its draft from copies of the target's layers, which needs a "
             f"Llama-layout target ({', '.join(LLAMA_LAYOUT)}); this one is {kind!r}: bring your own draft"
         )
+    return LLAMA_LAYOUT[kind]
+
+
+def _copy_layer(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    """Load target layer `theirs` into draft layer `mine`; a bias the target lacks (Qwen 2's o_proj) is
+    zero, so the copy computes what the target's layer does."""
+    missing, unexpected = mine.load_state_dict(theirs.state_dict(), strict=False)
+    if unexpected or any(not k.endswith(".bias") for k in missing):
+        raise AccheadError(f"the target's layer does not load into a Llama layer: missing {missing}, "
+                           f"unexpected {unexpected}")  # fmt: skip
+    for key in missing:
+        mine.get_parameter(key).data.zero_()
 
 
 def init_from_target(
@@ -89,7 +104,7 @@ def init_from_target(
     (copied), its final norm, and as head the target's head rows of `vocab`. `embedding_source` is recorded
     for loading (see `acchead.reduced_vocab`). `feature`: a feature (EAGLE) draft that also reads the
     target's states (`acchead.feature_draft`)."""
-    check_llama_layout(target)
+    switches = check_llama_layout(target)
     tc = target.config
     emb = target.get_input_embeddings().weight.detach()
     config_cls, model_cls = (
@@ -103,7 +118,7 @@ def init_from_target(
         head_dim=getattr(tc, "head_dim", None), max_position_embeddings=tc.max_position_embeddings,
         rms_norm_eps=tc.rms_norm_eps, rope_parameters=getattr(tc, "rope_parameters", None),
         bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
-        embedding_source=embedding_source, embedding_fingerprint=embedding_fingerprint(emb),
+        embedding_source=embedding_source, embedding_fingerprint=embedding_fingerprint(emb), **switches,
     )  # fmt: skip
     draft = model_cls(config)
     with torch.no_grad():
@@ -111,7 +126,7 @@ def init_from_target(
         draft.lm_head.set_vocabulary(vocab)
         draft.lm_head.weight.copy_(target.get_output_embeddings().weight.detach()[vocab])
         for mine, theirs in zip(draft.model.layers, layers, strict=True):
-            mine.load_state_dict(target.model.layers[theirs].state_dict())
+            _copy_layer(mine, target.model.layers[theirs])
         draft.model.norm.load_state_dict(target.model.norm.state_dict())
     draft.generation_config = target.generation_config
     return draft
@@ -119,9 +134,9 @@ def init_from_target(
 
 def grow_layers(draft: ReducedVocabLlamaForCausalLM, count: int) -> ReducedVocabLlamaForCausalLM:
     """`draft` with `count` more decoder layers on top that compute the same function until trained: each
-    new layer is a copy of the last one whose output projections (`o_proj`, `down_proj`) are zero, so it
-    adds nothing to the residual stream (and its other weights get gradients once those move off zero,
-    as a LoRA's zero-initialised half does). Returns a new model; `draft` is left as it was."""
+    new layer is a copy of the last one whose output projections (`o_proj`, `down_proj`, with their biases)
+    are zero, so it adds nothing to the residual stream (and its other weights get gradients once those
+    move off zero, as a LoRA's zero-initialised half does). Returns a new model; `draft` is left as it was."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     config = copy.deepcopy(draft.config)
@@ -134,8 +149,10 @@ def grow_layers(draft: ReducedVocabLlamaForCausalLM, count: int) -> ReducedVocab
     with torch.no_grad():
         for layer in grown.model.layers[-count:]:
             layer.load_state_dict(draft.model.layers[-1].state_dict())
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):  # Qwen 2's o_proj has a bias
+                proj.weight.zero_()
+                if proj.bias is not None:
+                    proj.bias.zero_()
     grown.generation_config = draft.generation_config
     return grown
 

@@ -60,15 +60,60 @@ def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
     assert torch.equal(short.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
 
 
-def test_a_target_whose_layers_are_not_llamas_is_one_line():
-    """The draft starts from copies of the target's layers: a target of another layout (Qwen 2's attention
-    biases) is refused in one line naming it, not a state-dict traceback."""
+def _tiny_qwen2(num_layers: int, vocab_size: int = 64, eos: int = 0):
+    """A random Qwen 2 target with non-zero attention biases (its initialiser zeroes them)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
-    with pytest.raises(AccheadError, match=r"Llama-layout target .* this one is 'qwen2'"):
-        init_from_target(Qwen2ForCausalLM(cfg), torch.arange(8), (0,))
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                      num_hidden_layers=num_layers, num_key_value_heads=2, tie_word_embeddings=True,
+                      bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        target = Qwen2ForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for name, prm in target.named_parameters():
+                if name.endswith("_proj.bias"):
+                    prm.normal_(0, 0.5)
+    return target
+
+
+@pytest.mark.parametrize("feature", [False, True])
+def test_a_qwen2_target_starts_a_draft_of_its_own_layers(feature, tmp_path):
+    """Qwen 2's layers are Llama's but for the biases of q, k and v: a draft of all its layers is the target
+    on its vocabulary (o_proj's bias, which Qwen 2 lacks, starts at zero), it saves and loads, and a grown
+    draft whose last layer's o_proj bias has trained off zero still starts as the same function."""
+    target = _tiny_qwen2(3)
+    ids, vocab = torch.tensor([[1, 5, 9, 2, 33, 5]]), torch.arange(0, 64, 2)
+    target.save_pretrained(tmp_path / "target")
+    draft = init_from_target(target, vocab, (0, 1, 2), str(tmp_path / "target"), feature=feature).eval()
+    assert draft.config.attention_bias and not draft.model.layers[0].self_attn.o_proj.bias.any()
+    mine, theirs = draft.model.layers[1].self_attn, target.model.layers[1].self_attn
+    assert torch.equal(mine.q_proj.bias, theirs.q_proj.bias)
+    feats = torch.randn(1, 6, 32)
+    with torch.no_grad():
+        if not feature:
+            ours, theirs = draft(input_ids=ids).logits, target(input_ids=ids).logits
+            torch.testing.assert_close(ours[..., vocab], theirs[..., vocab])
+        draft.model.layers[-1].self_attn.o_proj.bias.normal_()  # as training would move it
+        out = (lambda m: m.hidden_states(ids, feats)) if feature else (lambda m: m(input_ids=ids).logits)
+        torch.testing.assert_close(out(grow_layers(draft, 1).eval()), out(draft))
+    draft.save_pretrained(tmp_path / "draft")
+    loaded = load_causal_lm(tmp_path / "draft")
+    assert loaded.config.attention_bias
+    torch.testing.assert_close(loaded.model.layers[-1].self_attn.o_proj.bias,
+                               draft.model.layers[-1].self_attn.o_proj.bias)  # fmt: skip
+
+
+def test_a_target_whose_layers_are_not_llamas_is_one_line():
+    """The draft starts from copies of the target's layers: a target of another layout (Phi 3's fused
+    projections) is refused in one line naming it, not a state-dict traceback."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    cfg = Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=0,
+                     pad_token_id=0)  # fmt: skip
+    with pytest.raises(AccheadError, match=r"Llama-layout target .* this one is 'phi3'"):
+        init_from_target(Phi3ForCausalLM(cfg), torch.arange(8), (0,))
 
 
 @pytest.mark.parametrize("feature", [False, True])
@@ -222,3 +267,32 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     assert cli.main(["train", "--target", str(target_dir), "--responses", str(tmp_path / "resp"), "--out",
                      str(tmp_path / "other"), "--layers", "7", "--vocab-size", "16"]) == 2  # fmt: skip
     assert "the target has 2 layers" in capsys.readouterr().err
+
+
+def test_a_qwen2_targets_feature_draft_end_to_end(tiny_tokenizer, tmp_path):
+    """`responses` → `features` → `train --features` on a Qwen 2 target: the exported feature draft loads,
+    and SpeculativeDecoder with it decodes the target's greedy text on both paths."""
+    from acchead.head import AcceptanceHead
+    from acchead.inference import SpeculativeDecoder
+
+    target = _tiny_qwen2(2, vocab_size=len(tiny_tokenizer), eos=tiny_tokenizer.eos_token_id)
+    target.save_pretrained(tmp_path / "target")
+    tiny_tokenizer.save_pretrained(tmp_path / "target")
+    plan = [PlanItem(p, False, "code") for p in ["def add(a, b):", "for i in range(3):", "x = 1"]]
+    config = ResponsesConfig(target="t", prompts="train", num_prompts=3, code_every=0, max_new_tokens=16,
+                             max_prompt_tokens=64, shard_prompts=1, heldout_chat=0)  # fmt: skip
+    run_responses(target, tiny_tokenizer, plan, tmp_path / "resp", config, batch_size=2)
+    common = ["--target", str(tmp_path / "target"), "--responses", str(tmp_path / "resp")]
+    assert cli.main(["features", *common, "--out", str(tmp_path / "feat" / "resp")]) == 0
+    assert cli.main(["train", *common, "--out", str(tmp_path / "run"), "--features", str(tmp_path / "feat"),
+                     "--vocab-size", "16", "--minutes", "0.05", "--held-out-shards", "1",
+                     "--total-tokens", "200", "--vocab-background", "0"]) == 0  # fmt: skip
+    draft = load_causal_lm(tmp_path / "run" / "draft")
+    assert draft.config.attention_bias
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = None
+    ids = torch.tensor(tiny_tokenizer("def add(a, b):").input_ids)
+    want = target.generate(ids[None], max_new_tokens=30, do_sample=False, pad_token_id=0)[0, len(ids) :]
+    for fast in (False, True):
+        dec = SpeculativeDecoder(target, draft, policy="specdecpp:h=0.5,max=4", fast=fast, compile=False,
+                                 head=AcceptanceHead(draft.config.hidden_size, depth=1))  # fmt: skip
+        assert dec.generate(ids, max_new_tokens=30, temperature=0).new_ids.tolist() == want.tolist()
