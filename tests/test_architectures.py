@@ -226,6 +226,29 @@ def test_chi_square_of_each_architecture(name):
     assert _chi_square_p_value(Counter(keys[i] for i in idx.tolist()), exact, samples) < 1e-3
 
 
+def test_chi_square_of_a_gemma2_batch_row_with_its_soft_cap():
+    """Row 1 of a ragged batch of three on the fast path (the ragged static cache's own split forward),
+    Gemma 2 with its soft cap at 2: its 3-token continuations follow the target's law (p = 0 with the cap
+    dropped, checked once by hand)."""
+    from collections import Counter
+
+    from exact_models import _chi_square_p_value, _exact_sequences
+
+    from acchead.sampling import SamplingConfig
+
+    target = _peaked_target("gemma2")
+    draft = _perturbed(target, 0.5, seed=4)
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = None
+    dec = BatchedDecoder(target, draft, "specdecpp:h=0.5,max=3", head=_head(draft), verifier="block",
+                         fast=True, compile=False)  # fmt: skip
+    prompts, samples, counts = [[3, 5], [1, 4], [2, 7, 7, 1, 9]], 250, Counter()
+    for s in range(samples):
+        res = dec.generate(prompts, max_new_tokens=[5, 3, 4], temperature=1.0, seed=[7 * s, s, 3 * s + 1])
+        counts[tuple(res.rows[1].new_ids.tolist())] += 1
+    exact = _exact_sequences(target, prompts[1], 3, SamplingConfig(1.0))
+    assert _chi_square_p_value(counts, exact, samples) > 1e-3
+
+
 def test_sliding_windows_read_transformers_layer_kinds():
     """None for full attention everywhere; Mistral's one window for every layer; Gemma 2's per layer type;
     a layer kind neither full nor sliding (Llama 4's chunks) is one line."""
