@@ -46,10 +46,10 @@ def test_head_call_logit_is_the_head_on_the_training_inputs(
                                want_state=True)  # fmt: skip
         x = lookahead_inputs(inputs, step.state[None], torch.tensor([step.token]), out_emb, cfg,
                              depth=torch.tensor([k - 1]))  # fmt: skip
-        with torch.no_grad():
+        with torch.inference_mode():  # as the decoders call it
             want = float(head(x)[0])
-        assert float(call.logit(step)) == pytest.approx(want, abs=1e-4)
-        assert float(call.logit_of(x[0])) == pytest.approx(want, abs=1e-5)
+            assert float(call.logit(step)) == pytest.approx(want, abs=1e-4)
+            assert float(call.logit_of(x[0])) == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.parametrize("n", [512, 4096, 5000, 12224])

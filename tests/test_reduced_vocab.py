@@ -191,7 +191,7 @@ def test_head_statistics_over_the_head_rows_equal_the_full_vocabulary_ones(reduc
         state = torch.randn(32, generator=g)
         logits = draft.lm_head(state)  # (V,), -inf outside KEPT
         q = torch.softmax(logits / 0.7, -1)
-        token = KEPT[int(torch.randint(0, DRAFT_VOCAB, (1,), generator=g))]
+        token = int(KEPT[int(torch.randint(0, DRAFT_VOCAB, (1,), generator=g))])
         kept = logits if greedy else None  # greedy decoders keep the logits (q is one-hot), sampling q
         step = DraftStep(token=token, q=q, hidden=None, index=1, logits=kept, state=state)
         want = full.input(step)
