@@ -1,5 +1,5 @@
-"""Pairs of other architectures than Llama decode exactly: tiny random Qwen 2, Mistral, Gemma 2, Phi 3,
-SmolLM3 and GPT-2 targets, each with a copy of itself under 10% noise as its draft (rounds then both
+"""Pairs of other architectures than Llama decode exactly: tiny random Qwen 2, Qwen 3, Mistral, Gemma 2,
+Phi 3, SmolLM3 and GPT-2 targets, each with a copy of itself under 10% noise as its draft (rounds then both
 accept and reject).
 
 Mistral and Gemma 2 are built with a sliding window of 16 tokens and decode 60 past a prompt, so every
@@ -32,6 +32,7 @@ _SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "n
 _GPT2_SIZES = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 256, "initializer_range": 0.3}
 ARCHS = {
     "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, _SIZES),
+    "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, _SIZES),  # Qwen 2's layers with q and k normed per head
     "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {**_SIZES, "sliding_window": WINDOW}),
     "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
                {**_SIZES, "head_dim": 8, "sliding_window": WINDOW, "initializer_range": 0.05}),
