@@ -40,7 +40,8 @@ def _add_target(p: argparse.ArgumentParser) -> None:
         default="cpu",
         help="where the models run: cpu (default) or cuda[:N]; the target stays float32 (but under "
         "`responses --dtype bfloat16`), so a GPU's greedy responses and labels are the float32 target's "
-        "(its training steps use bfloat16 autocast on a GPU)",
+        "(its training steps use bfloat16 autocast on a GPU, a feature draft's also on a CPU with AMX or "
+        "AVX-512 BF16)",
     )
 
 
@@ -114,9 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     fe.add_argument("--out", type=Path, required=True, help="directory of the features files")
     fe.add_argument("--batch-tokens", type=int, default=3072, help="tokens per forward, padding included")
     fe.add_argument(
-        "--float32",
-        action="store_true",
-        help="run the target in float32 (default: bfloat16 autocast, 2x faster with AMX)",
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the target's forward: float32, or bfloat16 autocast (2x faster with AMX, emulated and ~7x "
+        "slower on an AVX2-only CPU); auto (default): bfloat16 on a GPU or a CPU with AMX or AVX-512 BF16",
     )
     fe.add_argument("--minutes", type=float, default=None, help="stop starting shards after this long")
     fe.add_argument("--fused-layers", default="", metavar="I,J,...",

@@ -14,11 +14,13 @@ position) works the same way, `teacher-KKKKK.npz` → `features-KKKKK.npz`: the 
 did not write, ~10x cheaper per labelled token than a response, which widens a feature draft's training set
 as the teacher labels widen an independent draft's.
 
-Why bfloat16 autocast on the CPU by default: with AMX (recent Xeons) it doubles the teacher-forced
-throughput (measured on the 2-core box, SmolLM2-135M, 16 × 192 tokens: 1,550 tokens/s against 800 in
-float32, 2026-11-26) at a mean relative error of 1.5% in the states, far below the noise feature drafts
-are trained with. The states are stored as float16 (2 bytes per value: 576 values per token on SmolLM2,
-~1.2 kB per token, so these files stay out of git).
+Why bfloat16 autocast where the hardware computes in it (`--dtype auto`, `acchead.models.native_bfloat16`:
+a GPU, or a CPU with AMX or AVX-512 BF16): with AMX (recent Xeons) it doubles the teacher-forced throughput
+(measured on the 2-core box, SmolLM2-135M, 16 × 192 tokens: 1,550 tokens/s against 800 in float32,
+2026-11-26) at a mean relative error of 1.5% in the states, far below the noise feature drafts are trained
+with. Elsewhere it is emulated: on an AVX2-only AMD EPYC (2 threads, 2026-12-07) 63 positions/s against
+424 in float32, so there `auto` is float32. The states are stored as float16 (2 bytes per value: 576
+values per token on SmolLM2, ~1.2 kB per token, so these files stay out of git).
 
 Features file arrays: `features` (N, W) float16, the states of every position of every response of the
 shard (prompt and response), concatenated in the shard's order; `offsets` (n + 1,) int64 into it; `layers`

@@ -88,14 +88,16 @@ def run_features_stage(args: argparse.Namespace) -> dict:
     check_positive(args, ("batch_tokens",))
     from acchead.assets import TARGET_DIR_NAME, asset_path
     from acchead.distill.features import run_features, text_shards
-    from acchead.models import load_causal_lm
+    from acchead.models import load_causal_lm, native_bfloat16
 
     text = args.responses or args.teacher
     text_shards(text)  # a directory without shards is refused before the target loads
     target = to_device(load_causal_lm(args.target or asset_path(TARGET_DIR_NAME)), args.device)
     seconds = None if args.minutes is None else args.minutes * 60
     layers = parse_layers(args.fused_layers, "--fused-layers")
-    return run_features(target, text, args.out, args.batch_tokens, not args.float32, seconds, layers)
+    bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and native_bfloat16(target.device))
+    summary = run_features(target, text, args.out, args.batch_tokens, bf16, seconds, layers)
+    return {"dtype": "bfloat16" if bf16 else "float32", **summary}
 
 
 def parse_layers(spec: str | None, flag: str) -> tuple[int, ...]:

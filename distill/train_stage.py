@@ -49,11 +49,12 @@ StatesReader = Callable[[Path, list[Path]], list]  # (directory, its shard paths
 def _states_reader(features: Path | None, target, layers: tuple[int, ...]) -> StatesReader:
     """Where a feature draft's target states come from: the files under `features` (`--features`, by
     directory name), or else `target` itself (`--target-states`: the loaded target, on the training device),
-    run over each shard when it is packed (bfloat16 autocast, as the features stage): no stage and no files,
+    run over each shard when it is packed (bfloat16 where `features --dtype auto` is): no stage, no files,
     for a GPU, where 4.6M tokens' states make 5.3 GB of files and the features stage wrote ~1 shard a second
     on an H200 (2026-11-28). `layers`: the draft's fused layers, whose outputs follow the final state (no
     default: a fused draft given the final state alone reads zeros in their columns without an error)."""
     from acchead.distill.features import load_features, shard_features, shard_sequences
+    from acchead.models import native_bfloat16
 
     if features is not None:
         return lambda directory, paths: [
@@ -66,7 +67,8 @@ def _states_reader(features: Path | None, target, layers: tuple[int, ...]) -> St
     def compute(directory: Path, paths: list[Path]) -> list:
         name = Path(directory).name
         bar = tqdm(paths, desc=f"target states ({name})", unit="shard", disable=len(paths) < 2)
-        return [shard_features(target, shard_sequences(p), batch_tokens, True, layers) for p in bar]
+        bf16 = native_bfloat16(target.device)
+        return [shard_features(target, shard_sequences(p), batch_tokens, bf16, layers) for p in bar]
 
     return compute
 

@@ -128,10 +128,16 @@ def test_training_reads_each_label_s_depth_as_gen_data_wrote_it():
     assert candidate_depth(prompt_len, position, 1).tolist() == [0] * 5
 
 
-def test_soft_label_loss_is_each_depths_cross_entropy_to_the_targets_distribution(pair):
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
+def test_soft_label_loss_is_each_depths_cross_entropy_to_the_targets_distribution(pair, bf16, monkeypatch):
     """`feature_loss` with soft labels and a chain: every depth regresses the target's next state and
-    learns the target's distribution on the draft's rows, softmax(f_{j+1} · rowsᵀ), at every real pair."""
+    learns the target's distribution on the draft's rows, softmax(f_{j+1} · rowsᵀ), at every real pair;
+    its forwards under bfloat16 autocast where the hardware computes in it (either case forced here), in
+    float32 elsewhere."""
+    import acchead.distill.feature_training as feature_training
     from acchead.distill.feature_training import collate_features, feature_loss
+
+    monkeypatch.setattr(feature_training, "native_bfloat16", lambda device: bf16)
 
     target, draft = pair
     rows = target.get_output_embeddings().weight.detach()[draft.lm_head.to_full]  # (V_d, H)
@@ -142,7 +148,7 @@ def test_soft_label_loss_is_each_depths_cross_entropy_to_the_targets_distributio
     ids, mask, _, read, nxt = batch
     real = mask.bool()
     soft = (nxt[real] @ rows.T).softmax(-1)  # (N_real, V_d)
-    with torch.autocast("cpu", torch.bfloat16):
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
         levels = chain_hidden_states(draft, ids, read, mask, 2)
     want = 0.0
     for hidden in levels:

@@ -350,3 +350,30 @@ def test_teacher_forced_states_are_the_first_candidates_of_a_round(feature_pair)
     out = fed(padded, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=4)
     torch.testing.assert_close(out.logits[0, -4:], fed(torch.tensor([seq[:6]])).logits[0, -4:], rtol=1e-4,
                                atol=1e-4)  # fmt: skip
+
+
+def test_features_autocast_in_bfloat16_only_where_the_hardware_computes_in_it(
+    tiny_pair_dirs, tiny_tokenizer, tmp_path, capsys, monkeypatch
+):
+    """`features --dtype auto` (the default): bfloat16 autocast on a GPU or a CPU with AMX or AVX-512 BF16,
+    float32 elsewhere (emulated bfloat16 ran 63 positions/s against 424 on an AVX2-only CPU); --dtype
+    forces either, and the summary says which ran."""
+    from acchead.models import native_bfloat16
+
+    for amx, avx512_bf16 in [(False, False), (True, False), (False, True)]:
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        assert native_bfloat16(torch.device("cpu")) == (amx or avx512_bf16)
+    assert native_bfloat16(torch.device("cuda")) and not native_bfloat16(torch.device("meta"))
+    # a CPU with neither (CI's may have one)
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
+    target_dir, _ = tiny_pair_dirs
+    plan = [PlanItem(p, False, "code") for p in ["def add(a, b):", "x = 1"]]
+    config = ResponsesConfig(target="t", prompts="train", num_prompts=2, code_every=0, max_new_tokens=8,
+                             max_prompt_tokens=64, shard_prompts=1, heldout_chat=0)  # fmt: skip
+    run_responses(load_causal_lm(target_dir), tiny_tokenizer, plan, tmp_path / "resp", config, batch_size=2)
+    base = ["features", "--target", str(target_dir), "--responses", str(tmp_path / "resp")]
+    for flag, want in [([], "float32"), (["--dtype", "bfloat16"], "bfloat16")]:
+        assert cli.main([*base, "--out", str(tmp_path / want), *flag]) == 0
+        assert f"dtype={want}" in capsys.readouterr().out

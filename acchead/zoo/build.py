@@ -55,15 +55,6 @@ if TYPE_CHECKING:
 EOS = "<|endoftext|>"
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (Linux /proc/cpuinfo flags); elsewhere False (plain fp32)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def tokenizer_dir(work: Path, corpus: str) -> Path:
     """Where the BPE trained on `corpus` lives: `tokenizer/` for the stdlib (v1's layout), else a sibling."""
     return work / ("tokenizer" if corpus == "stdlib" else f"tokenizer-{corpus}")
@@ -262,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.device = resolve_device(args.device)
     if args.bf16 is None:
-        args.bf16 = args.device.startswith("cuda") or cpu_has_native_bf16()
+        import torch
+
+        from acchead.models import native_bfloat16
+
+        args.bf16 = native_bfloat16(torch.device(args.device))
     args.work_dir = args.work_dir or pair.work_dir
     args.work_dir.mkdir(parents=True, exist_ok=True)
     tok_dir = train_tokenizer(args.work_dir, args.vocab_size, args.tokenizer_corpus or pair.tokenizer_corpus)
