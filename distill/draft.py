@@ -90,7 +90,7 @@ def _copy_layer(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
         raise AccheadError(f"the target's layer does not load into a Llama layer: missing {missing}, "
                            f"unexpected {unexpected}")  # fmt: skip
     for key in missing:
-        mine.get_parameter(key).data.zero_()
+        mine.get_parameter(key).zero_()  # under init_from_target's no_grad
 
 
 def init_from_target(

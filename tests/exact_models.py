@@ -49,6 +49,14 @@ def _exact_sequences(target, prompt: list[int], length: int, cfg: SamplingConfig
     return dist
 
 
+def _draws(law: dict[tuple, float], n: int, seed: int = 0) -> Counter:
+    """`n` sequences drawn from `law` (sequence -> probability, as `_exact_sequences` returns), counted."""
+    keys = list(law)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.multinomial(torch.tensor([law[k] for k in keys]), n, replacement=True, generator=g)
+    return Counter(keys[i] for i in idx.tolist())
+
+
 def _cells_p_value(counts: Counter, expected: dict, n: int) -> float:
     """Pearson chi-square of `counts` against `expected` probabilities; cells with n·p < 5 pooled."""
     big = {k for k, pr in expected.items() if n * pr >= 5}

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from exact_models import _chi_square_p_value, _exact_sequences, _peaked_llama, _perturbed
+from exact_models import _chi_square_p_value, _draws, _exact_sequences, _peaked_llama, _perturbed
 
 from acchead.head import AcceptanceHead
 from acchead.inference import SpeculativeDecoder
@@ -70,11 +70,7 @@ def test_chi_square_catches_the_draft_distribution(peaked_pair):
     """The statistic has power at the default size: 250 sequences from the draft are rejected."""
     target, draft = peaked_pair
     cfg = SamplingConfig(1.0)
-    drafted = _exact_sequences(draft, [1, 4], 3, cfg)
-    keys = list(drafted)
-    g = torch.Generator().manual_seed(0)
-    idx = torch.multinomial(torch.tensor([drafted[k] for k in keys]), 250, replacement=True, generator=g)
-    counts = Counter(keys[i] for i in idx.tolist())
+    counts = _draws(_exact_sequences(draft, [1, 4], 3, cfg), 250)
     assert _chi_square_p_value(counts, _exact_sequences(target, [1, 4], 3, cfg), 250) < 1e-3
 
 
