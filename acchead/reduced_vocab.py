@@ -33,7 +33,11 @@ from acchead.errors import AccheadError
 
 
 class ReducedVocabConfig(LlamaConfig):
-    """A `LlamaConfig` plus the reduced head's size and where the full input embedding comes from."""
+    """A `LlamaConfig` plus the reduced head's size and where the full input embedding comes from.
+
+    `qk_norm`: each attention RMS-normalises every head's query and key before the rotation, as Qwen 3's
+    layers do (its `Qwen3Attention`), so a draft copied from a Qwen 3 target's layers computes what they do;
+    default False, Llama's attention."""
 
     model_type = "acchead_reduced_llama"
 
@@ -42,6 +46,7 @@ class ReducedVocabConfig(LlamaConfig):
         draft_vocab_size: int = 8192,
         embedding_source: str | None = None,
         embedding_fingerprint: str | None = None,
+        qk_norm: bool = False,
         **kwargs,
     ) -> None:
         kwargs["tie_word_embeddings"] = False  # the head has its own V_d rows
@@ -49,6 +54,7 @@ class ReducedVocabConfig(LlamaConfig):
         self.draft_vocab_size = draft_vocab_size
         self.embedding_source = embedding_source
         self.embedding_fingerprint = embedding_fingerprint
+        self.qk_norm = qk_norm
 
 
 class ScatterHead(nn.Module):
@@ -121,6 +127,11 @@ class ReducedVocabLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ReducedVocabConfig) -> None:
         super().__init__(config)
+        if config.qk_norm:  # Qwen 3's attention: Llama's plus per-head norms of q and k (its public class)
+            from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+            for i, layer in enumerate(self.model.layers):
+                layer.self_attn = Qwen3Attention(config, i)
         self.lm_head = ScatterHead(
             config.hidden_size, config.vocab_size, config.draft_vocab_size, config.initializer_range
         )

@@ -64,22 +64,26 @@ def coverage(shards: list[ResponseShard], vocab: torch.Tensor) -> float:
 
 # Targets whose decoder layers a Llama layer loads (the same norms, activation and rotary positions), with
 # the Llama config's switches that make it so: the draft starts from copies of them. Qwen 2's attention
-# has biases on q, k and v (a Llama layer with `attention_bias` has one on o too, which starts at zero).
-# Others (Qwen 3's and Gemma's extra norms, Phi 3's fused projections, GPT-2) would need a draft class of
-# their own.
-LLAMA_LAYOUT: dict[str, dict[str, object]] = {"llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}}
+# has biases on q, k and v (a Llama layer with `attention_bias` has one on o too, which starts at zero);
+# Qwen 3's norms each head's q and k (`ReducedVocabConfig.qk_norm`) and has biases where its config says.
+# Others (Gemma's extra norms and scaled embedding, Phi 3's fused projections, SmolLM3's rotary-free
+# layers, GPT-2) would need a draft class of their own.
+LLAMA_LAYOUT: dict[str, dict[str, object]] = {
+    "llama": {}, "mistral": {}, "qwen2": {"attention_bias": True}, "qwen3": {"qk_norm": True},
+}  # fmt: skip
 
 
 def check_llama_layout(target) -> dict[str, object]:
-    """The Llama config's switches for `target`'s layers (`LLAMA_LAYOUT`); one line unless they are
-    Llama's: the distilled draft copies them."""
+    """The Llama config's switches for `target`'s layers (`LLAMA_LAYOUT`, and the target's own
+    `attention_bias` and `mlp_bias`); one line unless they are Llama's: the distilled draft copies them."""
     kind = getattr(target.config, "model_type", None)
     if kind not in LLAMA_LAYOUT:
         raise AccheadError(
             f"acchead-distill starts its draft from copies of the target's layers, which needs a "
             f"Llama-layout target ({', '.join(LLAMA_LAYOUT)}); this one is {kind!r}: bring your own draft"
         )
-    return LLAMA_LAYOUT[kind]
+    biases = {name: bool(getattr(target.config, name, False)) for name in ("attention_bias", "mlp_bias")}
+    return {**biases, **LLAMA_LAYOUT[kind]}
 
 
 def _copy_layer(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:

@@ -60,48 +60,62 @@ def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
     assert torch.equal(short.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
 
 
-def _tiny_qwen2(num_layers: int, vocab_size: int = 64, eos: int = 0):
-    """A random Qwen 2 target with non-zero attention biases (its initialiser zeroes them)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _tiny_qwen(kind: str, num_layers: int, vocab_size: int = 64, eos: int = 0):
+    """A random Qwen 2 or Qwen 3 target whose attention's extras are not their initial values: Qwen 2's
+    biases of q, k and v and Qwen 3's per-head norms of q and k (their initialisers give zeros and ones)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                      num_hidden_layers=num_layers, num_key_value_heads=2, tie_word_embeddings=True,
-                      bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    config_cls, model_cls = classes[kind]
+    cfg = config_cls(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=8,
+        num_hidden_layers=num_layers, num_key_value_heads=2, tie_word_embeddings=True, bos_token_id=eos,
+        eos_token_id=eos, pad_token_id=eos,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        target = Qwen2ForCausalLM(cfg).eval()
+        target = model_cls(cfg).eval()
         with torch.no_grad():
             for name, prm in target.named_parameters():
                 if name.endswith("_proj.bias"):
                     prm.normal_(0, 0.5)
+                elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                    prm.normal_(1, 0.5)
     return target
 
 
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("feature", [False, True])
-def test_a_qwen2_target_starts_a_draft_of_its_own_layers(feature, tmp_path):
-    """Qwen 2's layers are Llama's but for the biases of q, k and v: a draft of all its layers is the target
-    on its vocabulary (o_proj's bias, which Qwen 2 lacks, starts at zero), it saves and loads, and a grown
-    draft whose last layer's o_proj bias has trained off zero still starts as the same function."""
-    target = _tiny_qwen2(3)
+def test_a_qwen_target_starts_a_draft_of_its_own_layers(kind, feature, tmp_path):
+    """Qwen 2's layers are Llama's but for the biases of q, k and v, Qwen 3's but for its per-head norms of q
+    and k: a draft of all its layers is the target on its vocabulary (o_proj's bias, which Qwen 2 lacks,
+    starts at zero), it saves and loads, and a grown draft whose last layer has trained off its copy (o_proj's
+    bias, the norms) still starts as the same function."""
+    target = _tiny_qwen(kind, 3)
     ids, vocab = torch.tensor([[1, 5, 9, 2, 33, 5]]), torch.arange(0, 64, 2)
     target.save_pretrained(tmp_path / "target")
     draft = init_from_target(target, vocab, (0, 1, 2), str(tmp_path / "target"), feature=feature).eval()
-    assert draft.config.attention_bias and not draft.model.layers[0].self_attn.o_proj.bias.any()
     mine, theirs = draft.model.layers[1].self_attn, target.model.layers[1].self_attn
-    assert torch.equal(mine.q_proj.bias, theirs.q_proj.bias)
+    if kind == "qwen2":
+        assert draft.config.attention_bias and not draft.model.layers[0].self_attn.o_proj.bias.any()
+        assert torch.equal(mine.q_proj.bias, theirs.q_proj.bias)
+    else:
+        assert draft.config.qk_norm and not draft.config.attention_bias
+        assert torch.equal(mine.k_norm.weight, theirs.k_norm.weight)
     feats = torch.randn(1, 6, 32)
     with torch.no_grad():
         if not feature:
             ours, theirs = draft(input_ids=ids).logits, target(input_ids=ids).logits
             torch.testing.assert_close(ours[..., vocab], theirs[..., vocab])
-        draft.model.layers[-1].self_attn.o_proj.bias.normal_()  # as training would move it
+        last = draft.model.layers[-1].self_attn  # as training would move it
+        (last.o_proj.bias if kind == "qwen2" else last.q_norm.weight).normal_()
         out = (lambda m: m.hidden_states(ids, feats)) if feature else (lambda m: m(input_ids=ids).logits)
         torch.testing.assert_close(out(grow_layers(draft, 1).eval()), out(draft))
     draft.save_pretrained(tmp_path / "draft")
-    loaded = load_causal_lm(tmp_path / "draft")
-    assert loaded.config.attention_bias
-    torch.testing.assert_close(loaded.model.layers[-1].self_attn.o_proj.bias,
-                               draft.model.layers[-1].self_attn.o_proj.bias)  # fmt: skip
+    loaded = load_causal_lm(tmp_path / "draft").eval()
+    assert (loaded.config.attention_bias, loaded.config.qk_norm) == (kind == "qwen2", kind == "qwen3")
+    with torch.no_grad():
+        torch.testing.assert_close(out(loaded), out(draft))
 
 
 def test_a_target_whose_layers_are_not_llamas_is_one_line():
@@ -269,13 +283,14 @@ def test_distill_train_command_end_to_end(tiny_pair_dirs, tiny_tokenizer, tmp_pa
     assert "the target has 2 layers" in capsys.readouterr().err
 
 
-def test_a_qwen2_targets_feature_draft_end_to_end(tiny_tokenizer, tmp_path):
-    """`responses` → `features` → `train --features` on a Qwen 2 target: the exported feature draft loads,
-    and SpeculativeDecoder with it decodes the target's greedy text on both paths."""
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_a_qwen_targets_feature_draft_end_to_end(kind, tiny_tokenizer, tmp_path):
+    """`responses` → `features` → `train --features` on a Qwen 2 or Qwen 3 target: the exported feature
+    draft loads, and SpeculativeDecoder with it decodes the target's greedy text on both paths."""
     from acchead.head import AcceptanceHead
     from acchead.inference import SpeculativeDecoder
 
-    target = _tiny_qwen2(2, vocab_size=len(tiny_tokenizer), eos=tiny_tokenizer.eos_token_id)
+    target = _tiny_qwen(kind, 2, vocab_size=len(tiny_tokenizer), eos=tiny_tokenizer.eos_token_id)
     target.save_pretrained(tmp_path / "target")
     tiny_tokenizer.save_pretrained(tmp_path / "target")
     plan = [PlanItem(p, False, "code") for p in ["def add(a, b):", "for i in range(3):", "x = 1"]]
@@ -288,7 +303,7 @@ def test_a_qwen2_targets_feature_draft_end_to_end(tiny_tokenizer, tmp_path):
                      "--vocab-size", "16", "--minutes", "0.05", "--held-out-shards", "1",
                      "--total-tokens", "200", "--vocab-background", "0"]) == 0  # fmt: skip
     draft = load_causal_lm(tmp_path / "run" / "draft")
-    assert draft.config.attention_bias
+    assert (draft.config.attention_bias, draft.config.qk_norm) == (kind == "qwen2", kind == "qwen3")
     target.generation_config.eos_token_id = draft.generation_config.eos_token_id = None
     ids = torch.tensor(tiny_tokenizer("def add(a, b):").input_ids)
     want = target.generate(ids[None], max_new_tokens=30, do_sample=False, pad_token_id=0)[0, len(ids) :]
