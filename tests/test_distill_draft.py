@@ -60,6 +60,28 @@ def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
     assert torch.equal(short.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
 
 
+def test_a_llama_target_with_biases_gives_a_draft_with_them():
+    """A Llama target may have biases in its attention and MLP (`attention_bias`, `mlp_bias`): the draft
+    of all its layers has them too, and is the target on its vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, attention_bias=True, mlp_bias=True, bos_token_id=0,
+                      eos_token_id=0, pad_token_id=0, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, prm in target.named_parameters():
+            if name.endswith(".bias"):
+                prm.normal_(0, 0.5)
+    ids, vocab = torch.tensor([[1, 5, 9, 2, 33, 5]]), torch.arange(0, 64, 2)
+    draft = init_from_target(target, vocab, (0, 1)).eval()
+    assert draft.config.attention_bias and draft.config.mlp_bias
+    with torch.no_grad():
+        ours, theirs = draft(input_ids=ids).logits, target(input_ids=ids).logits
+    torch.testing.assert_close(ours[..., vocab], theirs[..., vocab])
+
+
 def _tiny_qwen(kind: str, num_layers: int, vocab_size: int = 64, eos: int = 0):
     """A random Qwen 2 or Qwen 3 target whose attention's extras are not their initial values: Qwen 2's
     biases of q, k and v and Qwen 3's per-head norms of q and k (their initialisers give zeros and ones)."""
