@@ -16,6 +16,8 @@ group below it, so `--prompts FILE` is not reported as a second source beside th
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,43 @@ def check_known(cfg: Mapping[str, Any], known: Collection[str], where: str | Pat
         raise AccheadError(f"{where}: unknown keys {', '.join(unknown)}")
 
 
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
+               tuple: "a list", dict: "a mapping"}  # fmt: skip
+
+
+def check_types(cfg: Mapping[str, Any], accepted: Mapping[str, tuple[type, ...]], where: str | Path) -> None:
+    """AccheadError naming the first key of `cfg` (read from `where`) whose value is none of its `accepted`
+    types: a YAML `true` is no integer (`overwrite: "false"` would otherwise read as true, `max_new_tokens:
+    true` as 1), an integer is a number. Null values and keys outside `accepted` are not checked."""
+    for key, value in cfg.items():
+        kinds = accepted.get(key)
+        if value is None or not kinds:
+            continue
+        if isinstance(value, bool):
+            ok = bool in kinds
+        elif isinstance(value, int):
+            ok = int in kinds or float in kinds
+        else:
+            ok = isinstance(value, kinds)
+        if not ok:
+            names = " or ".join(dict.fromkeys(_TYPE_NAMES.get(k, k.__name__) for k in kinds))
+            raise AccheadError(f"{where}: {key} must be {names}, got {value!r}")
+
+
+def field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Each field of the dataclass `cls` -> the YAML types its annotation accepts (`int | None` -> (int,),
+    `tuple[float, float]` -> (list, tuple)); a field annotated `Any` is left out."""
+    out: dict[str, tuple[type, ...]] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        members = [typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))]
+        if Any in members:
+            continue
+        kinds = [k for m in members if m is not type(None) for k in ((list, tuple) if m is tuple else (m,))]
+        out[name] = tuple(kinds)
+    return out
+
+
 def merge_layers(
     layers: Iterable[Mapping[str, Any]], exclusive: Iterable[Collection[str]] = ()
 ) -> dict[str, Any]:
@@ -80,9 +119,11 @@ def resolve_layers(
     known: Collection[str],
     exclusive: Iterable[Collection[str]] = (),
     convert: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None,
+    accepted: Mapping[str, tuple[type, ...]] | None = None,
 ) -> dict[str, Any]:
     """The shipped file, the `--config` file `user` (None: none given) and the command line's `flags`
-    merged; AccheadError for an unreadable file or a key of either file outside `known`.
+    merged; AccheadError for an unreadable file, a key of either file outside `known` or a value of a type
+    its key does not take (`accepted`, `check_types`; the flags' parsers type theirs).
 
     `convert(path, cfg)`, if given, turns each file's values into what the flags' parsers produce (the
     bench's comma-separated lists), so that all three layers hold values of one type.
@@ -92,5 +133,6 @@ def resolve_layers(
     for path in files:
         cfg = read_mapping(path)
         check_known(cfg, known, path)
+        check_types(cfg, accepted or {}, path)
         layers.append(convert(path, cfg) if convert else cfg)
     return merge_layers([*layers, flags], exclusive)

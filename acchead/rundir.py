@@ -320,6 +320,20 @@ def refuse_foreign(out: str | Path, kind: str, *, overwrite: bool = False) -> No
     _refuse_foreign(out, kind, overwrite)
 
 
+def refuse_out_holding(out: str | Path, **inputs: str | Path | None) -> None:
+    """One line when OUT is one of the run's inputs or a folder above one (`--out` given the `--data`
+    directory, say): claiming OUT, or replacing it under `--overwrite`, would delete that input. `inputs`:
+    each input's flag name (underscores for dashes) -> its path (None: not given)."""
+    where = Path(out).expanduser().resolve()
+    for name, path in inputs.items():
+        if path is None:
+            continue
+        held = Path(path).expanduser().resolve()
+        if held == where or where in held.parents:
+            flag = "--" + name.replace("_", "-")
+            raise AccheadError(f"--out {out} holds the input {flag} {path}: give another --out")
+
+
 def start(out: str | Path, kind: str, identity: dict[str, Any]) -> None:
     """Record a new run's identity in OUT's manifest (before any other output is written)."""
     out = Path(out)

@@ -18,9 +18,20 @@ from acchead.data_gen.responses import ResponsesSource
 from acchead.errors import AccheadError
 from acchead.layered_config import read_mapping, resolve_layers
 from acchead.pairs import DEFAULT_PAIR, PAIR_NAMES
+from acchead.prompt_sets import list_prompt_sets
+from acchead.rundir import refuse_out_holding
 from acchead.sampling import SamplingConfig
 
 SOURCE_KEYS = ("prompt_set", "prompts", "dataset", "responses")
+# The YAML types of configs/gen_data.yaml's keys (`acchead.layered_config.check_types`); others: strings.
+ACCEPTED: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("max_new_tokens", "num_prompts", "top_k", "feature_chain", "seed", "batch_size",
+                     "shard_size"), (int,)),
+    **dict.fromkeys(("temperature", "top_p", "flush_seconds"), (float,)),
+    **dict.fromkeys(("chat_template", "overwrite"), (bool,)),
+    "mix_ratio": (str, float), "cache_features": (str, bool), "device_map": (str, dict),
+    "process_gpus": (str, int),
+}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "processes in local-rank order, e.g. '0,1,2;3,4,5'",
     )
     g = p.add_argument_group("prompts (one source: a prompt set, a file, a dataset, or --responses)")
-    g.add_argument("--prompt-set", help="built-in prompt set: stdlib-functions or humaneval")
+    g.add_argument("--prompt-set", help=f"built-in prompt set: {', '.join(list_prompt_sets())}")
     g.add_argument(
         "--prompts", help="prompt file: .jsonl, .json, .parquet (field --prompt-field) or .txt (a line each)"
     )
@@ -220,7 +231,9 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
     ns = parser.parse_args(argv)
     flags = {k: v for k, v in vars(ns).items() if k != "config"}
     # One prompt source: a file or the command line naming one replaces the layers' source below it.
-    merged = resolve_layers(config_path("gen_data"), ns.config, flags, set(flags), exclusive=[SOURCE_KEYS])
+    accepted = {**dict.fromkeys(flags, (str,)), **ACCEPTED}
+    merged = resolve_layers(config_path("gen_data"), ns.config, flags, set(flags), exclusive=[SOURCE_KEYS],
+                            accepted=accepted)  # fmt: skip
     get = merged.get
 
     sources = [k for k in SOURCE_KEYS if get(k)]
@@ -257,7 +270,7 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         "flush_seconds": float(get("flush_seconds", 60.0)) >= 0,
         "num_prompts": int(get("num_prompts") or 0) >= 0,
         "mix_ratio": 0.0 <= mix_ratio <= 1.0,
-        "feature_chain": int(get("feature_chain") or 1) >= 1,
+        "feature_chain": int(get("feature_chain", 1)) >= 1,
     }
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
@@ -268,6 +281,11 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         raise AccheadError(f"cache_features must be auto, on or off, got {get('cache_features')!r}")
     if not get("out"):
         raise AccheadError("no output directory: give --out")
+    inputs = ("prompts", "dataset", "responses", "target", "draft")
+    refuse_out_holding(str(get("out")), **{k: get(k) for k in inputs})  # --overwrite would delete them
+    emit = Path(str(get("emit_responses"))).expanduser() if get("emit_responses") else None
+    if emit is not None and (emit.is_dir() or not emit.parent.is_dir()):
+        raise AccheadError(f"--emit-responses {emit}: give a file path in an existing directory")
     pair = get("pair") or DEFAULT_PAIR
     if pair not in PAIR_NAMES:
         raise AccheadError(f"unknown pair {pair!r}; choose one of {', '.join(PAIR_NAMES)}")
@@ -284,7 +302,7 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         sampling=sampling,
         max_new_tokens=int(get("max_new_tokens", 128)),
         mix_ratio=mix_ratio,
-        feature_chain=int(get("feature_chain") or 1),
+        feature_chain=int(get("feature_chain", 1)),
         seed=int(get("seed", 0)),
         cache_features=cache,
         batch_size=int(get("batch_size", 16)),
@@ -293,5 +311,5 @@ def parse_args(argv: list[str] | None = None) -> GenDataArgs:
         flush_seconds=float(get("flush_seconds", 60.0)),
         overwrite=bool(get("overwrite", False)),
         process_gpus=parse_process_gpus(str(get("process_gpus"))) if get("process_gpus") else None,
-        emit_responses=Path(str(get("emit_responses"))).expanduser() if get("emit_responses") else None,
+        emit_responses=emit,
     )

@@ -337,3 +337,45 @@ def test_flags_override_the_config_file(tmp_path):
         parse_args(["--config", str(custom)])
     with pytest.raises(Exception, match="mix_ratio"):
         parse_args(["--mix-ratio", "1.5"])
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("overwrite: 'false'\n", "overwrite must be true or false, got 'false'"),  # bool() said True
+        ("chat_template: 'no'\n", "chat_template must be true or false"),
+        ("max_new_tokens: true\n", "max_new_tokens must be an integer, got True"),  # int(True) said 1
+        ("batch_size: 2.7\n", "batch_size must be an integer, got 2.7"),  # int() said 2
+        ("max_new_tokens: abc\n", "max_new_tokens must be an integer"),  # a traceback before
+        ("seed: [1, 2]\n", "seed must be an integer"),
+        ("temperature: hot\n", "temperature must be a number"),
+        ("feature_chain: 0\n", "feature_chain=0"),  # `or 1` read 0 as 1
+    ],
+)
+def test_a_config_value_of_the_wrong_type_is_one_line_naming_its_key(tmp_path, yaml_text, message):
+    custom = tmp_path / "c.yaml"
+    custom.write_text(yaml_text)
+    with pytest.raises(AccheadError, match="^" if "=" in message else str(custom)) as e:
+        parse_args(["--config", str(custom), "--out", str(tmp_path / "out")])
+    assert message in str(e.value)
+    ok = tmp_path / "ok.yaml"  # the forms the shipped file and users write: ints for floats, auto, bools
+    ok.write_text("temperature: 1\ntop_p: 1\nmix_ratio: 1\ncache_features: false\noverwrite: true\n")
+    args = parse_args(["--config", str(ok), "--out", str(tmp_path / "out")])
+    assert (args.sampling.temperature, args.mix_ratio) == (1.0, 1.0)
+    assert (args.cache_features, args.overwrite) == ("off", True)
+
+
+def test_paths_that_would_lose_work_are_refused_before_it(tmp_path):
+    """--emit-responses at a directory or under a missing one (found only after labelling before), and an
+    --out that holds an input (`--overwrite` would delete it)."""
+    (tmp_path / "adir").mkdir()
+    for path in (tmp_path / "adir", tmp_path / "missing" / "r.jsonl"):
+        with pytest.raises(AccheadError, match="--emit-responses"):
+            parse_args(["--out", str(tmp_path / "out"), "--emit-responses", str(path)])
+    prompts = tmp_path / "runs" / "p.jsonl"
+    prompts.parent.mkdir()
+    prompts.write_text('{"prompt": "x"}\n')
+    for out in (prompts.parent, prompts):
+        with pytest.raises(AccheadError, match="holds the input --prompts"):
+            parse_args(["--out", str(out), "--prompts", str(prompts), "--overwrite"])
+    assert parse_args(["--out", str(tmp_path / "out"), "--prompts", str(prompts)]).out == tmp_path / "out"

@@ -112,5 +112,28 @@ def test_bad_input_is_a_one_line_error(lookahead_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 4 and all(": error: " in line for line in err)
     assert "--mix-ratio 1" in err[-1]
+    for bad in (["--k-grid", ""], ["--h-grid", ","], ["--aurocs", ""], ["--cost-ratio", "nan"]):
+        assert main(["--data", data, *bad]) == 2  # a traceback or an empty (nan) table before
+    assert capsys.readouterr().err.count(": error: ") == 4
     with pytest.raises(SystemExit):  # argparse's own usage error: a K is a whole number
         main(["--data", data, "--k-grid", "1.5"])
+
+
+def test_a_head_of_another_draft_or_sampling_is_refused(lookahead_run, tmp_path, capsys):
+    """The head must be the data's draft's and trained under the data's S: it printed numbers for another
+    draft of the same width before, and a traceback for one of another width."""
+    import dataclasses
+
+    from acchead.head_io import load_head, save_head
+    from acchead.sampling import SamplingConfig
+
+    head, meta = load_head(lookahead_run["head"])
+    another = dataclasses.replace(meta, draft={**meta.draft, "fingerprint": "0" * 16})
+    other_draft = save_head(head, tmp_path / "draft.safetensors", meta=another)
+    sampled = save_head(head, tmp_path / "t1.safetensors",
+                        meta=dataclasses.replace(meta, sampling=SamplingConfig(1.0).to_dict()))  # fmt: skip
+    data = str(lookahead_run["data"])
+    assert main(["--data", data, "--head", str(other_draft)]) == 2
+    assert main(["--data", data, "--head", str(sampled)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "fingerprint" in err[0] and "was trained under" in err[1], err

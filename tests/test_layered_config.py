@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from acchead.errors import AccheadError
-from acchead.layered_config import merge_layers, read_mapping, resolve_layers
+from acchead.layered_config import check_types, field_types, merge_layers, read_mapping, resolve_layers
 
 
 def test_later_layers_override_key_by_key_and_none_is_not_set():
@@ -70,3 +73,30 @@ def test_unreadable_files_are_one_line_errors(tmp_path, text, message):
 def test_an_empty_file_is_an_empty_mapping(tmp_path):
     (tmp_path / "empty.yaml").write_text("# nothing\n")
     assert read_mapping(tmp_path / "empty.yaml") == {}
+
+
+@dataclasses.dataclass
+class _Knobs:
+    n: int
+    x: float | None
+    flag: bool
+    pair: tuple[float, float]
+    free: Any
+
+
+def test_values_are_checked_against_the_types_their_keys_take(tmp_path):
+    """A YAML `true` is no integer and "false" no boolean; an integer is a number; null is always unset."""
+    accepted = field_types(_Knobs)
+    assert accepted == {"n": (int,), "x": (float,), "flag": (bool,), "pair": (list, tuple)}
+    check_types({"n": 3, "x": 2, "flag": False, "pair": [1, 2], "free": object(), "other": "s", "n2": None},
+                accepted, "f.yaml")  # fmt: skip
+    cases = [({"n": True}, "n must be an integer, got True"), ({"n": 2.5}, "n must be an integer"),
+             ({"x": "1e-3"}, "x must be a number"), ({"flag": "false"}, "flag must be true or false"),
+             ({"pair": 0.9}, "pair must be a list")]  # fmt: skip
+    for bad, message in cases:
+        with pytest.raises(AccheadError, match=f"f.yaml: {message}"):
+            check_types(bad, accepted, "f.yaml")
+    shipped = tmp_path / "s.yaml"
+    shipped.write_text("n: 'x'\n")
+    with pytest.raises(AccheadError, match="n must be an integer"):
+        resolve_layers(shipped, None, {}, {"n"}, accepted=accepted)

@@ -107,6 +107,8 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
         (["--w-rej", "-2"], "--w-rej must be > 0"),
         (["--depth", "-1"], "--depth must be >= 0"),
         (["--width", "0"], "--width must be >= 1"),
+        (["--betas", "1.5", "0.9"], "--betas must be two numbers in [0, 1)"),  # a traceback in the optimiser
+        (["--num-nodes", "0"], "--num-nodes must be >= 1"),  # one from Lightning's Trainer
     ],
 )
 def test_bad_hyperparameters_are_one_line_errors(gen_data, tmp_path, capsys, flags, message):  # noqa: F811
@@ -209,3 +211,53 @@ def test_bad_data_dir_fails_before_torch_loads(cli, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False", "False"], out.stderr
     assert f"data directory does not exist: {tmp_path / 'none'}" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("w_rej: abc\n", "w_rej must be a number, got 'abc'"),  # a TypeError in check() before
+        ("depth: '3'\n", "depth must be an integer"),
+        ("betas: 0.9\n", "betas must be a list"),  # not iterable
+        ("extra: 5\n", "extra must be a mapping"),  # failed after training, writing the head
+        ("checkpoints: 'no'\n", "checkpoints must be true or false"),
+        ("ece_bins: 0\n", "ece_bins must be >= 1"),
+        ("betas: [0.9, x]\n", "--betas must be two numbers in [0, 1)"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_is_one_line(gen_data, tmp_path, capsys, yaml_text, message):  # noqa: F811
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml_text)
+    rc, err = _run(["--data", str(gen_data["data"]), "--out", str(tmp_path / "o"), "--config", str(config)],
+                   capsys)  # fmt: skip
+    assert rc == 2 and message in err, err
+    config.write_text("devices: 1\nprecision: 32\nbetas: [0.9, 0.99]\nw_rej: 6\n")  # Lightning's forms, ints
+    from acchead.train.cli import build_parser, resolve_settings
+
+    args = build_parser().parse_args(["--data", "d", "--out", "o", "--config", str(config)])
+    settings = TrainSettings(**resolve_settings(args))
+    assert (settings.devices, settings.precision, settings.betas, settings.w_rej) == (1, 32, (0.9, 0.99), 6)
+
+
+@pytest.mark.parametrize("flag", [["--accelerator", "foo"], ["--precision", "foo"], ["--strategy", "foo"]])
+def test_settings_lightning_refuses_are_one_line_and_leave_out_free(gen_data, tmp_path, capsys, flag):  # noqa: F811
+    """Lightning checks these flags when it builds the Trainer, after the data loaded and OUT was claimed:
+    its refusal is one line, and OUT is left empty, so the corrected command is a new run, not a conflict."""
+    out = tmp_path / "o"
+    rc, err = _run(["--data", str(gen_data["data"]), "--out", str(out), *FAST, *flag], capsys)
+    assert rc == 2 and f"{flag[0]} foo" in err and "Traceback" not in err, err
+    assert train_main(["--data", str(gen_data["data"]), "--out", str(out), *FAST, "--epochs", "1"]) == 0
+
+
+def test_an_out_that_holds_the_data_is_refused_even_with_overwrite(gen_data, tmp_path, capsys):  # noqa: F811
+    """`--out` given the `--data` directory (or a folder above it): `--overwrite` would delete the data."""
+    from acchead.train.sweep import main as sweep_main
+
+    data = tmp_path / "runs" / "data"
+    shutil.copytree(gen_data["data"], data)
+    before = sorted(p.name for p in data.iterdir())
+    for main in (train_main, sweep_main):
+        for out in (data, data.parent):
+            assert main(["--data", str(data), "--out", str(out), "--overwrite", "--kind", "candidate"]) == 2
+            assert "holds the input --data" in capsys.readouterr().err
+    assert sorted(p.name for p in data.iterdir()) == before

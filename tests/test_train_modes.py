@@ -244,3 +244,16 @@ def test_features_benchmark_times_both_modes_over_the_same_positions(gen_data, c
     tiny_draft(other, seed=1)  # same shape, other weights: not the data's draft
     assert bench_main([*args[:2], "--draft", str(other), *args[4:]]) == 2  # a user error: one line
     assert "--draft" in capsys.readouterr().err
+
+
+def test_sweep_trains_lookahead_heads_by_default(gen_data, tmp_path):  # noqa: F811
+    """The sweep's default kind is acchead-train's (lookahead): it loaded the data for candidate heads and
+    refused every run that did not say --kind candidate."""
+    from acchead.head_io import load_head
+
+    argv = ["--data", str(gen_data["data"]), "--out", str(tmp_path), "--w-rej", "3", "--depth", "0",
+            "--epochs", "1", "--features", "on-the-fly", "--draft", str(gen_data["draft"]),
+            "--threads", "1"]  # fmt: skip
+    assert sweep_main(argv) == 0
+    head, _ = load_head(tmp_path / "heads" / "wrej3_depth0" / "head.safetensors")
+    assert head.kind == "lookahead"

@@ -23,7 +23,7 @@ import yaml
 
 from acchead.configs import config_path
 from acchead.errors import AccheadError, cli_errors
-from acchead.layered_config import resolve_layers
+from acchead.layered_config import field_types, resolve_layers
 from acchead.pairs import PAIR_NAMES
 from acchead.rundir import (
     DirLock,
@@ -33,6 +33,7 @@ from acchead.rundir import (
     is_main_launch_process,
     mark_complete,
     refuse_foreign,
+    refuse_out_holding,
     remove_stale_tmp,
     start,
 )
@@ -40,6 +41,8 @@ from acchead.train.data import read_gen_config
 from acchead.train.settings import TrainSettings
 
 _FIELDS = {f.name for f in dataclasses.fields(TrainSettings)}
+# The YAML types each key takes: its field's, and Lightning's other forms (`devices: 2`, `precision: 32`).
+_TYPES = {**field_types(TrainSettings), "devices": (str, int, list), "precision": (str, int)}
 
 
 def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
@@ -72,7 +75,8 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--optimizer", choices=["adam", "adamw"], help="optimiser (default adam, the paper's)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 3e-3, measured; paper: 5e-5)")
     p.add_argument("--weight-decay", type=float, help="Adam L2 / AdamW decoupled weight decay (default 0)")
-    p.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), help="Adam betas")
+    p.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"),
+                   help="Adam betas, each in [0, 1) (default 0.9 0.999)")
     p.add_argument(
         "--schedule", choices=["cosine", "constant"], help="learning-rate schedule (default cosine)"
     )
@@ -100,13 +104,15 @@ def add_training_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         "--val-fraction", type=float, help="share of prompts held out for validation (default 0.1)"
     )
     p.add_argument("--seed", type=int, help="seed of split, shuffles and initialisation (default 0)")
-    p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
-    p.add_argument("--devices", help="Lightning devices: auto, a count or a list of ids like 0,1")
-    p.add_argument("--strategy", help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, ...")
-    p.add_argument("--num-nodes", type=int, help="number of nodes (multi-node DDP)")
+    p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu (default auto)")
+    p.add_argument("--devices", help="Lightning devices: auto, a count or ids like 0,1 (default auto)")
+    p.add_argument("--strategy", help="Lightning strategy: auto, ddp, ddp_spawn, fsdp, ... (default auto)")
+    p.add_argument("--num-nodes", type=int, help="number of nodes (multi-node DDP; default 1)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; 1 on a busy box)")
-    p.add_argument("--precision", help="Lightning precision: 32-true, bf16-mixed, 16-mixed")
+    p.add_argument("--precision", help="Lightning precision: 32-true, bf16-mixed, 16-mixed (default 32-true)")
     p.add_argument("--logger", choices=["csv", "tensorboard", "none"], help="training logs under OUT/logs")
+    if sweep:  # a sweep's cells are short: no checkpoints or progress bars (a killed sweep keeps its cells)
+        return
     p.add_argument("--no-checkpoints", dest="checkpoints", action="store_false", help="write no checkpoints")
     p.add_argument(
         "--checkpoint-every",
@@ -138,7 +144,7 @@ def resolve_settings(args: argparse.Namespace, fixed: dict[str, Any] | None = No
     returns TrainSettings keyword arguments."""
     flags = vars(args)
     user = flags.pop("config", None)
-    merged = resolve_layers(config_path("train"), user, {**flags, **(fixed or {})}, _FIELDS)
+    merged = resolve_layers(config_path("train"), user, {**flags, **(fixed or {})}, _FIELDS, accepted=_TYPES)
     if merged.get("logger") == "none":
         merged["logger"] = None
     if isinstance(merged.get("devices"), str) and merged["devices"].isdigit():
@@ -230,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     identity = run_identity(settings)
     last = out / "checkpoints" / LAST_CKPT
+    refuse_out_holding(out, data=settings.data, draft=settings.draft, resume=settings.resume)
     refuse_foreign(out, "train", overwrite=overwrite)  # before the lock file goes into it
     with DirLock(out, "acchead-train"):
         status = claim(out, "train", identity, overwrite=overwrite)

@@ -207,9 +207,9 @@ def load_gen_data(path: str | Path, mode: FeatureMode = "auto", kind: HeadKind =
         raise AccheadError(f"unknown feature mode {mode!r}")
     try:
         ds = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError; a cut file an OSError
         raise AccheadError(
-            f"{path} is not an acchead-gen-data output (cannot load the dataset: {e})"
+            f"{path} is not an acchead-gen-data output (cannot load the dataset: {str(e).splitlines()[0]})"
         ) from None
     if not isinstance(ds, datasets.Dataset):
         raise AccheadError(f"{path} holds a DatasetDict, not a gen-data Dataset")

@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from acchead.errors import AccheadError
 from acchead.head_io import HeadMetadata
@@ -305,24 +306,31 @@ def train_head(
         cbs.append(LearningRateMonitor(logging_interval="step"))
     if settings.checkpoints and settings.out is not None:
         cbs.append(RunCheckpoint(Path(settings.out) / "checkpoints", settings.checkpoint_every))
-    trainer = L.Trainer(
-        max_epochs=settings.epochs,
-        accelerator=settings.accelerator,
-        devices=settings.devices,
-        strategy=settings.strategy,
-        num_nodes=settings.num_nodes,
-        precision=settings.precision,  # type: ignore[arg-type]
-        logger=logger,
-        callbacks=cbs,
-        enable_checkpointing=False,  # RunCheckpoint instead of Lightning's ModelCheckpoint
-        default_root_dir=settings.out,
-        enable_progress_bar=settings.progress,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        # Our samplers shard by rank themselves (see acchead.train.datamodule.IndexBatches).
-        use_distributed_sampler=False,
-        log_every_n_steps=10,
-    )
+    try:
+        trainer = L.Trainer(
+            max_epochs=settings.epochs,
+            accelerator=settings.accelerator,
+            devices=settings.devices,
+            strategy=settings.strategy,
+            num_nodes=settings.num_nodes,
+            precision=settings.precision,  # type: ignore[arg-type]
+            logger=logger,
+            callbacks=cbs,
+            enable_checkpointing=False,  # RunCheckpoint instead of Lightning's ModelCheckpoint
+            default_root_dir=settings.out,
+            enable_progress_bar=settings.progress,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            # Our samplers shard by rank themselves (see acchead.train.datamodule.IndexBatches).
+            use_distributed_sampler=False,
+            log_every_n_steps=10,
+        )
+    except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's own checks of these flags
+        raise AccheadError(
+            f"--accelerator {settings.accelerator} --devices {settings.devices} --strategy "
+            f"{settings.strategy} --num-nodes {settings.num_nodes} --precision {settings.precision}: "
+            f"{str(e).splitlines()[0]}"
+        ) from None
     start = time.perf_counter()
     _fit(trainer, module, dm, ckpt, settings.out)
     fit_s = time.perf_counter() - start

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from acchead.errors import AccheadError, cli_errors
+from acchead.sampling import SamplingConfig
 from acchead.train.data import GenData, load_gen_data, read_gen_config, split_by_prompt
 
 Rule = Callable[[np.ndarray, np.ndarray, int], int]  # (accept (n,), p (n,), t) -> candidates to draft at t
@@ -217,9 +218,10 @@ def _head_probs(data: GenData, head_path: str) -> np.ndarray:
     from acchead.head_io import load_head
     from acchead.train.datamodule import CachedPositions
 
-    if data.features is None:
-        raise AccheadError(f"{data.path} has no cached features: --head needs gen-data's cached states")
-    head, _ = load_head(head_path)
+    head, meta = load_head(head_path, draft=data.draft)  # a head of another draft is refused
+    if (trained := meta.sampling_config) != (labelled := SamplingConfig(**data.sampling)):
+        raise AccheadError(f"{head_path} was trained under {trained}, {data.path}'s labels under "
+                           f"{labelled}: replay a head of the data's S")  # fmt: skip
     if head.kind != "lookahead":
         raise AccheadError(f"{head_path} is a {head.kind} head: the replay judges as a lookahead head does")
     with torch.no_grad():
@@ -230,14 +232,19 @@ def _head_probs(data: GenData, head_path: str) -> np.ndarray:
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.cost_ratio <= 0.0 or args.max_draft < 1 or any(k < 1 for k in args.k_grid):
-        raise AccheadError("--cost-ratio must be > 0, --max-draft and every K >= 1")
+    if not 0.0 < args.cost_ratio < math.inf or args.max_draft < 1 or any(k < 1 for k in args.k_grid):
+        raise AccheadError("--cost-ratio must be a finite number > 0, --max-draft and every K >= 1")
     if any(not 0.0 < h < 1.0 for h in args.h_grid):
         raise AccheadError("--h-grid values must be in (0, 1)")
+    if not args.k_grid or not args.h_grid or not (args.head or args.aurocs):
+        raise AccheadError("give at least one K (--k-grid), one h (--h-grid), and --head or --aurocs")
     cfg = read_gen_config(args.data)
     if float(cfg.get("mix_ratio", 1.0)) != 1.0 or int(cfg.get("feature_chain", 1)) > 1:
         raise AccheadError(f"{args.data} was not written along the target's response with first-candidate "
                            "labels: regenerate it with --mix-ratio 1 and --feature-chain 1")  # fmt: skip
+    if args.head and not isinstance(cfg.get("lookahead_features"), dict):
+        raise AccheadError(f"{args.data} has no cached states: --head needs gen-data's cache (its "
+                           "--cache-features), --aurocs does not")  # fmt: skip
     data = load_gen_data(args.data, "cached" if args.head else "auto", "lookahead")
     accept = data.hard  # greedy: the labels themselves; sampling: their seeded Bernoulli draws
     grid = (args.cost_ratio, list(args.k_grid), list(args.h_grid), args.max_draft)

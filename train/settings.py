@@ -85,6 +85,13 @@ class TrainSettings:
                 f"--schedule must be cosine or constant: {self.schedule}",
             ),
             (self.features in ("auto", "cached", "on-the-fly"), f"unknown --features {self.features!r}"),
+            (self.num_nodes >= 1, f"--num-nodes must be >= 1, got {self.num_nodes}"),
+            (self.ece_bins >= 1, f"ece_bins must be >= 1, got {self.ece_bins}"),
+            (
+                len(self.betas) == 2 and all(type(b) in (int, float) and 0 <= b < 1 for b in self.betas),
+                f"--betas must be two numbers in [0, 1), got {' '.join(map(str, self.betas))}",
+            ),
+            (isinstance(self.extra, dict), f"extra must be a mapping, got {self.extra!r}"),
             (
                 self.logger in (None, "csv", "tensorboard"),
                 f"--logger must be csv or tensorboard: {self.logger}",

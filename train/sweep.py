@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from acchead.errors import AccheadError, cli_errors
-from acchead.rundir import is_main_launch_process, locked_run, mark_complete
+from acchead.rundir import is_main_launch_process, locked_run, mark_complete, refuse_out_holding
 from acchead.train.cli import add_training_flags, resolve_settings, run_identity, write_json, write_text
 from acchead.train.data import read_gen_config
 from acchead.train.settings import TrainSettings
@@ -92,7 +92,7 @@ def _run_cells(
                 cells.append(json.loads(record.read_text()))
                 continue
             if data is None:
-                data = load_gen_data(settings0.data, settings0.features)  # type: ignore[arg-type]
+                data = load_gen_data(settings0.data, settings0.features, settings0.kind)  # type: ignore[arg-type]
                 load_s = time.perf_counter() - t0
             t_cell = time.perf_counter()
             settings = TrainSettings(**{**settings0.__dict__, "w_rej": w, "depth": d, "out": str(cell_dir)})
@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         if d < 0:
             raise AccheadError(f"--depth must be >= 0, got {d}")
     read_gen_config(settings0.data)  # a bad --data fails here, before torch and lightning load (seconds)
+    settings0.check()  # bad flags fail before OUT is claimed, so the corrected rerun is the same sweep
+    refuse_out_holding(settings0.out, data=settings0.data, draft=settings0.draft)  # type: ignore[arg-type]
     from acchead.train.fit import quiet_lightning  # deferred, after the flags: torch/lightning take seconds
 
     quiet_lightning()
