@@ -37,7 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from acchead.cache import cache_dir
-from acchead.errors import AccheadError
+from acchead.errors import USER_PATH_ERRORS, AccheadError
+
+
+class AssetMissing(AccheadError):
+    """An asset that is known but not installed: `acchead-assets` installs it (one line, like every
+    AccheadError; `acchead-gpu-check` skips a pair whose assets are missing and refuses other errors)."""
 
 INSTALL_COMMAND = "acchead-assets"
 TARGET_DIR_NAME = "smollm2-target"  # the converted target (a transformers directory) under assets_dir()
@@ -91,7 +96,7 @@ def asset_path(name: str) -> Path:
         known = ", ".join([*ASSETS, TARGET_DIR_NAME])
         raise AccheadError(f"unknown asset {name!r}; known: {known}")
     if not ready:
-        raise AccheadError(f"asset {name} is not installed (looked in {path}): run `{INSTALL_COMMAND}`")
+        raise AssetMissing(f"asset {name} is not installed (looked in {path}): run `{INSTALL_COMMAND}`")
     return path
 
 
@@ -225,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: missing")
             return 0
         paths = install_all(args.wheels)
-    except AccheadError as e:
+    except (AccheadError, *USER_PATH_ERRORS) as e:  # one line, like cli_errors
         print(f"{INSTALL_COMMAND}: error: {e}", file=sys.stderr)
         return 2
     for name, path in paths.items():

@@ -18,6 +18,13 @@ class AccheadError(Exception):
     """Bad input or a mismatch the user can fix; CLIs print it as one line, without a traceback."""
 
 
+# The OS errors of paths a user gave (missing, a file where a folder goes or the reverse, unreadable): user
+# errors, one line, like AccheadError.
+USER_PATH_ERRORS: tuple[type[OSError], ...] = (
+    FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError,
+)  # fmt: skip
+
+
 def cli_errors(main: F) -> F:
     """Wrap a console-script `main` so that expected failures print `prog: error: ...` and exit non-zero.
 
@@ -30,7 +37,7 @@ def cli_errors(main: F) -> F:
         prog = os.path.basename(sys.argv[0]) or "acchead"
         try:
             return main(*args, **kwargs)
-        except (AccheadError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+        except (AccheadError, *USER_PATH_ERRORS) as e:
             if os.environ.get("ACCHEAD_DEBUG"):
                 raise
             print(f"{prog}: error: {e}", file=sys.stderr)

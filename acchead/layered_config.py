@@ -37,7 +37,7 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
         raise AccheadError(f"config file does not exist: {path}")
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: not UTF-8
         raise AccheadError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if data is None:
         return {}

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from acchead.errors import AccheadError, thread_count
+from acchead.errors import USER_PATH_ERRORS, AccheadError, thread_count
 
 PROG = "acchead-distill"
 
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                   "features": run_features_stage,
                   "train": run_train_stage, "average": run_average_stage}  # fmt: skip
         summary = stages[args.stage](args)
-    except AccheadError as e:
+    except (AccheadError, *USER_PATH_ERRORS) as e:  # one line, like cli_errors
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     print(" ".join(f"{k}={v}" for k, v in summary.items()))

@@ -178,6 +178,9 @@ def run_train_stage(args: argparse.Namespace) -> dict:
     from acchead.distill.teacher import load_teacher, pack_teacher
     from acchead.models import load_causal_lm, load_tokenizer
 
+    if not Path(args.responses).is_dir():
+        raise AccheadError(f"--responses {args.responses}: no such directory (`acchead-distill responses` "
+                           "writes one)")  # fmt: skip
     shards = load_responses(args.responses)
     if len(shards) <= args.held_out_shards:
         raise AccheadError(

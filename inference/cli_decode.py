@@ -184,12 +184,24 @@ def format_stats(res: GenerationResult) -> str:
     )
 
 
+def _check_cheap_flags(args: argparse.Namespace) -> None:
+    """The flags that need no model, refused in one line before any loads (seconds, on a CPU)."""
+    from acchead.inference.batch_stop import parse_batch_stop
+    from acchead.models import check_device, parse_dtype
+
+    if args.batch_size is not None and args.batch_size < 1:
+        raise AccheadError(f"--batch-size must be >= 1, got {args.batch_size}")
+    _sampling(args, None)  # temperature, top-k and top-p in range, whether or not a head is needed
+    parse_batch_stop(args.batch_stop, 0.5)
+    parse_dtype(args.dtype)
+    if args.device != "auto":
+        check_device(args.device)
+
+
 def _decode_batch(args: argparse.Namespace, target, draft, spec: DecodingSpec, tok, rows: list) -> int:
     """`--batch-size B`: B rows of (T_b,) ids in one batch (issue 33), each row's text, the batch's counts."""
     from acchead.inference.batched import BatchedDecoder
 
-    if args.batch_size < 1:
-        raise AccheadError(f"--batch-size must be >= 1, got {args.batch_size}")
     s = spec.sampling
     assert s is not None, "main resolves S before decoding"
     rule = args.batch_stop if isinstance(spec.policy, SpecDecPPSpec) else False
@@ -222,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_new_tokens < 1:
         raise AccheadError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    _check_cheap_flags(args)
     texts = None
     if args.prompts is not None:  # checked before any model loads
         if args.chat:
@@ -326,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(stats))
     else:
         warm = f" | fast path warmed up in {warm_s:.1f} s" if decoder.fast else ""
-        print(f"\n--- {decoder.policy.spec}, {args.verifier} verification, {s}{warm}")
+        drafter = f"{spec.drafter.to_spec()}+" if spec.drafter is not None else ""  # copy rounds, say
+        print(f"\n--- {drafter}{decoder.policy.spec}, {args.verifier} verification, {s}{warm}")
         print(format_stats(res))
     return 0
 

@@ -35,6 +35,9 @@ from acchead.errors import AccheadError
 # Cap for policies whose spec gives none: the paper's SpecDec++ cap and Hugging Face's default
 # `num_assistant_tokens`.
 DEFAULT_MAX_DRAFT = 20
+# The most candidates any round may be given (k=, max=): state is sized by it, and no context or head makes
+# a longer round pay, so a larger value is a typo refused in one line, not a failed allocation.
+MAX_ROUND_CANDIDATES = 1024
 ORACLE_MAX_DRAFT = 64
 # AdaEDL's entropy factor γ: the value of the paper's §3.1 (Agrawal et al. 2024).
 ADAEDL_GAMMA = 0.2
@@ -139,9 +142,9 @@ class PolicySpec:
 
 
 
-def _check_max(spec: PolicySpec, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise AccheadError(f"{spec.name} needs max >= 1, got max={value}")
+def _check_max(spec: PolicySpec, value: int | None, key: str = "max") -> None:
+    if value is not None and not 1 <= value <= MAX_ROUND_CANDIDATES:
+        raise AccheadError(f"{spec.name} needs 1 <= {key} <= {MAX_ROUND_CANDIDATES}, got {key}={value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,8 +169,7 @@ class SpecDecSpec(PolicySpec):
     k: int
 
     def _check(self) -> None:
-        if self.k < 1:
-            raise AccheadError(f"specdec needs K >= 1, got k={self.k}")
+        _check_max(self, self.k, "k")
 
     @property
     def max_cap(self) -> int:

@@ -49,7 +49,9 @@ def parse_policy_spec(text: str) -> PolicySpec:
     kind = POLICY_SPECS.get(name)
     if kind is None:
         names = ", ".join(k.example for k in POLICY_SPECS.values())
-        raise AccheadError(f"cannot parse policy {text!r}: unknown name {name!r}; one of {names}")
+        drafter = name in ("copy", "mag", "cascade")
+        drafters = f" (a drafter: give it a policy, e.g. {name}+specdec:k=2)" if drafter else ""
+        raise AccheadError(f"cannot parse policy {text!r}: unknown name {name!r}{drafters}; one of {names}")
     return kind.parse_body(text, body, parse_policy_spec)
 
 

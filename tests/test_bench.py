@@ -301,7 +301,7 @@ def test_bench_sampling_skips_oracle_with_a_note(bench_inputs, tmp_path):
         ("--k-grid", "0,2", "--k-grid needs K >= 1"),
         ("--cost-ratios", "0.2,-0.1", "--cost-ratios needs finite ratios >= 0"),
         ("--head", "{tmp}/nohead.safetensors", "head file does not exist"),
-        ("--extra-specs", "ucb:arms=specdec:k=0", "specdec needs K >= 1"),
+        ("--extra-specs", "ucb:arms=specdec:k=0", "specdec needs 1 <= k <= 1024"),
         ("--loop-profile-prompts", "-1", "--loop-profile-prompts must be >= 0"),
         ("--batch-size", "4,0", "--batch-size needs B >= 1, got 4,0"),  # before the grid ran, not after
         ("--batch-stop", "gated,foo", "batch stop must be on, off, measured, gated"),

@@ -51,10 +51,21 @@ def test_shipped_config_loads_with_the_issue_grid(tmp_path):
                           ("temperature: hot\n", "bad value for temperature: 'hot'"),
                           ("temperature: true\n", "bad value for temperature: True"),
                           ("overwrite: 1\n", "bad value for overwrite: 1"),
-                          ("k_grid: [2, x]\n", "bad value for k_grid")]:  # fmt: skip
-        user.write_text(text)
+                          ("k_grid: [2, x]\n", "bad value for k_grid"),
+                          ("goals: 5\n", "a mapping of goal names"),
+                          ("prompts: 5\n", "bad value for prompts"),
+                          ("out: 5\n", "bad value for out"), ("threads: -3\n", "bad value for threads"),
+                          ("batch_size: abc\n", "bad value for batch_size")]:  # fmt: skip
+        user.write_text(text)  # each a traceback, or taken (threads: -3), before the audit of 2026-12-08
         with pytest.raises(AccheadError, match=message):
             resolve_args(build_parser().parse_args(["--config", str(user)]))
+    user.write_text("batch_size: 4\n")  # a scalar, as a flag's one-element list
+    assert resolve_args(build_parser().parse_args(["--config", str(user)])).batch_size == [4]
+    user.write_bytes(b"prompts: \xff\xfe\n")
+    with pytest.raises(AccheadError, match="is not valid YAML"):
+        resolve_args(build_parser().parse_args(["--config", str(user)]))
+    with pytest.raises(AccheadError, match="temperature must be >= 0"):
+        resolve_args(build_parser().parse_args(["--temperature", "-1"]))
 
 
 def test_the_real_pair_config_judges_issue_31_goals():

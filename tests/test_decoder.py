@@ -49,7 +49,7 @@ def test_parse_policy_roundtrip(spec, cls, canonical):
         ("specdec", "needs k"),
         ("specdec:k", "expected key=value"),
         ("specdec:k=two", "is not int"),
-        ("specdec:k=0", "K >= 1"),
+        ("specdec:k=0", "1 <= k <= 1024"),
         ("specdec:k=4,h=0.5", "takes k"),
         ("specdec:k=4,k=5", "given twice"),
         ("specdecpp:h=0.7", "needs an acceptance head"),
@@ -58,7 +58,7 @@ def test_parse_policy_roundtrip(spec, cls, canonical):
         ("specdecpp:h=-0.2", "0 < h < 1"),
         ("specdecpp:h=0.5,free=maybe", "not 0/1"),
         ("confidence:tau=1.5", "0 <= tau <= 1"),
-        ("oracle:max=0", "max >= 1"),
+        ("oracle:max=0", "1 <= max <= 1024"),
     ],
 )
 def test_parse_policy_errors_are_one_line(spec, message):
@@ -259,14 +259,24 @@ def test_cli_specdecpp_with_head_file(tiny_pair_dirs, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--policy", "specdec:k=0"], "K >= 1"),
+        (["--policy", "specdec:k=0"], "1 <= k <= 1024"),
         (["--policy", "nonsense"], "unknown name"),
         (["--policy", "specdecpp:h=0.5", "--head", "/nonexistent/head.safetensors"], "no acceptance head"),
         (["--policy", "oracle", "--temperature", "1"], "greedy-only"),
         (["--policy", "specdec:k=2", "--top-p", "0"], "top_p"),
+        # refused before any model loads since the audit of 2026-12-08 (after loading both, before)
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--batch-size", "2", "--batch-stop", "foo"], "batch"),
+        (["--dtype", "foo"], "unknown dtype 'foo'"),
+        (["--device", "foo"], "foo"),
+        (["--policy", "specdec:k=2", "--temperature", "-1"], "temperature must be >= 0"),
     ],
 )
-def test_cli_bad_input_is_one_line_exit_2(tiny_pair_dirs, capsys, extra, message):
+def test_cli_bad_input_is_one_line_exit_2(tiny_pair_dirs, capsys, monkeypatch, extra, message):
+    from acchead import models
+
+    if "--policy" not in extra:  # the flags no model needs: checked before one loads
+        monkeypatch.setattr(models, "load_causal_lm", None)
     assert _cli(tiny_pair_dirs, *extra) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1

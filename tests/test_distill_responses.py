@@ -103,6 +103,16 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_an_out_that_is_a_file_is_one_line(tiny_pair_dirs, tmp_path, capsys):
+    """An OS error of a path the user gave is one line, as in every acchead command (a traceback before)."""
+    (tmp_path / "a.jsonl").write_text("")
+    argv = ["responses", "--out", str(tmp_path / "a.jsonl"), "--target", str(tiny_pair_dirs[0]),
+            "--num-prompts", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("acchead-distill: error: ") and err.count("\n") == 1, err
+
+
 def test_missing_assets_name_the_install_command(tmp_path, capsys):
     assert cli.main(["responses", "--out", str(tmp_path)]) == 2
     assert "run `acchead-assets`" in capsys.readouterr().err

@@ -81,6 +81,30 @@ def test_a_malformed_profile_spec_is_one_line_before_any_check(check_argv, capsy
     assert "cannot parse policy" in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--pairs", "smolm2"], "unknown pair 'smolm2'"),  # a typo: skipped, exit 0 and "ok" before
+        (["--num-prompts", "-1"], "--num-prompts must be >= 0"),  # the same
+        (["--target", "/nonexistent"], "does not exist"),  # the same: only missing assets are skipped
+        (["--k-grid", "1.5"], "--k-grid takes whole numbers"),  # read as 1 before
+        (["--h-grid", "2"], "0 < h < 1"),  # refused after float32 exactness before
+        (["--exact-dtypes", "float32,foo"], "unknown dtype 'foo'"),  # after exactness and speed before
+        (["--speed-dtype", "foo"], "unknown dtype 'foo'"),
+        (["--head", "/nonexistent.safetensors"], "no such file"),
+        (["--out", "/dev/null/x.md"], "give a file path"),  # checked after the whole run before
+    ],
+)
+def test_bad_flags_are_one_line_before_any_model_loads(check_argv, capsys, monkeypatch, flags, message):
+    from acchead.inference.bench import gpu_check
+
+    if flags[0] != "--target":
+        monkeypatch.setattr(gpu_check, "PairRun", None)  # nothing may load or time before the refusal
+    assert main([*check_argv, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
 def test_json_report_and_a_pair_without_files_is_skipped(check_argv, tmp_path):
     out = tmp_path / "gpu-check.json"
     # the test session's cache (ACCHEAD_CACHE_DIR) holds no real-pair assets

@@ -278,7 +278,7 @@ def test_return_dict_carries_the_round_statistics(pair, head, prompt):
             "one sequence per call",
         ),
         (dict(draft=None), "needs a draft: pass draft=DRAFT to generate"),
-        (dict(policy="specdec:k=0"), "specdec needs K >= 1"),
+        (dict(policy="specdec:k=0"), "specdec needs 1 <= k <= 1024"),
     ],
 )
 def test_refusals_are_one_line(tiny_llama_pair, prompt, kw, message):

@@ -55,14 +55,16 @@ def test_parse_roundtrip(spec, cls, canonical):
         ("entropy", "needs tau"),
         ("entropy:tau=-0.1", "tau >= 0"),
         ("entropy:tau=inf", "finite tau"),
-        ("entropy:tau=1,max=0", "max >= 1"),
+        ("entropy:tau=1,max=0", "1 <= max <= 1024"),
         ("entropy:tau=1,lam=2", "takes max, tau"),
         ("adaedl:gamma=0.2", "needs lam"),
         ("adaedl:lam=1.5", "0 <= lam <= 1"),
         ("adaedl:lam=0.5,gamma=0", "gamma > 0"),
         ("adaedl:lam=0.5,adapt=2", "not 0/1"),
-        ("adaedl:lam=0.5,max=0", "max >= 1"),
+        ("adaedl:lam=0.5,max=0", "1 <= max <= 1024"),
         ("adaedl:lam=x", "is not float"),
+        ("specdecpp:max=99999999999", "1 <= max <= 1024"),  # allocated (max + 2,) state: 800 GB, a traceback
+        ("specdec:k=100000", "1 <= k <= 1024"),
     ],
 )
 def test_parse_errors_are_one_line(spec, message):

@@ -18,6 +18,7 @@ from acchead.inference.bench.settings import FAMILIES
 from acchead.inference.policy_spec import ADAEDL_GAMMA
 from acchead.inference.spec import PATHS, VERIFIERS
 from acchead.pairs import PAIR_NAMES
+from acchead.prompt_sets import list_prompt_sets
 from acchead.sampling import SamplingConfig
 
 
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--config", default=None, help="YAML file with defaults for every flag (default: configs/bench.yaml)")
     a(
         "--prompts",
-        help="prompt set name (humaneval, stdlib-functions) or a .jsonl file with a 'prompt' field",
+        help=f"prompt set name ({', '.join(list_prompt_sets())}) or a .jsonl file with a 'prompt' field",
     )
     a("--num-prompts", type=int, help="use the first N prompts (0 = all)")
     a("--max-new-tokens", type=int, help="tokens generated per prompt (EOS may end a prompt earlier)")
@@ -88,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, help="base seed; prompt i is decoded with seed+i by every method")
     a("--out", help="output directory (partial results, results.json, pareto.png, report.md)")
     a("--pair", choices=PAIR_NAMES, help="the named pair whose models and heads are the defaults (toy)")
-    a("--target", help="target model directory (default: the demo target, acchead.demo_pair)")
-    a("--draft", help="draft model directory (default: the demo draft, acchead.demo_pair)")
+    a("--target", help="target model directory or .gguf file (default: the --pair's target)")
+    a("--draft", help="draft model directory (default: the --pair's draft)")
     a("--tokenizer", help="tokenizer directory (default: the target's)")
     a(
         "--head",
@@ -201,10 +202,11 @@ _LISTS = {"methods": _str_list, "paths": _str_list, "k_grid": _int_list, "h_grid
           "tau_grid": _float_list, "entropy_tau_grid": _float_list, "adaedl_lam_grid": _float_list,
           "adaedl_adapt_grid": _float_list,
           "cost_ratios": _float_list, "extra_specs": _spec_list, "head": _str_list,
-          "batch_stop": _str_list, "specdecpp_rules": _str_list}  # fmt: skip
+          "batch_stop": _str_list, "specdecpp_rules": _str_list, "batch_size": _int_list}  # fmt: skip
 _INTS = {"num_prompts", "max_new_tokens", "top_k", "seed", "specdecpp_max", "threads", "overhead_calls",
          "loop_profile_prompts"}  # fmt: skip
 _FLOATS = {"temperature", "top_p", "adaedl_gamma", "plot_ratio"}
+_STRS = {"prompts", "out", "target", "draft", "tokenizer", "device", "dtype", "pair", "verifier"}
 
 
 def _from_yaml(path: Path, key: str, value: Any) -> Any:
@@ -215,6 +217,10 @@ def _from_yaml(path: Path, key: str, value: Any) -> Any:
             items = value if isinstance(value, list) else [value]
             return [x for item in items for x in parse(str(item))]
         if key in _INTS and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise TypeError
+        if key == "threads":
+            return thread_count(str(value))  # the flag's bound: >= 0
+        if key in _STRS and not isinstance(value, str):
             raise TypeError
         if key in _FLOATS:
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -233,7 +239,10 @@ def _apply_demo_defaults(args: argparse.Namespace) -> None:
     pair = resolve_pair(args.pair, args.target, args.draft)
     args.pair, args.target, args.draft = pair.name, pair.target, pair.draft
     if not args.head:  # every shipped head of the pair trained under S, its default first
-        sampling = SamplingConfig(args.temperature or 0.0, args.top_k or 0, args.top_p or 1.0)
+        try:
+            sampling = SamplingConfig(args.temperature or 0.0, args.top_k or 0, args.top_p or 1.0)
+        except ValueError as e:
+            raise AccheadError(str(e)) from None
         args.head = [str(p) for p in default_heads(args.pair, sampling)]
     args.fresh = bool(args.fresh)
     args.overwrite = bool(args.overwrite)

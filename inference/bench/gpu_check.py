@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from acchead.assets import AssetMissing
 from acchead.errors import AccheadError, cli_errors, thread_count
 from acchead.inference.bench.gpu_check_batched import measure_batched
 from acchead.inference.bench.gpu_check_report import environment, render
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="draft model directory, overriding every listed pair's")
     p.add_argument("--head", help="acceptance head for SpecDec++ (default: the pair's shipped greedy head)")
     p.add_argument("--prompts", help="prompt set or .jsonl (default: humaneval for toy, mtbench for smollm2)")
-    p.add_argument("--num-prompts", type=int, default=4, help="prompts per check (default: 4)")
+    p.add_argument("--num-prompts", type=int, default=4, help="prompts per check (default: 4; 0: every one)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: 64)")
     # Each K compiles its own round unit and verifications on the fast path; the grid is kept small so that
     # the whole check fits 10 minutes on a fresh GPU (not yet timed on one: narrow it if it does not).
@@ -170,6 +171,28 @@ def run_tests(device: str, timeout: float = TEST_TIMEOUT_S) -> dict[str, Any]:
     }
 
 
+def _check_before_decoding(args: argparse.Namespace, specs: list[str], dtypes: list[str]) -> None:
+    """What the checks would refuse only after minutes of decoding (on a GPU, after compiling): the grids'
+    policy specs, the dtypes, the pairs' names, the prompt count, the head file and --out's place."""
+    from acchead.models import parse_dtype
+    from acchead.pairs import PAIR_NAMES
+
+    for spec in specs:
+        parse_policy_spec(spec)
+    for dtype in dtypes:
+        parse_dtype(dtype)
+    unknown = [n.strip() for n in args.pairs.split(",") if n.strip() and n.strip() not in PAIR_NAMES]
+    if unknown:
+        raise AccheadError(f"--pairs: unknown pair {unknown[0]!r}; choose from {', '.join(PAIR_NAMES)}")
+    if args.num_prompts < 0 or args.max_new_tokens < 1:
+        raise AccheadError("--num-prompts must be >= 0 (0: every prompt) and --max-new-tokens >= 1")
+    if args.head and not Path(args.head).expanduser().is_file():
+        raise AccheadError(f"--head {args.head}: no such file")
+    out = Path(args.out).expanduser() if args.out else None
+    if out is not None and (out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents)):
+        raise AccheadError(f"--out {args.out}: give a file path whose folders are folders")
+
+
 def on_device_path(path: str, device: str) -> bool:
     """Whether `--path` on `device` decodes on the device path, which `--backend` compiles: `device`
     anywhere, and on CUDA the default and `fast` (the fast path is the device path there; `fast` also
@@ -184,7 +207,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         raise AccheadError("--device cuda: no CUDA device here (use --device cpu for the CPU run)")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    ks = [int(k) for k in _floats(args.k_grid, "--k-grid")]
+    ks = [int(k) for k in _floats(args.k_grid, "--k-grid") if k == int(k)]
+    if len(ks) != len(_floats(args.k_grid, "--k-grid")):
+        raise AccheadError(f"--k-grid takes whole numbers, got {args.k_grid}")
     hs = _floats(args.h_grid, "--h-grid")
     sizes = [int(b) for b in _floats(args.batch_sizes, "--batch-sizes")]
     if any(b < 1 for b in sizes):
@@ -207,6 +232,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         raise AccheadError(f"--budget-s must be >= 0 (got {args.budget_s:g})")
     speed_dtype = args.speed_dtype or ("bfloat16" if args.device == "cuda" else "float32")
     exact_dtypes = [d.strip() for d in args.exact_dtypes.split(",") if d.strip()]
+    fixed = [f"specdec:k={k}" for k in ks]
+    adaptive = [f"specdecpp:h={h:g},max={max(ks) * 2}" for h in hs]
+    _check_before_decoding(args, [*fixed, *adaptive], [speed_dtype, *exact_dtypes])
     report: dict[str, Any] = {
         "environment": environment(args.device, REPO),
         "budget_s": args.budget_s,
@@ -219,12 +247,10 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     }
     budget = Budget(args.budget_s)
     ok = True
-    fixed = [f"specdec:k={k}" for k in ks]
-    adaptive = [f"specdecpp:h={h:g},max={max(ks) * 2}" for h in hs]
     for name in [n.strip() for n in args.pairs.split(",") if n.strip()]:
         try:
             run = PairRun(args, name, backend_path)
-        except AccheadError as e:
+        except AssetMissing as e:  # only a pair whose files are not installed is skipped; a bad flag fails
             report["pairs"][name] = {"skipped": str(e)}
             continue
         checked = ["autoregressive", fixed[len(fixed) // 2], adaptive[0]]

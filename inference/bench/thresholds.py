@@ -52,6 +52,8 @@ class GoalThresholds:
     def from_mapping(cls, cfg: Mapping[str, Any], where: str = "goals") -> GoalThresholds:
         """Thresholds from the config's `goals` mapping; AccheadError (one line) for a missing or unknown
         key, or a value that is not a finite number >= 0."""
+        if not isinstance(cfg, Mapping):
+            raise AccheadError(f"{where}: a mapping of goal names to numbers, got {cfg!r}")
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(cfg) - set(names))
         missing = [n for n in names if cfg.get(n) is None]
