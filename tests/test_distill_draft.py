@@ -60,6 +60,18 @@ def test_draft_with_all_layers_is_the_target_on_its_vocabulary():
     assert torch.equal(short.model.layers[1].mlp.up_proj.weight, target.model.layers[2].mlp.up_proj.weight)
 
 
+def _move_extras(model):
+    """`model` with its biases and per-head q / k norms off the zeros and ones they start at (a draft that
+    dropped one would then differ)."""
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if name.endswith(".bias"):
+                prm.normal_(0, 0.5)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                prm.normal_(1, 0.5)
+    return model
+
+
 def test_a_llama_target_with_biases_gives_a_draft_with_them():
     """A Llama target may have biases in its attention and MLP (`attention_bias`, `mlp_bias`): the draft
     of all its layers has them too, and is the target on its vocabulary."""
@@ -69,11 +81,7 @@ def test_a_llama_target_with_biases_gives_a_draft_with_them():
                       num_attention_heads=4, attention_bias=True, mlp_bias=True, bos_token_id=0,
                       eos_token_id=0, pad_token_id=0, tie_word_embeddings=True)  # fmt: skip
     torch.manual_seed(0)
-    target = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, prm in target.named_parameters():
-            if name.endswith(".bias"):
-                prm.normal_(0, 0.5)
+    target = _move_extras(LlamaForCausalLM(cfg).eval())
     ids, vocab = torch.tensor([[1, 5, 9, 2, 33, 5]]), torch.arange(0, 64, 2)
     draft = init_from_target(target, vocab, (0, 1)).eval()
     assert draft.config.attention_bias and draft.config.mlp_bias
@@ -96,14 +104,7 @@ def _tiny_qwen(kind: str, num_layers: int, vocab_size: int = 64, eos: int = 0):
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        target = model_cls(cfg).eval()
-        with torch.no_grad():
-            for name, prm in target.named_parameters():
-                if name.endswith("_proj.bias"):
-                    prm.normal_(0, 0.5)
-                elif name.endswith(("q_norm.weight", "k_norm.weight")):
-                    prm.normal_(1, 0.5)
-    return target
+        return _move_extras(model_cls(cfg).eval())
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
