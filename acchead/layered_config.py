@@ -33,6 +33,8 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     AccheadError, one line, for a missing file, invalid YAML or a file that is not a mapping.
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise AccheadError(f"config file {path} is a directory: give a YAML file")
     if not path.is_file():
         raise AccheadError(f"config file does not exist: {path}")
     try:

@@ -100,3 +100,8 @@ def test_values_are_checked_against_the_types_their_keys_take(tmp_path):
     shipped.write_text("n: 'x'\n")
     with pytest.raises(AccheadError, match="n must be an integer"):
         resolve_layers(shipped, None, {}, {"n"}, accepted=accepted)
+
+
+def test_a_directory_given_as_the_config_file_is_named_so(tmp_path):
+    with pytest.raises(AccheadError, match="is a directory: give a YAML file"):
+        read_mapping(tmp_path)

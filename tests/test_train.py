@@ -187,6 +187,9 @@ def test_missing_and_empty_directories(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     rc, err = _run(["--data", str(tmp_path / "empty"), "--out", str(tmp_path / "o")], capsys)
     assert rc == 2 and "not an acchead-gen-data output" in err
+    (tmp_path / "empty" / "gen_run.json").write_text("{}")  # a gen-data run killed before its merge
+    rc, err = _run(["--data", str(tmp_path / "empty"), "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and "unfinished acchead-gen-data run: rerun its command" in err
 
 
 def test_draft_other_than_the_caches_is_refused(gen_data, tmp_path, capsys):  # noqa: F811

@@ -97,6 +97,8 @@ def read_gen_config(path: str | Path) -> dict[str, Any]:
     if not path.is_dir():
         raise AccheadError(f"data path is not a directory: {path}")
     cfg_file = path / "gen_config.json"
+    if not cfg_file.is_file() and (path / "gen_run.json").is_file():  # its manifest first, the config last
+        raise AccheadError(f"{path} is an unfinished acchead-gen-data run: rerun its command to finish it")
     if not cfg_file.is_file():
         raise AccheadError(
             f"{path} is not an acchead-gen-data output (no gen_config.json); run acchead-gen-data"
