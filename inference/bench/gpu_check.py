@@ -207,9 +207,10 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         raise AccheadError("--device cuda: no CUDA device here (use --device cpu for the CPU run)")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    ks = [int(k) for k in _floats(args.k_grid, "--k-grid") if k == int(k)]
-    if len(ks) != len(_floats(args.k_grid, "--k-grid")):
+    k_values = _floats(args.k_grid, "--k-grid")
+    if any(k != int(k) for k in k_values):
         raise AccheadError(f"--k-grid takes whole numbers, got {args.k_grid}")
+    ks = [int(k) for k in k_values]
     hs = _floats(args.h_grid, "--h-grid")
     sizes = [int(b) for b in _floats(args.batch_sizes, "--batch-sizes")]
     if any(b < 1 for b in sizes):
